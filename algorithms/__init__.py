@@ -1,0 +1,4 @@
+"""Algorithms built on evorl_pop, one readable file each.
+
+Installed as ``evorl_pop.algorithms``.
+"""

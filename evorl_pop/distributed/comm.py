@@ -1,0 +1,161 @@
+"""Collectives that degrade to the identity when no axis is mapped.
+
+Every function here takes an ``axis_name``. Inside ``jax.shard_map`` (or
+:func:`~evorl_pop.distributed.shmap_map` / :func:`~evorl_pop.distributed.shmap_vmap`)
+over a mesh with that axis it performs the collective; with
+``axis_name=None`` it returns its input unchanged, so the same algorithm code
+runs unsharded on one device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import chex
+import jax
+import jax.numpy as jnp
+from jax._src import distributed as _jax_distributed
+
+
+def _collective(op: Callable, name: str, x, axis_name, **kwargs):
+    if axis_name is None:
+        return x
+    try:
+        return op(x, axis_name, **kwargs)
+    except NameError as err:  # jax raises NameError for an unbound axis name
+        raise ValueError(
+            f"{name}(axis_name={axis_name!r}) was called where no mesh axis named "
+            f"{axis_name!r} is mapped. Call it inside jax.shard_map / shmap_map / "
+            f"shmap_vmap over a mesh that has the axis {axis_name!r}, or pass "
+            "axis_name=None to run without a collective."
+        ) from err
+
+
+def pmean(x, axis_name: str | None = None):
+    """Mean of ``x`` over the devices of a mesh axis.
+
+    Args:
+      x: an array or pytree of arrays.
+      axis_name: the mapped mesh axis to average over; ``None`` returns ``x``.
+
+    Returns:
+      The element-wise mean over the axis, the same on every device.
+    """
+    return _collective(jax.lax.pmean, "pmean", x, axis_name)
+
+
+def psum(x, axis_name: str | None = None):
+    """Sum of ``x`` over the devices of a mesh axis.
+
+    Args:
+      x: an array or pytree of arrays.
+      axis_name: the mapped mesh axis to sum over; ``None`` returns ``x``.
+
+    Returns:
+      The element-wise sum over the axis, the same on every device.
+    """
+    return _collective(jax.lax.psum, "psum", x, axis_name)
+
+
+def pmin(x, axis_name: str | None = None):
+    """Minimum of ``x`` over the devices of a mesh axis.
+
+    Args:
+      x: an array or pytree of arrays.
+      axis_name: the mapped mesh axis to reduce over; ``None`` returns ``x``.
+
+    Returns:
+      The element-wise minimum over the axis, the same on every device.
+    """
+    return _collective(jax.lax.pmin, "pmin", x, axis_name)
+
+
+def pmax(x, axis_name: str | None = None):
+    """Maximum of ``x`` over the devices of a mesh axis.
+
+    Args:
+      x: an array or pytree of arrays.
+      axis_name: the mapped mesh axis to reduce over; ``None`` returns ``x``.
+
+    Returns:
+      The element-wise maximum over the axis, the same on every device.
+    """
+    return _collective(jax.lax.pmax, "pmax", x, axis_name)
+
+
+def all_gather(x, axis_name: str | None = None, **kwargs):
+    """Gathers ``x`` from every device of a mesh axis.
+
+    Args:
+      x: an array or pytree of arrays, each device's local slice.
+      axis_name: the mapped mesh axis to gather over; ``None`` returns ``x``.
+      **kwargs: passed to :func:`jax.lax.all_gather`: ``tiled=True`` concatenates
+        the slices along ``axis`` instead of stacking them on a new axis;
+        ``to='invarying'`` marks the result as replicated so that it can leave
+        ``jax.shard_map`` under an out-spec ``P()``.
+
+    Returns:
+      The gathered array(s): with ``tiled=True`` and local slices of a sharded
+      population, the whole population in global order.
+    """
+    return _collective(jax.lax.all_gather, "all_gather", x, axis_name, **kwargs)
+
+
+def split_key_to_devices(key: chex.PRNGKey, devices: Sequence[jax.Device]):
+    """Splits a key into one key per device and places each on its device.
+
+    Args:
+      key: a PRNG key.
+      devices: the devices to place keys on (for example ``mesh.devices.flat``).
+
+    Returns:
+      An array of ``len(devices)`` distinct keys whose ``i``-th row lives on
+      ``devices[i]``, sharded along its leading axis.
+    """
+    devices = list(devices)
+    if not devices:
+        raise ValueError("split_key_to_devices needs at least one device.")
+    keys = jax.random.split(key, len(devices))
+    mesh = jax.sharding.Mesh(devices, ("_keys",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("_keys"))
+    return jax.device_put(keys, sharding)
+
+
+def is_dist_initialized() -> bool:
+    """Whether ``jax.distributed.initialize`` has been called in this process.
+
+    Returns:
+      ``True`` when this process is part of a multi-process JAX run.
+    """
+    return _jax_distributed.global_state.client is not None
+
+
+def get_process_id() -> int:
+    """Index of this process in a multi-process run.
+
+    Returns:
+      ``jax.process_index()`` under ``jax.distributed``, else 0.
+    """
+    return jax.process_index() if is_dist_initialized() else 0
+
+
+def get_global_ranks():
+    """Global rank of each of this process's local devices.
+
+    Ranks follow ``jax.devices()`` order: process ``p`` with ``n`` local devices
+    holds ranks ``p*n .. p*n + n - 1`` (all processes have the same number of
+    local devices, as JAX requires for a global mesh).
+
+    Returns:
+      An int32 array of shape ``(jax.local_device_count(),)`` whose ``i``-th
+      element is the global rank of ``jax.local_devices()[i]`` and lives on it.
+    """
+    local = jax.local_devices()
+    global_index = {d.id: i for i, d in enumerate(jax.devices())}
+    ranks = jnp.asarray([global_index[d.id] for d in local], dtype=jnp.int32)
+    return jax.device_put(
+        ranks,
+        jax.sharding.NamedSharding(
+            jax.sharding.Mesh(local, ("_ranks",)), jax.sharding.PartitionSpec("_ranks")
+        ),
+    )

@@ -1,0 +1,23 @@
+"""Eight simulated CPU devices for every test; a test picks the first n."""
+
+import os
+
+# Must happen before JAX initialises its backend.
+_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in _flags:
+    os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count=8".strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+
+@pytest.fixture(scope="session")
+def num_devices():
+    return jax.device_count()
+
+
+def pytest_report_header(config):
+    return f"jax {jax.__version__}, {jax.device_count()} {jax.default_backend()} devices"

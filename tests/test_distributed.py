@@ -1,0 +1,233 @@
+"""The distributed API against NumPy and unsharded references on 1-8 devices."""
+
+import inspect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from evorl_pop import distributed as dist
+from evorl_pop import make_mesh
+
+DEVICE_COUNTS = [1, 2, 4, 8]
+
+
+def _sharded_reduce(fn, x, n, axis_name="POP"):
+    mesh = make_mesh(n)
+
+    def local(xs):
+        return fn(xs.sum(axis=0), axis_name)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=P("POP"), out_specs=P())(x)
+
+
+def test_public_names_and_constants():
+    assert dist.DP_AXIS_NAME == "DP"
+    assert dist.POP_AXIS_NAME == "POP"
+    expected = {
+        "agent_gradient_update",
+        "all_gather",
+        "get_global_ranks",
+        "get_process_id",
+        "gradient_update",
+        "is_dist_initialized",
+        "pmax",
+        "pmean",
+        "pmin",
+        "psum",
+        "shmap_map",
+        "shmap_vmap",
+        "split_key_to_devices",
+        "tree_device_put",
+    }
+    assert expected <= set(dir(dist))
+    from evorl_pop.distributed import comm, gradients, sharding
+
+    assert callable(gradients.loss_and_pgrad)
+    assert comm.pmax is dist.pmax and sharding.shmap_map is dist.shmap_map
+
+
+def test_signatures_match_documentation():
+    sig = lambda f: [(p.name, p.default) for p in inspect.signature(f).parameters.values()]  # noqa: E731
+    empty = inspect.Parameter.empty
+    for f in (dist.pmean, dist.psum, dist.pmin, dist.pmax):
+        assert sig(f) == [("x", empty), ("axis_name", None)]
+    assert sig(dist.all_gather) == [("x", empty), ("axis_name", None), ("kwargs", empty)]
+    for f in (dist.shmap_map, dist.shmap_vmap):
+        assert sig(f) == [
+            ("fn", empty),
+            ("mesh", empty),
+            ("in_specs", empty),
+            ("out_specs", empty),
+            ("kwargs", empty),
+        ]
+    assert sig(dist.split_key_to_devices) == [("key", empty), ("devices", empty)]
+    assert sig(dist.tree_device_put) == [("tree", empty), ("device_or_sharding", empty)]
+    assert sig(dist.gradient_update) == [
+        ("loss_fn", empty),
+        ("optimizer", empty),
+        ("dp_axis_name", empty),
+        ("has_aux", False),
+    ]
+    from evorl_pop.distributed.gradients import loss_and_pgrad
+
+    assert sig(loss_and_pgrad) == [("loss_fn", empty), ("dp_axis_name", empty), ("has_aux", False)]
+    names = [n for n, _ in sig(dist.agent_gradient_update)]
+    assert names == ["loss_fn", "optimizer", "dp_axis_name", "has_aux", "attach_fn", "detach_fn"]
+    params = inspect.signature(dist.agent_gradient_update).parameters
+    assert params["dp_axis_name"].default is None and params["has_aux"].default is False
+
+
+@pytest.mark.parametrize("fn", [dist.pmean, dist.psum, dist.pmin, dist.pmax, dist.all_gather])
+def test_axis_none_is_identity(fn):
+    x = {"a": jnp.arange(5.0), "b": jnp.ones((2, 3))}
+    out = fn(x, None)
+    assert out is x
+
+
+@pytest.mark.parametrize("n", DEVICE_COUNTS)
+def test_reductions_against_numpy(n):
+    rng = np.random.default_rng(n)
+    x = rng.normal(size=(16, 3)).astype(np.float32)
+    # each device first reduces its local rows with sum, then the collective
+    # combines the per-device partial sums: compare with NumPy over the same blocks
+    blocks = x.reshape(n, 16 // n, 3).sum(axis=1)
+    np.testing.assert_allclose(_sharded_reduce(dist.psum, x, n), blocks.sum(0), rtol=1e-5)
+    np.testing.assert_allclose(
+        _sharded_reduce(dist.pmean, x, n), blocks.mean(0), rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(_sharded_reduce(dist.pmin, x, n), blocks.min(0), rtol=1e-6)
+    np.testing.assert_allclose(_sharded_reduce(dist.pmax, x, n), blocks.max(0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("n", DEVICE_COUNTS)
+def test_extremes_and_all_gather_of_sharded_fitness(n):
+    fitness = jnp.asarray(np.random.default_rng(0).permutation(24).astype(np.float32))
+    mesh = make_mesh(n)
+
+    def local(f):
+        gathered = dist.all_gather(f, "POP", tiled=True, to="invarying")
+        return dist.pmin(f.min(), "POP"), dist.pmax(f.max(), "POP"), gathered
+
+    lo, hi, gathered = jax.shard_map(
+        local, mesh=mesh, in_specs=P("POP"), out_specs=(P(), P(), P())
+    )(fitness)
+    assert float(lo) == 0.0 and float(hi) == 23.0
+    np.testing.assert_array_equal(gathered, fitness)
+
+    stacked = jax.shard_map(
+        lambda f: dist.all_gather(f, "POP"), mesh=mesh, in_specs=P("POP"), out_specs=P("POP")
+    )(fitness)
+    # untiled gather stacks one row per device, on every device
+    np.testing.assert_array_equal(stacked.reshape(n, n, -1)[0].reshape(-1), fitness)
+
+
+def _per_candidate(x, w):
+    return jnp.tanh(x @ w).sum() + jnp.sin(x).prod()
+
+
+@pytest.mark.parametrize("n", DEVICE_COUNTS)
+@pytest.mark.parametrize("wrapper", [dist.shmap_vmap, dist.shmap_map])
+def test_shmap_equals_unsharded(n, wrapper):
+    key = jax.random.key(1)
+    xs = jax.random.normal(key, (16, 5))
+    ws = jax.random.normal(jax.random.fold_in(key, 1), (16, 5, 3))
+    mesh = make_mesh(n)
+    f = wrapper(_per_candidate, mesh, in_specs=(P("POP"), P("POP")), out_specs=P("POP"))
+    expected = jax.vmap(_per_candidate)(xs, ws)
+    np.testing.assert_allclose(jax.jit(f)(xs, ws), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        jax.lax.map(lambda a: _per_candidate(*a), (xs, ws)), expected, rtol=1e-5, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_shmap_vmap_pytree_args_and_closed_over_values(n):
+    mesh = make_mesh(n)
+    params = {"w": jnp.arange(8.0 * 3).reshape(8, 3), "b": jnp.arange(8.0)}
+    scale = jnp.float32(2.0)  # shared by every candidate: closed over, replicated
+
+    def f(p):
+        return {"out": scale * (p["w"].sum() + p["b"])}
+
+    g = dist.shmap_vmap(
+        f, mesh, in_specs=({"w": P("POP"), "b": P("POP")},), out_specs={"out": P("POP")}
+    )
+    out = jax.jit(g)(params)
+    np.testing.assert_allclose(out["out"], jax.vmap(f)(params)["out"])
+
+
+def test_population_not_divisible_error():
+    mesh = make_mesh(4)
+    f = dist.shmap_vmap(lambda x: x.sum(), mesh, in_specs=P("POP"), out_specs=P("POP"))
+    with pytest.raises(ValueError, match=r"30 is not divisible by 4.*28 or 32.*pad_to_multiple"):
+        f(jnp.ones((30, 2)))
+    g = dist.shmap_map(lambda x: x.sum(), mesh, in_specs=P("POP"), out_specs=P("POP"))
+    with pytest.raises(ValueError, match="not divisible"):
+        g(jnp.ones((6, 2)))
+
+
+def test_unknown_axis_error():
+    mesh = make_mesh(2)
+    with pytest.raises(ValueError, match=r"names the mesh axis 'PPO'.*\('POP',\)"):
+        dist.shmap_vmap(lambda x: x, mesh, in_specs=P("PPO"), out_specs=P("POP"))
+    with pytest.raises(ValueError, match="out_specs names the mesh axis 'DP'"):
+        dist.shmap_map(lambda x: x, mesh, in_specs=P("POP"), out_specs=P("DP"))
+
+
+def test_collective_outside_mapped_context_error():
+    with pytest.raises(ValueError, match=r"no mesh axis named 'POP' is mapped.*axis_name=None"):
+        jax.jit(lambda x: dist.pmax(x, "POP"))(jnp.ones(3))
+
+
+def test_padding_helper_masks_extra_rows():
+    from evorl_pop import pad_to_multiple
+
+    tree = {"x": jnp.arange(10.0).reshape(5, 2), "y": jnp.arange(5)}
+    padded, mask = pad_to_multiple(tree, 4)
+    assert padded["x"].shape == (8, 2) and padded["y"].shape == (8,)
+    np.testing.assert_array_equal(mask, [1, 1, 1, 1, 1, 0, 0, 0])
+    np.testing.assert_array_equal(padded["x"][5:], np.tile([[0.0, 1.0]], (3, 1)))
+
+
+@pytest.mark.parametrize("n", DEVICE_COUNTS)
+def test_global_ranks_unique_per_device(n):
+    ranks = dist.get_global_ranks()
+    assert ranks.shape == (jax.local_device_count(),)
+    np.testing.assert_array_equal(np.asarray(ranks), np.arange(jax.local_device_count()))
+    # each rank lives on its own device
+    for shard in ranks.addressable_shards:
+        assert int(shard.data[0]) == jax.local_devices().index(shard.device)
+    assert dist.get_process_id() == 0 and not dist.is_dist_initialized()
+
+
+@pytest.mark.parametrize("n", DEVICE_COUNTS)
+def test_split_key_to_devices(n):
+    devices = jax.devices()[:n]
+    keys = dist.split_key_to_devices(jax.random.key(0), devices)
+    assert keys.shape == (n,)
+    data = {tuple(np.asarray(jax.random.key_data(s.data)).ravel()) for s in keys.addressable_shards}
+    assert len(data) == n  # distinct keys
+    assert [
+        s.device for s in sorted(keys.addressable_shards, key=lambda s: s.index[0].start or 0)
+    ] == devices
+    np.testing.assert_array_equal(
+        jax.random.key_data(keys), jax.random.key_data(jax.random.split(jax.random.key(0), n))
+    )
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_tree_device_put_places_pytree(n):
+    mesh = make_mesh(n)
+    tree = {"a": jnp.arange(16.0), "b": (jnp.ones((8, 2)), jnp.zeros(n * 3))}
+    sharding = NamedSharding(mesh, P("POP"))
+    placed = dist.tree_device_put(tree, sharding)
+    for leaf, ref in zip(jax.tree.leaves(placed), jax.tree.leaves(tree), strict=True):
+        assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
+        assert len(leaf.addressable_shards) == n
+        np.testing.assert_array_equal(leaf, ref)
+    one = dist.tree_device_put(tree, jax.devices()[1])
+    assert all(leaf.devices() == {jax.devices()[1]} for leaf in jax.tree.leaves(one))
