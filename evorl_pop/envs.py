@@ -220,7 +220,9 @@ def rollout(
     key, reset_key = jax.random.split(key)
     obs, state = env.reset(reset_key)
     track = obs_norm is not None
-    moments = ObsMoments.zeros(env.spec.obs_shape)
+    # zeros derived from obs keep its sharding type (varying inside shard_map)
+    zero = jnp.zeros_like(obs, dtype=jnp.float32)
+    moments = ObsMoments(zero.reshape(-1)[0], zero, zero)
 
     def body(carry, step_key):
         obs, state, ret, alive, moments = carry
@@ -238,7 +240,7 @@ def rollout(
         alive_next = alive * (1.0 - done.astype(jnp.float32))
         return (obs, state, ret, alive_next, moments), alive
 
-    init = (obs, state, jnp.float32(0.0), jnp.float32(1.0), moments)
+    init = (obs, state, moments.count, moments.count + 1.0, moments)
     (_, _, ret, _, moments), alive = jax.lax.scan(body, init, jax.random.split(key, num_steps))
     return EpisodeStats(
         episode_return=ret,

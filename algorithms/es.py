@@ -1,0 +1,200 @@
+"""Evolution strategies on a sharded population: the runner.
+
+Any evosax strategy (CMA-ES, OpenES, SNES, PGPE, DE, PSO, ...) on any task
+(black-box functions, gymnax control), the population sharded over the
+devices of a mesh::
+
+    from evorl_pop.algorithms.es import ES, ESConfig
+
+    es = ES(ESConfig(strategy="Open_ES", task="CartPole-v1", population_size=256))
+    state, history = es.train(jax.random.key(0), num_generations=50)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+
+import evosax.algorithms
+import jax
+import jax.numpy as jnp
+import optax
+
+from evorl_pop.engine import ESState, ShardedES
+from evorl_pop.tasks import make_task
+from evorl_pop.training import train_loop
+
+STRATEGIES: dict[str, type] = dict(evosax.algorithms.algorithms)
+
+OPTIMIZERS = {"adam": optax.adam, "sgd": optax.sgd}
+
+
+def make_strategy(
+    name: str,
+    population_size: int,
+    num_dims: int,
+    learning_rate: float | None = None,
+    sigma_init: float | None = None,
+    optimizer: str = "adam",
+    **kwargs,
+):
+    """Builds an evosax strategy over a flat ``num_dims`` vector.
+
+    Args:
+      name: a key of :data:`STRATEGIES` (``'CMA_ES'``, ``'Open_ES'``, ``'SNES'``, ...).
+      population_size: candidates per generation.
+      num_dims: the search-space dimension.
+      learning_rate: for strategies with an optax optimizer: its learning
+        rate (``None`` keeps the strategy's default optimizer).
+      sigma_init: initial search width: ``std_init`` for strategies whose
+        params have one, else a constant ``std_schedule``.
+      optimizer: ``'adam'`` or ``'sgd'``, with ``learning_rate``.
+      **kwargs: further constructor arguments of the strategy.
+
+    Returns:
+      ``(strategy, params)``.
+
+    Raises:
+      ValueError: an unknown name (listing the valid ones) or a population
+        size the strategy cannot take.
+    """
+    if name not in STRATEGIES:
+        close = difflib.get_close_matches(name, STRATEGIES, n=3)
+        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise ValueError(
+            f"Unknown strategy {name!r}.{hint} Valid strategies: {', '.join(sorted(STRATEGIES))}."
+        )
+    cls = STRATEGIES[name]
+    accepted = inspect.signature(cls.__init__).parameters
+    if learning_rate is not None:
+        if "optimizer" not in accepted:
+            raise ValueError(f"{name} has no optimizer, so learning_rate cannot be set.")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}.")
+        kwargs["optimizer"] = OPTIMIZERS[optimizer](learning_rate)
+    if population_size < 2:
+        raise ValueError(f"population_size must be at least 2, got {population_size}.")
+    try:
+        strategy = cls(population_size=population_size, solution=jnp.zeros(num_dims), **kwargs)
+    except AssertionError as err:
+        even = population_size + population_size % 2
+        raise ValueError(
+            f"{name} cannot take population_size={population_size}: {err} "
+            f"Try population_size={even if even != population_size else population_size + 2}."
+        ) from err
+    params = strategy.default_params
+    if sigma_init is not None:
+        if hasattr(params, "std_init"):
+            params = params.replace(std_init=jnp.float32(sigma_init))
+        elif "std_schedule" in accepted:
+            strategy = cls(
+                population_size=population_size,
+                solution=jnp.zeros(num_dims),
+                std_schedule=optax.constant_schedule(sigma_init),
+                **kwargs,
+            )
+        else:
+            raise ValueError(f"{name} has no initial search width to set (sigma_init).")
+    return strategy, params
+
+
+@dataclasses.dataclass(frozen=True)
+class ESConfig:
+    """Configuration of an ES run. Every field can be overridden.
+
+    Attributes:
+      strategy: evosax strategy name, see :data:`STRATEGIES`.
+      task: black-box function (``sphere``, ``ellipsoid``, ``rosenbrock``,
+        ``rastrigin``) or environment name (``CartPole-v1``, ``Pendulum-v1``, ...).
+      population_size: candidates per generation.
+      sigma_init: initial search width (``None``: the strategy's default).
+      learning_rate: optimizer learning rate for gradient-style ES (``None``: default).
+      optimizer: ``'adam'`` or ``'sgd'``.
+      num_dims: black-box tasks: dimension.
+      x0: black-box tasks: every coordinate of the starting point.
+      hidden_sizes: control tasks: MLP hidden layers.
+      activation: control tasks: ``'tanh'``, ``'relu'`` or ``'elu'``.
+      episodes: control tasks: episodes per candidate.
+      normalize_obs: control tasks: running observation normalisation.
+      eval_episodes: episodes to evaluate the strategy's mean each generation (0: off).
+      eval_mode: ``'vmap'`` (fast) or ``'map'`` (low memory) per device.
+      low_communication: OpenES only: each device draws its own noise.
+    """
+
+    strategy: str = "Open_ES"
+    task: str = "CartPole-v1"
+    population_size: int = 256
+    sigma_init: float | None = None
+    learning_rate: float | None = None
+    optimizer: str = "adam"
+    num_dims: int = 10
+    x0: float = 3.0
+    hidden_sizes: tuple[int, ...] = (32,)
+    activation: str = "tanh"
+    episodes: int = 1
+    normalize_obs: bool = False
+    eval_episodes: int = 0
+    eval_mode: str = "vmap"
+    low_communication: bool = False
+
+    def make_task(self):
+        from evorl_pop.tasks import BLACKBOX_FUNCTIONS
+
+        if self.task in BLACKBOX_FUNCTIONS:
+            return make_task(self.task, num_dims=self.num_dims, x0=self.x0)
+        return make_task(
+            self.task,
+            hidden_sizes=tuple(self.hidden_sizes),
+            activation=self.activation,
+            episodes=self.episodes,
+            normalize_obs=self.normalize_obs,
+        )
+
+
+class ES:
+    """An evosax strategy on a task, its population sharded over a mesh."""
+
+    def __init__(self, config: ESConfig, mesh=None, task=None):
+        """Builds the run.
+
+        Args:
+          config: an :class:`ESConfig`.
+          mesh: a mesh with a ``'POP'`` axis (``None``: every device).
+          task: a ready task instead of ``config.task`` (e.g. a custom policy).
+        """
+        self.config = config
+        self.task = config.make_task() if task is None else task
+        self.strategy, params = make_strategy(
+            config.strategy,
+            config.population_size,
+            self.task.num_dims,
+            learning_rate=config.learning_rate,
+            sigma_init=config.sigma_init,
+            optimizer=config.optimizer,
+        )
+        self.engine = ShardedES(
+            self.strategy,
+            self.task,
+            mesh=mesh,
+            strategy_params=params,
+            eval_mode=config.eval_mode,
+            eval_episodes=config.eval_episodes,
+            low_communication=config.low_communication,
+        )
+
+    def init(self, key: jax.Array) -> ESState:
+        return self.engine.init(key)
+
+    def step(self, state: ESState, key: jax.Array):
+        return self.engine.step(state, key)
+
+    def train(self, key: jax.Array, num_generations: int, chunk: int = 10, **kwargs):
+        """Initialises from ``key`` and runs ``num_generations`` generations.
+
+        Returns:
+          ``(state, history)`` as :func:`evorl_pop.training.train_loop`.
+        """
+        init_key, run_key = jax.random.split(key)
+        state = self.init(init_key)
+        return train_loop(self, state, run_key, num_generations, chunk, **kwargs)

@@ -1,0 +1,229 @@
+"""Rollouts that collect transitions, one policy or a sharded population.
+
+Each episode runs a fixed number of steps under ``lax.scan`` with
+``env.step`` (no auto-reset) and a done-mask: the steps after the episode
+ended are marked invalid and never reach the replay buffer or the return.
+
+A transition's ``terminal`` flag is set only when the environment ended the
+episode before its time limit: at the time limit the value of the next state
+is still bootstrapped (Fujimoto et al. 2018 do the same).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from evorl_pop import distributed as dist
+from evorl_pop.envs import Env
+from evorl_pop.mesh import pad_to_multiple
+
+
+@flax.struct.dataclass
+class Transition:
+    """One environment step (leaves may carry leading batch axes)."""
+
+    obs: jax.Array
+    action: jax.Array
+    reward: jax.Array  # float32
+    next_obs: jax.Array
+    terminal: jax.Array  # float32: 1.0 when the next state ends the episode for good
+
+
+@flax.struct.dataclass
+class Episode:
+    """One episode: its return, and every step it took (valid ones marked)."""
+
+    episode_return: jax.Array  # float32
+    steps: jax.Array  # int32: steps before the episode ended
+    transitions: Transition  # leaves shape=(num_steps, ...)
+    valid: jax.Array  # bool, shape=(num_steps,): step taken before the episode ended
+
+
+def example_transition(env: Env) -> Transition:
+    """A zero transition with the shapes of ``env``'s (continuous) steps."""
+    obs = jnp.zeros(env.spec.obs_shape, jnp.float32)
+    return Transition(
+        obs=obs,
+        action=jnp.zeros((env.spec.action_dim,), jnp.float32),
+        reward=jnp.float32(0.0),
+        next_obs=obs,
+        terminal=jnp.float32(0.0),
+    )
+
+
+def add_exploration_noise(env: Env, action: jax.Array, key: jax.Array, noise_std) -> jax.Array:
+    """Gaussian action noise, ``noise_std`` in units of half the action range, clipped."""
+    low = jnp.asarray(env.spec.action_low)
+    high = jnp.asarray(env.spec.action_high)
+    noise = noise_std * 0.5 * (high - low) * jax.random.normal(key, action.shape)
+    return jnp.clip(action + noise, low, high)
+
+
+def collect_episode(
+    env: Env,
+    policy: Callable[[Any, jax.Array], jax.Array],
+    params: Any,
+    key: jax.Array,
+    noise_std: float | jax.Array = 0.0,
+    num_steps: int | None = None,
+) -> Episode:
+    """Runs one episode of a deterministic continuous-action policy.
+
+    Args:
+      env: an environment with continuous actions.
+      policy: ``(params, obs) -> action`` in ``[low, high]``.
+      params: the policy parameters.
+      key: PRNG key for the reset, the environment and the action noise.
+      noise_std: std of Gaussian exploration noise in units of half the
+        action range (0 for a noise-free episode).
+      num_steps: steps to scan (default: the episode limit).
+
+    Returns:
+      An :class:`Episode`.
+    """
+    num_steps = env.spec.max_steps if num_steps is None else num_steps
+    key, reset_key = jax.random.split(key)
+    obs, state = env.reset(reset_key)
+
+    def body(carry, xs):
+        obs, state, ret, alive = carry
+        t, step_key = xs
+        env_key, noise_key = jax.random.split(step_key)
+        action = policy(params, obs)
+        action = add_exploration_noise(env, action, noise_key, noise_std)
+        next_obs, state, reward, done = env.step(env_key, state, action)
+        # Reaching the time limit is a truncation: the next state still has a value.
+        terminal = done & (t + 1 < env.spec.max_steps)
+        transition = Transition(
+            obs=obs,
+            action=jnp.reshape(action, (env.spec.action_dim,)).astype(jnp.float32),
+            reward=reward,
+            next_obs=next_obs,
+            terminal=terminal.astype(jnp.float32),
+        )
+        ret = ret + alive * reward
+        next_alive = alive * (1.0 - done.astype(jnp.float32))
+        return (next_obs, state, ret, next_alive), (transition, alive > 0)
+
+    xs = (jnp.arange(num_steps), jax.random.split(key, num_steps))
+    init = (obs, state, jnp.float32(0.0), jnp.float32(1.0))
+    (_, _, ret, _), (transitions, valid) = jax.lax.scan(body, init, xs)
+    return Episode(
+        episode_return=ret,
+        steps=jnp.sum(valid).astype(jnp.int32),
+        transitions=transitions,
+        valid=valid,
+    )
+
+
+@flax.struct.dataclass
+class PopulationRollout:
+    """What a population's episodes produced.
+
+    ``transitions`` and ``valid`` keep the padded population axis (padded
+    members are invalid everywhere); everything else is global and exact.
+    """
+
+    returns: jax.Array  # shape=(pop,): episode return of each member
+    fitness: jax.Array  # shape=(pop,): returns with NaN / inf replaced by -inf
+    transitions: Transition  # leaves shape=(padded_pop, num_steps, ...)
+    valid: jax.Array  # bool, shape=(padded_pop, num_steps)
+    metrics: dict[str, jax.Array]
+
+
+def population_rollout(
+    env: Env,
+    policy: Callable[[Any, jax.Array], jax.Array],
+    mesh: jax.sharding.Mesh,
+    population: Any,
+    key: jax.Array,
+    noise_std: float | jax.Array = 0.0,
+    num_steps: int | None = None,
+) -> PopulationRollout:
+    """One episode per member, the population sharded over the ``POP`` axis.
+
+    Member ``i`` draws all its randomness from ``fold_in(key, i)``, so
+    results do not depend on the number of devices. A population size the
+    device count does not divide is padded; padded members are masked out of
+    every statistic and every transition.
+
+    Args:
+      env: an environment with continuous actions.
+      policy: ``(params, obs) -> action``.
+      mesh: a mesh with the axis ``'POP'``.
+      population: policy parameters with a leading population axis.
+      key: PRNG key of this rollout.
+      noise_std: exploration noise (scalar, or one value per member).
+      num_steps: steps per episode (default: the episode limit).
+
+    Returns:
+      A :class:`PopulationRollout` whose ``metrics`` hold ``fitness_best``,
+      ``fitness_worst``, ``fitness_mean``, ``fitness_std``, ``env_steps``,
+      ``episodes`` and ``nonfinite`` (members whose return was NaN / inf).
+    """
+    axis = dist.POP_AXIS_NAME
+    pop = jax.tree.leaves(population)[0].shape[0]
+    n = mesh.shape[axis]
+    noise = jnp.broadcast_to(jnp.asarray(noise_std, jnp.float32), (pop,))
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(pop))
+    (population, keys, noise), member_valid = pad_to_multiple((population, keys, noise), n)
+
+    def local(params, keys, noise, member_valid):
+        episodes = jax.vmap(lambda p, k, s: collect_episode(env, policy, p, k, s, num_steps))(
+            params, keys, noise
+        )
+        ret = episodes.episode_return
+        finite = member_valid & jnp.isfinite(ret)
+        stats = {
+            "fitness_best": dist.pmax(jnp.max(jnp.where(finite, ret, -jnp.inf)), axis),
+            "fitness_worst": dist.pmin(jnp.min(jnp.where(finite, ret, jnp.inf)), axis),
+            "return_sum": dist.psum(jnp.sum(jnp.where(finite, ret, 0.0)), axis),
+            "finite": dist.psum(jnp.sum(finite).astype(jnp.int32), axis),
+            "nonfinite": dist.psum(jnp.sum(member_valid & ~finite).astype(jnp.int32), axis),
+            "env_steps": dist.psum(jnp.sum(jnp.where(member_valid, episodes.steps, 0)), axis),
+            "episodes": dist.psum(jnp.sum(member_valid).astype(jnp.int32), axis),
+        }
+        returns = dist.all_gather(ret, axis, tiled=True, to="invarying")
+        valid = episodes.valid & member_valid[:, None]
+        return returns, stats, episodes.transitions, valid
+
+    returns, stats, transitions, valid = jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(P(axis), P(axis), P(axis), P(axis)),
+        out_specs=(P(), P(), P(axis), P(axis)),
+    )(population, keys, noise, member_valid)
+    returns = returns[:pop]
+    finite = jnp.isfinite(returns)
+    count = jnp.maximum(stats["finite"], 1)
+    mean = stats.pop("return_sum") / count
+    var = jnp.sum(jnp.where(finite, (returns - mean) ** 2, 0.0)) / count
+    stats.pop("finite")
+    metrics = {**stats, "fitness_mean": mean, "fitness_std": jnp.sqrt(var)}
+    return PopulationRollout(
+        returns=returns,
+        fitness=jnp.where(finite, returns, -jnp.inf),
+        transitions=transitions,
+        valid=valid,
+        metrics=metrics,
+    )
+
+
+def evaluate(
+    env: Env,
+    policy: Callable[[Any, jax.Array], jax.Array],
+    params: Any,
+    key: jax.Array,
+    num_episodes: int = 1,
+    num_steps: int | None = None,
+) -> jax.Array:
+    """Mean noise-free return of one policy over ``num_episodes`` episodes."""
+    keys = jax.random.split(key, num_episodes)
+    episodes = jax.vmap(lambda k: collect_episode(env, policy, params, k, 0.0, num_steps))(keys)
+    return jnp.mean(episodes.episode_return)

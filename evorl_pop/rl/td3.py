@@ -1,0 +1,355 @@
+"""TD3: twin delayed deep deterministic policy gradient.
+
+Fujimoto, van Hoof & Meger (2018), "Addressing Function Approximation Error
+in Actor-Critic Methods". A deterministic actor (the same
+:func:`~evorl_pop.networks.make_policy` MLP a population evolves, squashed by
+tanh into ``[low, high]``), twin critics trained towards the smaller of two
+target values, clipped noise on the target action, and actor / target
+updates every ``policy_delay`` critic updates.
+
+Every gradient step goes through :func:`evorl_pop.distributed.gradient_update`:
+with ``dp_axis_name`` set, each device of the data-parallel axis holds a
+contiguous slice of the global minibatch and the gradients are averaged with
+``pmean``, which gives the full-batch step. Target-policy noise is drawn from
+each sample's position in the *global* minibatch, so the update does not
+depend on the device count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from evorl_pop import distributed as dist
+from evorl_pop.envs import EnvSpec
+from evorl_pop.networks import Critic, make_policy
+from evorl_pop.rl import replay
+from evorl_pop.rl.replay import ReplayBuffer
+from evorl_pop.rl.rollout import Transition
+
+#: gymnax environments with continuous actions (those TD3 can learn).
+CONTINUOUS_ENVS = (
+    "Pendulum-v1",
+    "MountainCarContinuous-v0",
+    "Reacher-misc",
+    "Swimmer-misc",
+    "PointRobot-misc",
+)
+
+
+def check_continuous(spec: EnvSpec, algorithm: str = "TD3") -> None:
+    """Raises a ValueError when ``spec`` has discrete actions."""
+    if spec.discrete:
+        raise ValueError(
+            f"{algorithm} needs continuous actions (a deterministic actor with a critic "
+            f"Q(s, a)), but {spec.name!r} has {spec.action_dim} discrete actions. Use a "
+            f"continuous environment, e.g. {', '.join(map(repr, CONTINUOUS_ENVS))}."
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TD3Config:
+    """TD3 hyper-parameters (defaults as in Fujimoto et al. 2018, smaller nets).
+
+    Attributes:
+      actor_hidden_sizes: hidden widths of the actor MLP.
+      actor_activation: ``'relu'``, ``'tanh'`` or ``'elu'``.
+      critic_hidden_sizes: hidden widths of each critic.
+      actor_lr: Adam learning rate of the actor.
+      critic_lr: Adam learning rate of the critics.
+      discount: the discount factor gamma.
+      tau: Polyak averaging rate of the target networks.
+      policy_noise: std of the target-policy smoothing noise, in units of half
+        the action range.
+      noise_clip: clip of that noise, in the same units.
+      policy_delay: critic updates per actor (and target) update.
+      batch_size: global minibatch size.
+    """
+
+    actor_hidden_sizes: tuple[int, ...] = (64, 64)
+    actor_activation: str = "relu"
+    critic_hidden_sizes: tuple[int, ...] = (256, 256)
+    actor_lr: float = 1e-3
+    critic_lr: float = 1e-3
+    discount: float = 0.99
+    tau: float = 0.005
+    policy_noise: float = 0.2
+    noise_clip: float = 0.5
+    policy_delay: int = 2
+    batch_size: int = 256
+
+    def __post_init__(self):
+        if self.batch_size < 1 or self.policy_delay < 1:
+            raise ValueError(
+                f"TD3 needs batch_size >= 1 and policy_delay >= 1, got batch_size="
+                f"{self.batch_size}, policy_delay={self.policy_delay}."
+            )
+        if not 0.0 < self.tau <= 1.0:
+            raise ValueError(f"tau must be in (0, 1], got {self.tau}.")
+
+
+@flax.struct.dataclass
+class ActorState:
+    params: Any
+    target_params: Any
+    opt_state: Any
+
+
+@flax.struct.dataclass
+class CriticState:
+    params: Any  # the twin critics, stacked: every leaf has a leading axis of 2
+    target_params: Any
+    opt_state: Any
+
+
+@flax.struct.dataclass
+class TD3State:
+    actor: ActorState
+    critic: CriticState
+    updates: jax.Array  # int32: critic updates so far, drives the policy delay
+
+
+def polyak(target: Any, online: Any, tau: float) -> Any:
+    """``(1 - tau) * target + tau * online``, leaf by leaf."""
+    return jax.tree.map(lambda t, o: (1.0 - tau) * t + tau * o, target, online)
+
+
+class TD3:
+    """TD3 for an environment spec: networks, optimizers and the update.
+
+    Args:
+      spec: the environment's spec (continuous actions).
+      config: the hyper-parameters.
+
+    Raises:
+      ValueError: for a discrete-action environment.
+    """
+
+    def __init__(self, spec: EnvSpec, config: TD3Config = TD3Config()):
+        check_continuous(spec)
+        self.spec = spec
+        self.config = config
+        self.policy = make_policy(spec, config.actor_hidden_sizes, config.actor_activation)
+        self.critic = Critic(tuple(config.critic_hidden_sizes))
+        self.actor_optimizer = optax.adam(config.actor_lr)
+        self.critic_optimizer = optax.adam(config.critic_lr)
+        self._low = jnp.asarray(spec.action_low, jnp.float32)
+        self._high = jnp.asarray(spec.action_high, jnp.float32)
+
+    # --- state -------------------------------------------------------------------
+
+    def init_actor(self, params: Any) -> ActorState:
+        """An actor state starting from ``params``: target copy, fresh Adam."""
+        return ActorState(params, params, self.actor_optimizer.init(params))
+
+    def init_critic(self, key: jax.Array) -> CriticState:
+        """Fresh twin critics and their targets."""
+        obs = jnp.zeros(self.spec.obs_shape)
+        action = jnp.zeros((self.spec.action_dim,))
+        params = jax.vmap(lambda k: self.critic.init(k, obs, action))(jax.random.split(key))
+        return CriticState(params, params, self.critic_optimizer.init(params))
+
+    def init(self, key: jax.Array) -> TD3State:
+        """A fresh TD3 learner.
+
+        Args:
+          key: PRNG key for the network initialisations.
+
+        Returns:
+          A :class:`TD3State`.
+        """
+        actor_key, critic_key = jax.random.split(key)
+        return TD3State(
+            actor=self.init_actor(self.policy.init(actor_key)),
+            critic=self.init_critic(critic_key),
+            updates=jnp.int32(0),
+        )
+
+    # --- losses ------------------------------------------------------------------
+
+    def q_values(self, critic_params: Any, obs: jax.Array, action: jax.Array) -> jax.Array:
+        """Both critics' values, shape ``(2, batch)``."""
+        return jax.vmap(self.critic.apply, in_axes=(0, None, None))(critic_params, obs, action)
+
+    def target_action(
+        self, actor_params: Any, next_obs: jax.Array, key: jax.Array, index: jax.Array
+    ) -> jax.Array:
+        """Target-policy smoothing: the target actor's action plus clipped noise.
+
+        Args:
+          actor_params: the target actor.
+          next_obs: batch of next observations.
+          key: the update's noise key (the same on every device).
+          index: each sample's position in the global minibatch.
+
+        Returns:
+          Actions in ``[low, high]``.
+        """
+        half_range = 0.5 * (self._high - self._low)
+        cfg = self.config
+        noise = jax.vmap(
+            lambda i: jax.random.normal(jax.random.fold_in(key, i), (self.spec.action_dim,))
+        )(index)
+        noise = jnp.clip(cfg.policy_noise * noise, -cfg.noise_clip, cfg.noise_clip) * half_range
+        action = jax.vmap(self.policy, in_axes=(None, 0))(actor_params, next_obs)
+        return jnp.clip(action + noise, self._low, self._high)
+
+    def critic_loss(
+        self,
+        critic_params: Any,
+        critic_target_params: Any,
+        actor_target_params: Any,
+        batch: Transition,
+        key: jax.Array,
+        index: jax.Array,
+    ) -> jax.Array:
+        """Mean over the batch of both critics' squared TD errors (clipped double Q)."""
+        next_action = self.target_action(actor_target_params, batch.next_obs, key, index)
+        next_q = jnp.min(self.q_values(critic_target_params, batch.next_obs, next_action), 0)
+        target = batch.reward + self.config.discount * (1.0 - batch.terminal) * next_q
+        target = jax.lax.stop_gradient(target)
+        q = self.q_values(critic_params, batch.obs, batch.action)
+        return jnp.mean(jnp.sum((q - target) ** 2, axis=0))
+
+    def actor_loss(self, actor_params: Any, critic_params: Any, obs: jax.Array) -> jax.Array:
+        """Minus the first critic's value of the actor's actions, batch mean."""
+        action = jax.vmap(self.policy, in_axes=(None, 0))(actor_params, obs)
+        q1 = self.critic.apply(jax.tree.map(lambda p: p[0], critic_params), obs, action)
+        return -jnp.mean(q1)
+
+    # --- updates -----------------------------------------------------------------
+
+    def critic_update(
+        self,
+        critic: CriticState,
+        actor_target_params: Any,
+        batch: Transition,
+        key: jax.Array,
+        dp_axis_name: str | None = None,
+    ) -> tuple[CriticState, jax.Array]:
+        """One gradient step of the twin critics.
+
+        Args:
+          critic: the critic state (replicated over ``dp_axis_name``).
+          actor_target_params: the target actor used for the TD target.
+          batch: this device's slice of the global minibatch.
+          key: noise key, the same on every device.
+          dp_axis_name: the data-parallel axis the batch is split over, or ``None``.
+
+        Returns:
+          ``(critic, loss)``: the loss is the global minibatch mean.
+        """
+        index = replay.global_batch_index(batch.reward.shape[0], dp_axis_name)
+        step = dist.gradient_update(self.critic_loss, self.critic_optimizer, dp_axis_name)
+        loss, params, opt_state = step(
+            critic.opt_state,
+            critic.params,
+            critic.target_params,
+            actor_target_params,
+            batch,
+            key,
+            index,
+        )
+        return critic.replace(params=params, opt_state=opt_state), dist.pmean(loss, dp_axis_name)
+
+    def actor_update(
+        self,
+        actor: ActorState,
+        critic_params: Any,
+        batch: Transition,
+        dp_axis_name: str | None = None,
+    ) -> tuple[ActorState, jax.Array]:
+        """One deterministic policy-gradient step of the actor.
+
+        Args:
+          actor: the actor state (replicated over ``dp_axis_name``).
+          critic_params: the twin critics (the first one is followed).
+          batch: this device's slice of the global minibatch.
+          dp_axis_name: the data-parallel axis, or ``None``.
+
+        Returns:
+          ``(actor, loss)`` with the actor's target not yet moved.
+        """
+        step = dist.gradient_update(self.actor_loss, self.actor_optimizer, dp_axis_name)
+        loss, params, opt_state = step(actor.opt_state, actor.params, critic_params, batch.obs)
+        return actor.replace(params=params, opt_state=opt_state), dist.pmean(loss, dp_axis_name)
+
+    def update(
+        self,
+        state: TD3State,
+        batch: Transition,
+        key: jax.Array,
+        dp_axis_name: str | None = None,
+    ) -> tuple[TD3State, dict[str, jax.Array]]:
+        """One TD3 iteration: a critic step; every ``policy_delay``-th time also
+        an actor step and the Polyak update of both targets.
+
+        Args:
+          state: the learner (replicated over ``dp_axis_name``).
+          batch: this device's contiguous slice of the global minibatch.
+          key: noise key, the same on every device.
+          dp_axis_name: the data-parallel axis the batch is split over, or ``None``.
+
+        Returns:
+          ``(state, metrics)`` with ``critic_loss`` and ``actor_loss`` (NaN
+          when the actor was not updated).
+        """
+        critic, critic_loss = self.critic_update(
+            state.critic, state.actor.target_params, batch, key, dp_axis_name
+        )
+        tau = self.config.tau
+
+        def delayed(actor, critic):
+            actor, loss = self.actor_update(actor, critic.params, batch, dp_axis_name)
+            actor = actor.replace(target_params=polyak(actor.target_params, actor.params, tau))
+            critic = critic.replace(target_params=polyak(critic.target_params, critic.params, tau))
+            return actor, critic, loss
+
+        def skip(actor, critic):
+            return actor, critic, jnp.float32(jnp.nan)
+
+        actor, critic, actor_loss = jax.lax.cond(
+            state.updates % self.config.policy_delay == 0, delayed, skip, state.actor, critic
+        )
+        state = TD3State(actor=actor, critic=critic, updates=state.updates + 1)
+        return state, {"critic_loss": critic_loss, "actor_loss": actor_loss}
+
+    def train(
+        self,
+        state: TD3State,
+        buffer: ReplayBuffer,
+        key: jax.Array,
+        num_updates: int,
+        dp_axis_name: str | None = None,
+    ) -> tuple[TD3State, dict[str, jax.Array]]:
+        """``num_updates`` TD3 iterations on minibatches from ``buffer``.
+
+        Each iteration's global minibatch indices come from one key; with
+        ``dp_axis_name`` each device takes its contiguous slice of them.
+
+        Args:
+          state: the learner (replicated).
+          buffer: the replay buffer (replicated).
+          key: PRNG key, the same on every device.
+          num_updates: iterations to run (static).
+          dp_axis_name: the data-parallel axis, or ``None``.
+
+        Returns:
+          ``(state, metrics)``: mean critic loss and mean actor loss.
+        """
+
+        def body(state, key):
+            sample_key, noise_key = jax.random.split(key)
+            batch = replay.sample(buffer, sample_key, self.config.batch_size, dp_axis_name)
+            return self.update(state, batch, noise_key, dp_axis_name)
+
+        state, metrics = jax.lax.scan(body, state, jax.random.split(key, num_updates))
+        return state, {
+            "critic_loss": jnp.mean(metrics["critic_loss"]),
+            "actor_loss": jnp.nanmean(metrics["actor_loss"]),
+        }

@@ -1,0 +1,219 @@
+"""Tasks: what a candidate solution (a flat parameter vector) is scored on.
+
+A task turns one flat vector into a score and a little bookkeeping:
+
+* ``evaluate(solution, key, task_state) -> (score, info)`` for one candidate,
+* ``init_solution(key)`` the starting point, ``init_state()`` any state shared
+  by all candidates (the running observation normaliser),
+* ``update_state(task_state, info_total)`` folds in ``info`` summed over the
+  whole population (with ``psum``: statistics merged across devices),
+* ``maximize``: whether higher scores are better (returns) or lower (losses).
+
+Scores stay in the task's own units everywhere in logs and plots; the single
+conversion to the minimisation convention of evosax is
+:func:`evorl_pop.fitness.to_minimization`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+from evorl_pop.envs import Env, EpisodeStats, ObsMoments, ObsNorm, evaluate_episodes, make_env
+from evorl_pop.networks import make_policy
+
+
+@flax.struct.dataclass
+class EvalInfo:
+    """Per-candidate bookkeeping; summed over the population with ``psum``."""
+
+    steps: jax.Array  # int32: environment steps this evaluation took
+    episodes: jax.Array  # int32: episodes it ran
+    moments: Any = None  # ObsMoments when observations are normalised
+
+
+# --- black-box functions (all minimised, optimum 0 at the origin unless noted) ---
+
+
+def sphere(x):
+    return jnp.sum(x**2)
+
+
+def ellipsoid(x, condition: float = 1e6):
+    """Separable ellipsoid; axis scales from 1 to ``condition``."""
+    d = x.shape[-1]
+    scales = condition ** (jnp.arange(d) / max(d - 1, 1))
+    return jnp.sum(scales * x**2)
+
+
+def rosenbrock(x):
+    """Rosenbrock's valley; optimum 0 at ``x = 1``."""
+    return jnp.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1.0 - x[:-1]) ** 2)
+
+
+def rastrigin(x):
+    return 10.0 * x.shape[-1] + jnp.sum(x**2 - 10.0 * jnp.cos(2.0 * jnp.pi * x))
+
+
+BLACKBOX_FUNCTIONS: dict[str, Callable] = {
+    "sphere": sphere,
+    "ellipsoid": ellipsoid,
+    "rosenbrock": rosenbrock,
+    "rastrigin": rastrigin,
+}
+
+
+def _unknown(kind: str, name: str, valid) -> ValueError:
+    close = difflib.get_close_matches(name, list(valid), n=3)
+    hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+    return ValueError(f"Unknown {kind} {name!r}.{hint} Valid: {', '.join(sorted(valid))}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class BlackBoxTask:
+    """Minimise a black-box function of a ``num_dims`` vector.
+
+    Attributes:
+      function: a name in :data:`BLACKBOX_FUNCTIONS`.
+      num_dims: dimension of the search space.
+      x0: every coordinate of the starting point.
+    """
+
+    function: str = "sphere"
+    num_dims: int = 10
+    x0: float = 3.0
+    maximize = False
+
+    def __post_init__(self):
+        if self.function not in BLACKBOX_FUNCTIONS:
+            raise _unknown("black-box function", self.function, BLACKBOX_FUNCTIONS)
+        if self.num_dims < 2:
+            raise ValueError(f"num_dims must be at least 2, got {self.num_dims}.")
+
+    @property
+    def name(self) -> str:
+        return f"{self.function}-{self.num_dims}d"
+
+    def init_solution(self, key):
+        del key
+        return jnp.full((self.num_dims,), self.x0, jnp.float32)
+
+    def init_state(self):
+        return ()
+
+    def evaluate(self, solution, key, task_state):
+        del key, task_state
+        value = BLACKBOX_FUNCTIONS[self.function](solution)
+        return value, EvalInfo(steps=jnp.int32(0), episodes=jnp.int32(0))
+
+    def update_state(self, task_state, info_total):
+        return task_state
+
+
+class ControlTask:
+    """Neuroevolution of an MLP policy on an environment (gymnax by default).
+
+    The score of a candidate is its mean return over ``episodes`` episodes.
+    """
+
+    maximize = True
+
+    def __init__(
+        self,
+        env: str | Env = "CartPole-v1",
+        hidden_sizes: Sequence[int] = (32,),
+        activation: str = "tanh",
+        episodes: int = 1,
+        normalize_obs: bool = False,
+        policy_module=None,
+        num_steps: int | None = None,
+    ):
+        """Builds the task.
+
+        Args:
+          env: an environment name (see :func:`evorl_pop.envs.make_env`) or an
+            :class:`~evorl_pop.envs.Env`.
+          hidden_sizes: hidden layers of the MLP policy.
+          activation: ``'tanh'``, ``'relu'`` or ``'elu'``.
+          episodes: episodes per candidate evaluation (their mean is the score).
+          normalize_obs: normalise observations with running statistics
+            gathered from the whole population (merged across devices).
+          policy_module: a custom flax module instead of the MLP; its output
+            must fit the action space.
+          num_steps: steps per episode (default: the environment's limit).
+        """
+        if episodes < 1:
+            raise ValueError(f"episodes must be at least 1, got {episodes}.")
+        self.env = make_env(env) if isinstance(env, str) else env
+        self.spec = self.env.spec
+        self.policy = make_policy(self.spec, hidden_sizes, activation, policy_module)
+        self.episodes = episodes
+        self.normalize_obs = normalize_obs
+        self.num_steps = num_steps
+        template = self.policy.init(jax.random.key(0))
+        flat, self.unravel = ravel_pytree(template)
+        self.num_dims = int(flat.size)
+        self.name = self.spec.name
+
+    def init_solution(self, key):
+        return ravel_pytree(self.policy.init(key))[0]
+
+    def init_state(self):
+        return ObsNorm.create(self.spec.obs_shape) if self.normalize_obs else ()
+
+    def _episodes(self, solution, key, task_state, episodes) -> EpisodeStats:
+        obs_norm = task_state if self.normalize_obs else None
+        return evaluate_episodes(
+            self.env, self.policy, self.unravel(solution), key, episodes, obs_norm
+        )
+
+    def evaluate(self, solution, key, task_state):
+        stats = self._episodes(solution, key, task_state, self.episodes)
+        moments = stats.moments if self.normalize_obs else None
+        return stats.episode_return, EvalInfo(stats.steps, stats.episodes, moments)
+
+    def evaluate_return(self, solution, key, task_state, episodes: int):
+        """Mean return of one solution over ``episodes`` episodes (for reporting)."""
+        return self._episodes(solution, key, task_state, episodes).episode_return
+
+    def update_state(self, task_state, info_total: EvalInfo):
+        if not self.normalize_obs:
+            return task_state
+        return task_state.merge(info_total.moments)
+
+
+def make_task(name: str, **kwargs):
+    """A task by name: a black-box function name or an environment name.
+
+    Args:
+      name: ``'sphere'``, ``'ellipsoid'``, ``'rosenbrock'``, ``'rastrigin'``, or
+        an environment such as ``'CartPole-v1'`` or ``'Pendulum-v1'``.
+      **kwargs: passed to :class:`BlackBoxTask` or :class:`ControlTask`.
+
+    Returns:
+      The task.
+    """
+    if name in BLACKBOX_FUNCTIONS:
+        return BlackBoxTask(function=name, **kwargs)
+    from evorl_pop.envs import ENV_FACTORIES
+
+    if name in ENV_FACTORIES:
+        return ControlTask(env=name, **kwargs)
+    raise _unknown("task", name, [*BLACKBOX_FUNCTIONS, *ENV_FACTORIES])
+
+
+__all__ = [
+    "BLACKBOX_FUNCTIONS",
+    "BlackBoxTask",
+    "ControlTask",
+    "EvalInfo",
+    "ObsMoments",
+    "make_task",
+]
