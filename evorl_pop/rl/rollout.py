@@ -174,11 +174,17 @@ def population_rollout(
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(pop))
     (population, keys, noise), member_valid = pad_to_multiple((population, keys, noise), n)
 
-    def local(params, keys, noise, member_valid):
-        episodes = jax.vmap(lambda p, k, s: collect_episode(env, policy, p, k, s, num_steps))(
-            params, keys, noise
-        )
-        ret = episodes.episode_return
+    def one(params, key, noise):
+        return collect_episode(env, policy, params, key, noise, num_steps)
+
+    # The episodes need no collectives; replication checks would only reject
+    # simulators whose scan carries start from constants, so they are off here
+    # and on for the statistics below.
+    episodes = dist.shmap_vmap(
+        one, mesh, in_specs=(P(axis), P(axis), P(axis)), out_specs=P(axis), check_vma=False
+    )(population, keys, noise)
+
+    def statistics(ret, steps, member_valid):
         finite = member_valid & jnp.isfinite(ret)
         stats = {
             "fitness_best": dist.pmax(jnp.max(jnp.where(finite, ret, -jnp.inf)), axis),
@@ -186,19 +192,16 @@ def population_rollout(
             "return_sum": dist.psum(jnp.sum(jnp.where(finite, ret, 0.0)), axis),
             "finite": dist.psum(jnp.sum(finite).astype(jnp.int32), axis),
             "nonfinite": dist.psum(jnp.sum(member_valid & ~finite).astype(jnp.int32), axis),
-            "env_steps": dist.psum(jnp.sum(jnp.where(member_valid, episodes.steps, 0)), axis),
+            "env_steps": dist.psum(jnp.sum(jnp.where(member_valid, steps, 0)), axis),
             "episodes": dist.psum(jnp.sum(member_valid).astype(jnp.int32), axis),
         }
-        returns = dist.all_gather(ret, axis, tiled=True, to="invarying")
-        valid = episodes.valid & member_valid[:, None]
-        return returns, stats, episodes.transitions, valid
+        return dist.all_gather(ret, axis, tiled=True, to="invarying"), stats
 
-    returns, stats, transitions, valid = jax.shard_map(
-        local,
-        mesh=mesh,
-        in_specs=(P(axis), P(axis), P(axis), P(axis)),
-        out_specs=(P(), P(), P(axis), P(axis)),
-    )(population, keys, noise, member_valid)
+    returns, stats = jax.shard_map(
+        statistics, mesh=mesh, in_specs=(P(axis), P(axis), P(axis)), out_specs=(P(), P())
+    )(episodes.episode_return, episodes.steps, member_valid)
+    transitions = episodes.transitions
+    valid = episodes.valid & member_valid[:, None]
     returns = returns[:pop]
     finite = jnp.isfinite(returns)
     count = jnp.maximum(stats["finite"], 1)
