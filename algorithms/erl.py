@@ -1,0 +1,312 @@
+"""ERL: a genetic algorithm over actors plus one TD3 learner sharing its experience.
+
+Khadka & Tumer (2018), "Evolution-Guided Policy Gradient in Reinforcement
+Learning" (with TD3 as the learner, as in later ERL variants). One generation:
+
+1. the population is bred from the previous one (the elites kept in their
+   slots; every other slot gets a child of two tournament winners: neuron-wise
+   crossover, then Gaussian mutation of a fraction of its weights); every
+   ``sync_period`` generations the learner's actor replaces the weakest member;
+2. every member runs one episode, sharded over the ``POP`` axis; all steps go
+   into one shared replay buffer;
+3. the learner runs exploration episodes (Gaussian action noise), adds them to
+   the buffer, and takes TD3 updates on minibatches split over the ``DP`` axis;
+4. the learner's actor is evaluated without noise (``eval_return``).
+
+Returns are maximised throughout: selection ranks by return directly, so no
+sign flip is needed anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+from jax.sharding import Mesh
+
+from evorl_pop.envs import make_env
+from evorl_pop.rl import hybrid
+from evorl_pop.rl.replay import ReplayBuffer
+from evorl_pop.rl.rollout import (
+    collect_episode,
+    evaluate,
+    example_transition,
+    population_rollout,
+)
+from evorl_pop.rl.td3 import TD3, TD3Config, TD3State, check_continuous
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """ERL settings.
+
+    Attributes:
+      env_name: a continuous-action environment.
+      pop_size: actors in the population.
+      num_elites: best actors copied unchanged into the next generation.
+      tournament_size: contestants per tournament selection.
+      crossover_prob: probability that a child mixes two parents (else it
+        copies the first).
+      mutation_prob: probability that a child is mutated.
+      mutation_frac: fraction of a mutated child's weights that get noise.
+      mutation_std: std of that Gaussian noise.
+      sync_period: generations between copies of the learner's actor into
+        the population.
+      rl_episodes: exploration episodes of the learner per generation.
+      exploration_noise: std of the learner's Gaussian action noise, in units
+        of half the action range.
+      updates_per_generation: TD3 iterations (critic steps) per generation.
+      learning_starts: buffer size before gradient updates begin.
+      buffer_capacity: replay buffer size.
+      episode_steps: steps per episode (``None``: the environment's limit).
+      eval_episodes: noise-free episodes to evaluate the learner each generation.
+      td3: TD3 hyper-parameters (network sizes, learning rates, batch size).
+    """
+
+    env_name: str = "Pendulum-v1"
+    pop_size: int = 10
+    num_elites: int = 2
+    tournament_size: int = 3
+    crossover_prob: float = 0.5
+    mutation_prob: float = 0.9
+    mutation_frac: float = 0.1
+    mutation_std: float = 0.1
+    sync_period: int = 5
+    rl_episodes: int = 1
+    exploration_noise: float = 0.1
+    updates_per_generation: int = 1000
+    learning_starts: int = 2000
+    buffer_capacity: int = 200_000
+    episode_steps: int | None = None
+    eval_episodes: int = 5
+    td3: TD3Config = TD3Config(critic_hidden_sizes=(128, 128), batch_size=128)
+
+
+@flax.struct.dataclass
+class State:
+    """Everything that changes between generations."""
+
+    population: Any  # the last evaluated population, leaves shape=(pop_size, ...)
+    fitness: jax.Array  # shape=(pop_size,): its returns (NaN / inf as -inf)
+    learner: TD3State  # the TD3 learner (actor, twin critics, targets, optimizers)
+    buffer: ReplayBuffer  # the shared replay buffer
+    generation: jax.Array  # int32: generations evaluated so far
+    env_steps: jax.Array  # int32: environment steps so far
+
+
+class ERL:
+    """ERL on a population sharded over the devices of ``mesh``.
+
+    Args:
+      config: a :class:`Config`.
+      mesh: a mesh with the axis ``'POP'`` (``evorl_pop.make_mesh(n)``), or
+        ``None`` for one device. TD3 minibatches are split over the same
+        devices along a ``'DP'`` axis.
+
+    Raises:
+      ValueError: for a discrete-action environment, a buffer smaller than a
+        batch, a population without room for offspring next to its elites, or a
+        batch size the device count does not divide.
+    """
+
+    def __init__(self, config: Config = Config(), mesh: Mesh | None = None):
+        self.config = config
+        self.env = make_env(config.env_name)
+        check_continuous(self.env.spec, "ERL (its learner is TD3)")
+        if not 0 <= config.num_elites < config.pop_size:
+            raise ValueError(
+                f"num_elites={config.num_elites} leaves no slot for offspring or the RL "
+                f"actor in a population of {config.pop_size}; use pop_size > num_elites."
+            )
+        if config.tournament_size < 1 or config.sync_period < 1 or config.rl_episodes < 1:
+            raise ValueError(
+                "tournament_size, sync_period and rl_episodes must be at least 1, got "
+                f"{config.tournament_size}, {config.sync_period}, {config.rl_episodes}."
+            )
+        hybrid.check_buffer(config.buffer_capacity, config.td3.batch_size, config.learning_starts)
+        self.pop_mesh, self.dp_mesh = hybrid.make_meshes(mesh)
+        hybrid.check_batch_split(config.td3.batch_size, self.dp_mesh.size)
+        self.td3 = TD3(self.env.spec, config.td3)
+        self.policy = self.td3.policy
+        example = self.policy.init(jax.random.key(0))
+        flat, self._unravel = ravel_pytree(example)
+        self.num_params = flat.shape[0]
+        self._neuron = jnp.asarray(_neuron_ids(example))
+        self._num_neurons = int(self._neuron.max()) + 1
+        self._train = hybrid.dp_train(self.td3, self.dp_mesh, config.updates_per_generation)
+
+    def unravel(self, flat: jax.Array) -> Any:
+        """Actor parameters from a flat vector (vectorise with ``jax.vmap``)."""
+        return self._unravel(flat)
+
+    def init(self, key: jax.Array) -> State:
+        """A random population, a fresh learner and an empty buffer.
+
+        Args:
+          key: PRNG key.
+
+        Returns:
+          A :class:`State`.
+        """
+        pop_key, learner_key = jax.random.split(key)
+        pop = self.config.pop_size
+        population = jax.vmap(lambda i: self.policy.init(jax.random.fold_in(pop_key, i)))(
+            jnp.arange(pop)
+        )
+        return State(
+            population=population,
+            fitness=jnp.full((pop,), -jnp.inf),
+            learner=self.td3.init(learner_key),
+            buffer=ReplayBuffer.create(example_transition(self.env), self.config.buffer_capacity),
+            generation=jnp.int32(0),
+            env_steps=jnp.int32(0),
+        )
+
+    def breed(self, flat: jax.Array, fitness: jax.Array, key: jax.Array) -> jax.Array:
+        """One GA generation on flat actors: elitism, tournaments, crossover, mutation.
+
+        Child ``i`` draws its randomness from ``fold_in(key, i)``.
+
+        Args:
+          flat: the evaluated population, shape ``(pop_size, num_params)``.
+          fitness: its returns (higher is better, NaN / inf as -inf).
+          key: PRNG key.
+
+        Returns:
+          The next population; the ``num_elites`` best stay in their slots.
+        """
+        cfg = self.config
+        pop = cfg.pop_size
+
+        def tournament(k):
+            contestants = jax.random.randint(k, (cfg.tournament_size,), 0, pop)
+            return contestants[jnp.argmax(fitness[contestants])]
+
+        def child(i):
+            ks = jax.random.split(jax.random.fold_in(key, i), 7)
+            a, b = flat[tournament(ks[0])], flat[tournament(ks[1])]
+            # Crossover swaps whole neurons (a unit's incoming weights and bias).
+            from_b = jax.random.bernoulli(ks[2], 0.5, (self._num_neurons,))[self._neuron]
+            cross = jax.random.bernoulli(ks[3], cfg.crossover_prob)
+            x = jnp.where(cross & from_b, b, a)
+            mutate = jax.random.bernoulli(ks[4], cfg.mutation_prob)
+            where = jax.random.bernoulli(ks[5], cfg.mutation_frac, x.shape)
+            noise = cfg.mutation_std * jax.random.normal(ks[6], x.shape)
+            return x + jnp.where(mutate & where, noise, 0.0)
+
+        children = jax.vmap(child)(jnp.arange(pop))
+        rank = jnp.argsort(jnp.argsort(-fitness))
+        elite = rank < cfg.num_elites
+        return jnp.where(elite[:, None], flat, children)
+
+    def step(self, state: State, key: jax.Array) -> tuple[State, dict[str, jax.Array]]:
+        """One generation.
+
+        Args:
+          state: the current :class:`State`.
+          key: PRNG key of this generation.
+
+        Returns:
+          ``(state, metrics)``: population returns (``fitness_best``,
+          ``fitness_mean``, ``fitness_worst``, ``fitness_std``), ``env_steps``
+          and ``episodes`` of this generation (population and learner),
+          ``eval_return`` of the learner's actor, ``rl_actors_injected`` (1 when
+          the learner's actor entered the population this generation) and
+          ``injected_return`` (its return as a member, NaN otherwise), and the
+          TD3 losses.
+        """
+        cfg = self.config
+        breed_key, rollout_key, explore_key, train_key, eval_key = jax.random.split(key, 5)
+
+        # 1. Next population from the last evaluated one (generation 0 keeps its own).
+        flat = jax.vmap(lambda p: ravel_pytree(p)[0])(state.population)
+        bred = self.breed(flat, state.fitness, breed_key)
+        first = state.generation == 0
+        flat = jnp.where(first, flat, bred)
+        inject = ~first & (state.generation % cfg.sync_period == 0)
+        weakest = jnp.argmin(state.fitness)
+        learner_flat = ravel_pytree(state.learner.actor.params)[0]
+        flat = flat.at[weakest].set(jnp.where(inject, learner_flat, flat[weakest]))
+        population = jax.vmap(self.unravel)(flat)
+
+        # 2. Evaluate the population; its steps feed the shared buffer.
+        rollout = population_rollout(
+            self.env, self.policy, self.pop_mesh, population, rollout_key, 0.0, cfg.episode_steps
+        )
+        buffer = state.buffer.add(rollout.transitions, rollout.valid)
+
+        # 3. The learner explores, then trains on the shared buffer.
+        episodes = jax.vmap(
+            lambda k: collect_episode(
+                self.env,
+                self.policy,
+                state.learner.actor.params,
+                k,
+                cfg.exploration_noise,
+                cfg.episode_steps,
+            )
+        )(jax.random.split(explore_key, cfg.rl_episodes))
+        buffer = buffer.add(episodes.transitions, episodes.valid)
+        learn = buffer.size >= max(cfg.learning_starts, cfg.td3.batch_size)
+        nan = jnp.float32(jnp.nan)
+        learner, losses = jax.lax.cond(
+            learn,
+            lambda s: self._train(s, buffer, train_key),
+            lambda s: (s, {"critic_loss": nan, "actor_loss": nan}),
+            state.learner,
+        )
+
+        # 4. The learner's actor without noise.
+        eval_return = evaluate(
+            self.env,
+            self.policy,
+            learner.actor.params,
+            eval_key,
+            cfg.eval_episodes,
+            cfg.episode_steps,
+        )
+        steps = rollout.metrics["env_steps"] + jnp.sum(episodes.steps)
+        env_steps = state.env_steps + steps
+        state = State(
+            population=population,
+            fitness=rollout.fitness,
+            learner=learner,
+            buffer=buffer,
+            generation=state.generation + 1,
+            env_steps=env_steps,
+        )
+        metrics = {
+            **rollout.metrics,
+            **losses,
+            "env_steps": steps,
+            "episodes": rollout.metrics["episodes"] + cfg.rl_episodes,
+            "eval_return": eval_return,
+            "explore_return": jnp.mean(episodes.episode_return),
+            "rl_actors_injected": inject.astype(jnp.int32),
+            "injected_return": jnp.where(inject, rollout.returns[weakest], nan),
+            "total_env_steps": env_steps,
+        }
+        return state, metrics
+
+
+def _neuron_ids(params: Any) -> np.ndarray:
+    """For each flat weight, the id of the unit it feeds (one id per output unit).
+
+    A Dense kernel ``(in, out)`` and its bias ``(out,)`` share the ids of their
+    ``out`` units, so crossover can swap whole neurons.
+    """
+    ids, offset = {}, 0
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        layer = tuple(str(p) for p in path[:-1])
+        width = leaf.shape[-1]
+        if layer not in ids:
+            ids[layer] = offset
+            offset += width
+        ids[path] = np.broadcast_to(ids[layer] + np.arange(width), leaf.shape)
+    tree = jax.tree_util.tree_map_with_path(lambda path, _: ids[path], params)
+    return np.asarray(ravel_pytree(tree)[0]).astype(np.int32)
