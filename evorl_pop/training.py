@@ -10,6 +10,12 @@ import numpy as np
 from tqdm.auto import tqdm
 
 
+def _like(new, old):
+    if isinstance(new, jax.Array) and isinstance(old, jax.Array) and new.dtype == old.dtype:
+        return jax.lax.convert_element_type(new, old.dtype)
+    return new
+
+
 def train_loop(
     algorithm,
     state,
@@ -19,6 +25,7 @@ def train_loop(
     callback: Callable[[object, dict], None] | None = None,
     progress: bool = True,
     desc: str = "train",
+    generation_offset: int = 0,
 ):
     """Runs ``num_generations`` generations in jitted ``lax.scan`` chunks.
 
@@ -36,6 +43,8 @@ def train_loop(
         that chunk's metrics as NumPy arrays (leading axis: generations).
       progress: show a progress bar with best / mean fitness and steps/s.
       desc: the progress bar's label.
+      generation_offset: generations the run completed before this call
+        (a resumed run); only the progress bar counts from it.
 
     Returns:
       ``(state, history)``: history maps each metric name to a NumPy array
@@ -47,10 +56,21 @@ def train_loop(
         )
 
     def body(state, _):
-        return algorithm.step(state, jax.random.fold_in(key, state.generation))
+        new_state, metrics = algorithm.step(state, jax.random.fold_in(key, state.generation))
+        # Keep the carry's input types: a leaf that comes back weakly typed
+        # would change the next chunk's input types and compile it again.
+        new_state = jax.tree.map(_like, new_state, state)
+        return new_state, metrics
 
     history: dict[str, list[np.ndarray]] = {}
-    bar = tqdm(total=num_generations, desc=desc, disable=not progress, unit="gen", leave=True)
+    bar = tqdm(
+        total=generation_offset + num_generations,
+        initial=generation_offset,
+        desc=desc,
+        disable=not progress,
+        unit="gen",
+        leave=True,
+    )
     done = 0
     compiled = {}
     while done < num_generations:

@@ -1,0 +1,171 @@
+"""Per-generation metrics as a CSV file that is never half-written.
+
+One row per generation. Rows are appended between compiled chunks with a
+single ``os.write`` per chunk on a file opened with ``O_APPEND``, so a
+process killed at any moment leaves only whole lines (at worst a last line
+without its newline, which readers and :func:`truncate` drop). Floats are
+written with ``repr`` so they read back bit for bit.
+
+Columns: ``generation`` (1-based: the row of the g-th generation),
+``env_steps`` (cumulative, summed on the host in Python ints),
+``wall_time`` (cumulative seconds), then the fitness statistics, then the
+algorithm's other metrics by name, with its per-generation ``env_steps``
+renamed ``env_steps_gen`` (a metric named ``generation`` repeats the first
+column and is left out).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+
+from evorl_pop.config import write_atomic
+
+FILENAME = "metrics.csv"
+LEADING = ("generation", "env_steps", "wall_time")
+_FIRST = ("fitness_best", "fitness_mean", "fitness_worst", "fitness_std", "best_so_far")
+
+
+def columns_for(metric_names) -> tuple[str, ...]:
+    """The CSV columns for an algorithm's metric names.
+
+    Args:
+      metric_names: the keys of the algorithm's metrics dict, in order.
+
+    Returns:
+      The column names.
+    """
+    names = ["env_steps_gen" if n == "env_steps" else n for n in metric_names]
+    names = [n for n in names if n not in LEADING]
+    first = [n for n in _FIRST if n in names]
+    return (*LEADING, *first, *sorted(n for n in names if n not in first))
+
+
+def _format(value) -> str:
+    if isinstance(value, bool | np.bool_):
+        return str(int(value))
+    if isinstance(value, int | np.integer):
+        return str(int(value))
+    value = float(value)
+    if math.isnan(value):
+        return "nan"
+    return repr(value)
+
+
+def read(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Reads a metrics file.
+
+    A last line without its newline (a write cut short) is ignored.
+
+    Args:
+      path: a metrics CSV, or a run folder holding one.
+
+    Returns:
+      Column name to a NumPy array (int64 for integer columns, float64 else).
+
+    Raises:
+      FileNotFoundError: no metrics file there.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / FILENAME
+    text = path.read_text()
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines = lines[:-1]
+    rows = list(csv.reader(io.StringIO("".join(lines))))
+    if not rows:
+        return {}
+    header, body = rows[0], rows[1:]
+    out = {}
+    for i, name in enumerate(header):
+        values = [r[i] for r in body]
+        try:
+            out[name] = np.array([int(v) for v in values], dtype=np.int64)
+        except ValueError:
+            out[name] = np.array([float(v) if v else np.nan for v in values], dtype=np.float64)
+    return out
+
+
+def truncate(path: str | os.PathLike, generation: int) -> tuple[str, ...] | None:
+    """Keeps only the rows up to ``generation`` (atomically), for a resumed run.
+
+    Rows written after the checkpoint the run resumes from are dropped, so
+    no generation is ever listed twice; so is a last line cut short.
+
+    Args:
+      path: the metrics file.
+      generation: the last generation to keep (the checkpoint's).
+
+    Returns:
+      The header's columns, or ``None`` when there is no file (or no header).
+    """
+    path = Path(path)
+    if not path.exists():
+        return None
+    text = path.read_text()
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines = lines[:-1]
+    if not lines:
+        return None
+    header = next(csv.reader([lines[0]]))
+    keep = [lines[0]]
+    for line in lines[1:]:
+        first = line.split(",", 1)[0]
+        if first.isdigit() and int(first) <= generation:
+            keep.append(line)
+    if len(keep) != len(lines) or len(lines) != len(text.splitlines(keepends=True)):
+        write_atomic(path, "".join(keep).encode())
+    return tuple(header)
+
+
+class MetricsWriter:
+    """Appends whole rows of per-generation metrics to a CSV file."""
+
+    def __init__(self, path: str | os.PathLike, columns):
+        """Opens (or creates, with a header) the file.
+
+        Args:
+          path: the metrics file.
+          columns: its column names (see :func:`columns_for`).
+
+        Raises:
+          ValueError: the file exists with different columns.
+        """
+        self.path = Path(path)
+        self.columns = tuple(columns)
+        if self.path.exists() and self.path.stat().st_size > 0:
+            existing = truncate(self.path, 2**62)
+            if existing is not None and existing != self.columns:
+                raise ValueError(
+                    f"{str(self.path)!r} has columns {list(existing)}, but this run reports "
+                    f"{list(self.columns)}."
+                )
+        else:
+            write_atomic(self.path, (",".join(self.columns) + "\n").encode())
+
+    def append(self, rows) -> None:
+        """Appends rows in one write.
+
+        Args:
+          rows: mappings from column name to a scalar; a missing column is
+            written empty.
+        """
+        text = "".join(
+            ",".join(_format(r[c]) if c in r else "" for c in self.columns) + "\n" for r in rows
+        )
+        data = text.encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            while data:
+                written = os.write(fd, data)
+                data = data[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)

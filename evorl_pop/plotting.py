@@ -1,0 +1,194 @@
+"""Fitness curves from run folders.
+
+Runs whose configs agree except for the seed (and run settings such as the
+chunk size) form one group, drawn as the mean over its runs with a shaded
+band (min-max or ±1 std); best, mean and worst fitness are told apart by
+line style. Fitness stays in the task's own units (returns up, losses down).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from evorl_pop import metrics_file
+
+METRICS = {"best": "fitness_best", "mean": "fitness_mean", "worst": "fitness_worst"}
+_STYLES = {"fitness_best": "-", "fitness_mean": "--", "fitness_worst": ":"}
+# Settings that do not make two runs different experiments.
+_NOT_GROUPING = ("seed", "generations", "chunk", "checkpoint_every", "devices")
+
+
+def load_run(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:
+    """Reads a run folder (or a bare metrics CSV).
+
+    Args:
+      path: a run folder with ``metrics.csv`` (and ``config.yaml``), or a CSV file.
+
+    Returns:
+      ``(config, metrics)``: the config as a plain mapping (empty without a
+      ``config.yaml``) and the metric columns.
+
+    Raises:
+      ValueError: no metrics there.
+    """
+    path = Path(path)
+    csv_path = path / metrics_file.FILENAME if path.is_dir() else path
+    if not csv_path.exists():
+        raise ValueError(f"No metrics at {str(csv_path)!r}: is {str(path)!r} a run folder?")
+    metrics = metrics_file.read(csv_path)
+    if not metrics or len(metrics.get("generation", ())) == 0:
+        raise ValueError(f"{str(csv_path)!r} has no rows yet.")
+    config_path = csv_path.parent / "config.yaml"
+    config = {}
+    if config_path.exists():
+        config = yaml.safe_load(config_path.read_text()) or {}
+    return config, metrics
+
+
+def _group_key(config: dict) -> str:
+    data = {k: v for k, v in config.items() if k not in _NOT_GROUPING}
+    return yaml.safe_dump(data, sort_keys=True)
+
+
+def _label(config: dict, differing: Sequence[str]) -> str:
+    algo = config.get("algorithm_config", {}) or {}
+    parts = [str(config.get("algorithm", "run"))]
+    for name in ("strategy", "task", "env"):
+        if algo.get(name):
+            parts.append(str(algo[name]))
+    extra = [
+        f"{k}={algo.get(k, config.get(k))}"
+        for k in differing
+        if k not in ("strategy", "task", "env")
+    ]
+    return " ".join(parts) + (f" ({', '.join(extra)})" if extra else "")
+
+
+def _aggregate(runs, metric: str, x: str, band: str):
+    """Mean and band over the runs of a group, on a common x axis."""
+    if x == "generation":
+        n = min(len(m["generation"]) for _, m in runs)
+        xs = runs[0][1]["generation"][:n].astype(float)
+        ys = np.stack([m[metric][:n] for _, m in runs])
+    else:
+        # Env steps differ between seeds (episodes end early): interpolate
+        # every run onto one grid up to the shortest run's last step.
+        end = min(m["env_steps"][-1] for _, m in runs)
+        start = max(m["env_steps"][0] for _, m in runs)
+        if len(runs) == 1:
+            xs = runs[0][1]["env_steps"].astype(float)
+            ys = runs[0][1][metric][None]
+        else:
+            xs = np.linspace(start, end, 200)
+            ys = np.stack([np.interp(xs, m["env_steps"], m[metric]) for _, m in runs])
+    mean = np.nanmean(ys, axis=0)
+    if band == "std":
+        std = np.nanstd(ys, axis=0)
+        lo, hi = mean - std, mean + std
+    else:
+        lo, hi = np.nanmin(ys, axis=0), np.nanmax(ys, axis=0)
+    return xs, mean, lo, hi
+
+
+def plot_runs(
+    runs: Sequence[str | os.PathLike],
+    out: str | os.PathLike = "fitness.png",
+    x: str = "generation",
+    metrics: Sequence[str] = ("best", "mean", "worst"),
+    band: str = "minmax",
+    svg: bool = False,
+    title: str | None = None,
+    log_y: bool | None = None,
+) -> list[Path]:
+    """Draws fitness curves of one or several runs into a PNG (and an SVG).
+
+    Args:
+      runs: run folders (or metrics CSV files).
+      out: the PNG path.
+      x: ``'generation'`` or ``'steps'`` (cumulative environment steps).
+      metrics: any of ``'best'``, ``'mean'``, ``'worst'`` (or a metrics column name).
+      band: ``'minmax'`` or ``'std'``: the shaded band of a group of several runs.
+      svg: also write an SVG beside the PNG.
+      title: the figure title (``None``: from the runs).
+      log_y: a logarithmic fitness axis (``None``: when the values are
+        positive and span over three decades, as for black-box losses).
+
+    Returns:
+      The paths written.
+
+    Raises:
+      ValueError: a bad option, or a run without metrics.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if x not in ("generation", "steps"):
+        raise ValueError(f"x must be 'generation' or 'steps', got {x!r}.")
+    if band not in ("minmax", "std"):
+        raise ValueError(f"band must be 'minmax' or 'std', got {band!r}.")
+    if not runs:
+        raise ValueError("Give at least one run.")
+    columns = [METRICS.get(m, m) for m in metrics]
+    loaded = [load_run(r) for r in runs]
+    for (_, m), r in zip(loaded, runs, strict=True):
+        for c in columns:
+            if c not in m:
+                raise ValueError(f"{str(r)!r} has no column {c!r}; it has {sorted(m)}.")
+    groups: dict[str, list] = {}
+    for item in loaded:
+        groups.setdefault(_group_key(item[0]), []).append(item)
+    configs = [g[0][0] for g in groups.values()]
+    flat = [{**c, **(c.get("algorithm_config") or {})} for c in configs]
+    keys = sorted({k for c in flat for k in c if k not in (*_NOT_GROUPING, "algorithm_config")})
+    differing = [k for k in keys if len({repr(c.get(k)) for c in flat}) > 1]
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    all_values = []
+    for i, group in enumerate(groups.values()):
+        color = colors[i % len(colors)]
+        label = _label(group[0][0], differing)
+        if len(group) > 1:
+            label += f", {len(group)} runs"
+        for column in columns:
+            xs, mean, lo, hi = _aggregate(
+                group, column, "generation" if x == "generation" else "steps", band
+            )
+            name = next((k for k, v in METRICS.items() if v == column), column)
+            ax.plot(xs, mean, _STYLES.get(column, "-."), color=color, label=f"{label}: {name}")
+            if len(group) > 1:
+                ax.fill_between(xs, lo, hi, color=color, alpha=0.18, linewidth=0)
+            all_values.append(np.asarray(mean)[np.isfinite(mean)])
+    values = np.concatenate(all_values) if all_values else np.array([])
+    if log_y is None:
+        log_y = bool(values.size) and values.min() > 0 and values.max() / values.min() > 1e3
+    if log_y:
+        ax.set_yscale("log")
+    ax.set_xlabel("generation" if x == "generation" else "environment steps")
+    ax.set_ylabel("fitness")
+    if title is None:
+        title = "Fitness" + (
+            " (mean over runs, band: " + ("min-max" if band == "minmax" else "±1 std") + ")"
+            if any(len(g) > 1 for g in groups.values())
+            else ""
+        )
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    written = [out]
+    fig.savefig(out)
+    if svg:
+        written.append(out.with_suffix(".svg"))
+        fig.savefig(written[-1])
+    plt.close(fig)
+    return written
