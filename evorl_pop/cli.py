@@ -8,6 +8,7 @@ run's ``devices`` setting) is in the environment.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import sys
@@ -287,12 +288,18 @@ def _train_config(args):
     if args.algorithm:
         data["algorithm"] = args.algorithm
     base = config_lib.from_dict(data, check=False)
+    fields = {f.name for f in dataclasses.fields(base.algorithm_config)}
+
+    def alias(*names):
+        # Algorithms name the same thing differently (task / env_name, population_size / pop_size).
+        return next((n for n in names if n in fields), names[0])
+
     overrides = [
         f"{name}={value}"
         for name, value in (
             ("strategy", args.strategy),
-            ("task", args.task),
-            ("population_size", args.population_size),
+            (alias("task", "env_name", "env"), args.task),
+            (alias("population_size", "pop_size"), args.population_size),
             ("generations", args.generations),
             ("seed", args.seed),
             ("chunk", args.chunk),

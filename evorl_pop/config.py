@@ -178,7 +178,13 @@ def coerce(value, hint, name: str):
         return tuple(
             coerce(v, a, f"{name}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True))
         )
-    if dataclasses.is_dataclass(hint) or hint is object:
+    if dataclasses.is_dataclass(hint):
+        if isinstance(value, hint):
+            return value
+        if isinstance(value, dict):  # a nested config, e.g. an algorithm's optimiser settings
+            return dataclass_from_dict(hint, value, name)
+        raise ConfigError(f"{name}: expected a mapping of {hint.__name__} fields, got {value!r}.")
+    if hint is object:
         return value
     raise ConfigError(f"{name}: cannot check values of type {hint!r}.")
 
@@ -225,10 +231,23 @@ def dataclass_from_dict(cls, data: dict, where: str):
 
 
 def _plain(value):
-    """A value as YAML / TOML can hold it: tuples become lists."""
+    """A value as YAML / TOML can hold it: tuples become lists, dataclasses mappings."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, tuple | list):
         return [_plain(v) for v in value]
     return value
+
+
+def _flatten(data: dict, prefix: str = "") -> dict:
+    """``{'a': {'b': 1}}`` as ``{'a.b': 1}``."""
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def to_dict(config: RunConfig) -> dict:
@@ -339,7 +358,6 @@ def apply_overrides(config: RunConfig, overrides: typing.Iterable[str]) -> RunCo
             data["algorithm"] = text.strip()
             data["algorithm_config"] = {}
     spec = _spec(data["algorithm"])
-    algo_hints = _hints(spec.config_class)
     run_hints = _hints(RunConfig)
     for item in overrides:
         key, sep, text = item.partition("=")
@@ -348,15 +366,26 @@ def apply_overrides(config: RunConfig, overrides: typing.Iterable[str]) -> RunCo
             raise ConfigError(f"Override {item!r} is not of the form key=value.")
         if key == "algorithm":
             continue
-        field = key.removeprefix("algorithm_config.")
-        if key in _RUN_FIELDS and not key.startswith("algorithm_config."):
+        if key in _RUN_FIELDS:
             data[key] = _parse_scalar(text, run_hints[key])
-        elif field in algo_hints:
-            data["algorithm_config"][field] = _parse_scalar(text, algo_hints[field])
-        else:
-            raise _unknown_key(
-                key, [*_RUN_FIELDS, *algo_hints], f"the {data['algorithm']} run config"
-            )
+            continue
+        # An algorithm field, possibly nested: 'td3.batch_size'.
+        path = key.removeprefix("algorithm_config.").split(".")
+        target, cls = data["algorithm_config"], spec.config_class
+        valid = [*_RUN_FIELDS, *_flatten(_plain(spec.config_class()))]
+        for i, part in enumerate(path):
+            hints = _hints(cls)
+            if part not in hints:
+                raise _unknown_key(key, valid, f"the {data['algorithm']} run config")
+            if i == len(path) - 1:
+                target[part] = _parse_scalar(text, hints[part])
+            else:
+                cls = hints[part]
+                if not dataclasses.is_dataclass(cls):
+                    raise ConfigError(
+                        f"{'.'.join(path[: i + 1])} has no fields; set it as a whole."
+                    )
+                target = target.setdefault(part, {})
     return from_dict(data)
 
 
@@ -457,6 +486,9 @@ def _toml_value(value) -> str:
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        items = (f"{k} = {_toml_value(v)}" for k, v in value.items() if v is not None)
+        return "{ " + ", ".join(items) + " }"
     raise ValueError(f"cannot write {value!r} as TOML")
 
 

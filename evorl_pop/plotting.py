@@ -58,7 +58,7 @@ def _group_key(config: dict) -> str:
 def _label(config: dict, differing: Sequence[str]) -> str:
     algo = config.get("algorithm_config", {}) or {}
     parts = [str(config.get("algorithm", "run"))]
-    for name in ("strategy", "task", "env"):
+    for name in ("strategy", "task", "env_name", "env"):
         if algo.get(name):
             parts.append(str(algo[name]))
     extra = [

@@ -79,8 +79,9 @@ def default_run_dir(config: RunConfig, root: str | os.PathLike = "runs") -> Path
     Returns:
       A path that does not exist yet.
     """
-    task = getattr(config.algorithm_config, "task", None) or getattr(
-        config.algorithm_config, "env", "run"
+    cfg = config.algorithm_config
+    task = next(
+        (getattr(cfg, n) for n in ("task", "env_name", "env") if getattr(cfg, n, None)), "run"
     )
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(root) / f"{config.algorithm}-{task}-{config.seed}-{stamp}"
@@ -94,7 +95,7 @@ def default_run_dir(config: RunConfig, root: str | os.PathLike = "runs") -> Path
 def _describe(config: RunConfig) -> str:
     cfg = config.algorithm_config
     parts = [config.algorithm]
-    for name in ("strategy", "task", "env"):
+    for name in ("strategy", "task", "env_name", "env"):
         if getattr(cfg, name, None):
             parts.append(str(getattr(cfg, name)))
     return " ".join(parts)
@@ -390,18 +391,14 @@ def train(
 
 
 def _differences(old: RunConfig, new: RunConfig) -> list[str]:
-    a, b = config_lib.to_dict(old), config_lib.to_dict(new)
-    out = []
-    for key in a:
-        if key in config_lib.RESUMABLE_FIELDS:
-            continue
-        if key == "algorithm_config":
-            for k in sorted(set(a[key]) | set(b[key])):
-                if a[key].get(k) != b[key].get(k):
-                    out.append(f"{k}: {a[key].get(k)!r} -> {b[key].get(k)!r}")
-        elif a[key] != b.get(key):
-            out.append(f"{key}: {a[key]!r} -> {b.get(key)!r}")
-    return out
+    """The settings that differ, other than those a resume may change."""
+    a = config_lib._flatten(config_lib.to_dict(old))
+    b = config_lib._flatten(config_lib.to_dict(new))
+    return [
+        f"{key.removeprefix('algorithm_config.')}: {a.get(key)!r} -> {b.get(key)!r}"
+        for key in sorted(set(a) | set(b), key=lambda k: (k.count("."), k))
+        if key not in config_lib.RESUMABLE_FIELDS and a.get(key) != b.get(key)
+    ]
 
 
 def resume(
