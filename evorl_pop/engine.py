@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import optax
 from evosax.algorithms import Open_ES
 from evosax.algorithms.population_based.base import PopulationBasedAlgorithm
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop.distributed import (
@@ -256,9 +256,10 @@ class ShardedES:
         else:
             strategy_state = self.strategy.init(k_init, solution, self.params)
         state = ESState(strategy_state, task_state, jnp.int32(0))
-        # strong dtypes, so the state after a generation has the same types and
-        # the compiled step is reused instead of retraced
-        return jax.tree.map(lambda x: jnp.asarray(x, x.dtype), state)
+        # strong dtypes, replicated over the mesh: the state after a generation
+        # has the same types and placement, so the compiled step is reused
+        state = jax.tree.map(lambda x: jnp.asarray(x, x.dtype), state)
+        return jax.device_put(state, NamedSharding(self.mesh, P()))
 
     def mean_solution(self, state: ESState) -> jax.Array:
         """The strategy's mean (or, population-based, its best solution so far)."""
@@ -376,7 +377,7 @@ class ShardedES:
             def accumulate(total, ids_c):  # the noise is drawn again, chunk by chunk
                 return total + shaped[ids_c] @ noise(ids_c), None
 
-            zeros = jnp.zeros(es.num_dims)
+            zeros = jax.lax.pcast(jnp.zeros(es.num_dims), POP_AXIS_NAME, to="varying")
             partial_sum, _ = jax.lax.scan(accumulate, zeros, local_ids.reshape(-1, chunk))
             grad = psum(partial_sum, POP_AXIS_NAME) / (n * s.std)  # Open_ES's estimate
             updates, opt_state = es.optimizer.update(grad, s.opt_state, s.mean)
