@@ -19,6 +19,7 @@ import inspect
 import evosax.algorithms
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from evorl_pop.engine import ESState, ShardedES
@@ -198,3 +199,78 @@ class ES:
         init_key, run_key = jax.random.split(key)
         state = self.init(init_key)
         return train_loop(self, state, run_key, num_generations, chunk, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class MinimizeResult:
+    """Outcome of :func:`minimize`.
+
+    Attributes:
+      converged: whether some run reached the target.
+      evaluations: function evaluations spent, restarts included, up to the
+        generation that reached the target (or in all, if none did).
+      best: the best fitness found.
+      restarts: restarts used.
+    """
+
+    converged: bool
+    evaluations: int
+    best: float
+    restarts: int
+
+
+def minimize(
+    config: ESConfig,
+    key: jax.Array,
+    target: float = 1e-8,
+    max_generations: int = 2000,
+    restarts: int = 2,
+    stall_generations: int | None = None,
+    stall_tolerance: float = 1e-11,
+    mesh=None,
+) -> MinimizeResult:
+    """Minimises a black-box task to ``target``, restarting a stalled run.
+
+    A run stalls when its best fitness has changed by less than
+    ``stall_tolerance`` over ``stall_generations`` generations (pycma's
+    ``tolfun`` criterion; default ``10 + 30 * dims / popsize``) while still
+    above ``target`` (e.g. CMA-ES in Rosenbrock's local optimum). It then
+    restarts from the same starting point with a fresh key; the evaluations
+    of the stalled run, up to its detection, count.
+
+    Args:
+      config: the run configuration (a black-box task).
+      key: the PRNG key.
+      target: stop at the first generation whose best fitness is below it.
+      max_generations: generations per run.
+      restarts: restarts allowed after stalls.
+      stall_generations: see above.
+      stall_tolerance: see above.
+      mesh: the device mesh.
+
+    Returns:
+      A :class:`MinimizeResult`.
+    """
+    es = ES(config, mesh=mesh)
+    if es.task.maximize:
+        raise ValueError(f"minimize needs a black-box task to minimise, not {config.task!r}.")
+    window = stall_generations or int(10 + 30 * es.task.num_dims / config.population_size)
+
+    @jax.jit
+    def run(key):
+        init_key, run_key = jax.random.split(key)
+        _, metrics = es.engine.run(es.init(init_key), run_key, max_generations)
+        return metrics["fitness_best"]
+
+    evaluations, best = 0, float("inf")
+    for attempt in range(restarts + 1):
+        history = np.asarray(run(jax.random.fold_in(key, attempt)))
+        best = min(best, float(np.min(history)))
+        hit = np.flatnonzero(history < target)
+        if hit.size:
+            return MinimizeResult(True, evaluations + int(hit[0] + 1) * config.population_size, best, attempt)
+        so_far = np.minimum.accumulate(history)
+        flat = np.flatnonzero(so_far[:-window] - so_far[window:] < stall_tolerance)
+        stop = int(flat[0] + window + 1) if flat.size else max_generations
+        evaluations += stop * config.population_size
+    return MinimizeResult(False, evaluations, best, restarts)
