@@ -1,0 +1,302 @@
+"""The evorl-pop command line: kill and resume, config errors, help, list, plot."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evorl_pop import checkpoint as ckpt_lib
+from evorl_pop import cli, metrics_file
+
+# A job that compiles quickly and then runs long enough (a few seconds) to be
+# killed in the middle: OpenES on CartPole, small population, 2 generations a chunk.
+JOB = [
+    "--strategy", "Open_ES", "--task", "CartPole-v1", "--pop", "32", "--seed", "5",
+    "--chunk", "2", "--checkpoint-every", "2", "--devices", "2",
+    "--set", "sigma_init=0.1", "--set", "learning_rate=0.05",
+]  # fmt: skip
+GENERATIONS = 120
+
+
+def _env():
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = ""  # the CLI's --devices sets the device count itself
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def _cli(*args, **kwargs):
+    return subprocess.run(
+        [sys.executable, "-m", "evorl_pop.cli", *args],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        **kwargs,
+    )
+
+
+@pytest.fixture(autouse=True)
+def _restore_xla_flags(monkeypatch):
+    # In-process commands with --devices edit XLA_FLAGS; undo it afterwards.
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+
+
+def _rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    ckpt_path = killed / ckpt_lib.FILENAME
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "evorl_pop.cli", "train", *JOB,
+         "--generations", str(GENERATIONS), "--out", str(killed), "--quiet", "--no-figure"],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    # Meanwhile, the same job uninterrupted (the two share the cores).
+    reference = subprocess.Popen(
+        [sys.executable, "-m", "evorl_pop.cli", "train", *JOB,
+         "--generations", str(GENERATIONS), "--out", str(whole), "--quiet"],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    deadline = time.time() + 300
+    while not ckpt_path.exists():
+        assert proc.poll() is None, proc.communicate()[1].decode()[-3000:]
+        assert time.time() < deadline, "no checkpoint appeared"
+        time.sleep(0.005)
+    time.sleep(0.05)  # a few chunks further, so rows past the checkpoint may exist
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    _, reference_err = reference.communicate(timeout=600)
+    assert reference.returncode == 0, reference_err
+    at_kill = ckpt_lib.load(killed)
+    assert 0 < at_kill.generation < GENERATIONS, "the run ended before it was killed"
+
+    # Every line of the metrics file is whole, and it parses.
+    text = (killed / metrics_file.FILENAME).read_text()
+    assert text.endswith("\n")
+    rows = _rows(killed / metrics_file.FILENAME)
+    assert [int(r["generation"]) for r in rows] == list(range(1, len(rows) + 1))
+    for r in rows:
+        assert all(v != "" for v in r.values())
+        [float(v) for v in r.values()]
+
+    resumed = _cli("resume", str(killed), "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+
+    a, b = ckpt_lib.load(killed), ckpt_lib.load(whole)
+    assert a.generation == b.generation == GENERATIONS
+    assert a.env_steps == b.env_steps
+    np.testing.assert_array_equal(a.key, b.key)
+    flat_a, flat_b = _flat(a.state), _flat(b.state)
+    assert flat_a.keys() == flat_b.keys()
+    for name in flat_a:
+        np.testing.assert_array_equal(flat_a[name], flat_b[name], err_msg=name)
+
+    rows_a, rows_b = _rows(killed / "metrics.csv"), _rows(whole / "metrics.csv")
+    assert len(rows_a) == len(rows_b) == GENERATIONS
+    for ra, rb in zip(rows_a, rows_b, strict=True):
+        ra.pop("wall_time"), rb.pop("wall_time")
+        assert ra == rb
+    assert (killed / "fitness.png").stat().st_size > 0
+    log = (killed / "train.log").read_text()
+    assert f"resume from generation {at_kill.generation}" in log
+
+
+def _flat(tree, prefix=""):
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}/"))
+        else:
+            out[prefix + k] = np.asarray(v)
+    return out
+
+
+# --- in-process commands (the 8 simulated devices of conftest) -------------------------
+
+SMALL = [
+    "--strategy", "CMA_ES", "--task", "sphere", "--pop", "8", "--set", "num_dims=3",
+    "--chunk", "2", "--checkpoint-every", "2", "--devices", "2", "--quiet",
+]  # fmt: skip
+
+
+def _train(out, *extra):
+    return cli.main(["train", *SMALL, "--generations", "4", "--out", str(out), *extra])
+
+
+def test_resume_refuses_a_changed_config_unless_forced(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _train(run, "--no-figure") == 0
+    before = (run / "metrics.csv").read_text()
+    assert cli.main(["resume", str(run), "--more", "2", "--set", "population_size=10", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "population_size: 8 -> 10" in err and "--force" in err
+    assert (run / "metrics.csv").read_text() == before
+    # The same refusal when config.yaml was edited by hand.
+    edited = (run / "config.yaml").read_text().replace("population_size: 8", "population_size: 12")
+    (run / "config.yaml").write_text(edited)
+    assert cli.main(["resume", str(run), "--more", "2", "-q"]) == 1
+    assert "population_size: 8 -> 12" in capsys.readouterr().err
+    # Run settings may change; --force accepts the rest.
+    assert cli.main(["resume", str(run), "--more", "2", "--chunk", "1", "--force", "-q"]) == 0
+    rows = _rows(run / "metrics.csv")
+    assert [int(r["generation"]) for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert ckpt_lib.load(run).config["algorithm_config"]["population_size"] == 12
+
+
+def test_resume_to_a_total_and_nothing_to_do(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _train(run, "--no-figure") == 0
+    assert cli.main(["resume", str(run), "--generations", "6", "-q", "--no-figure"]) == 0
+    assert ckpt_lib.load(run).generation == 6
+    assert cli.main(["resume", str(run), "-q", "--no-figure"]) == 0  # already there
+    assert ckpt_lib.load(run).generation == 6
+    assert cli.main(["resume", str(run), "--generations", "3", "-q"]) == 1
+    assert "past the requested total" in capsys.readouterr().err
+
+
+def test_missing_and_corrupt_checkpoints_are_clear_and_change_nothing(tmp_path, capsys):
+    assert cli.main(["resume", str(tmp_path / "nowhere"), "-q"]) == 1
+    assert "No run folder" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli.main(["resume", str(empty), "-q"]) == 1
+    assert "No checkpoint" in capsys.readouterr().err
+
+    run = tmp_path / "run"
+    assert _train(run, "--no-figure") == 0
+    data = bytearray((run / ckpt_lib.FILENAME).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (run / ckpt_lib.FILENAME).write_bytes(bytes(data))
+    (run / "metrics.csv").write_text((run / "metrics.csv").read_text() + "5,1,2.0")
+    snapshot = {p.name: p.read_bytes() for p in run.iterdir()}
+    assert cli.main(["resume", str(run), "--more", "2", "-q"]) == 1
+    assert "damaged" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == snapshot
+    (run / ckpt_lib.FILENAME).write_bytes(bytes(data[: len(data) // 3]))
+    with pytest.raises(ckpt_lib.CheckpointError, match="damaged"):
+        ckpt_lib.load(run)
+    (run / ckpt_lib.FILENAME).write_bytes(b"not a checkpoint")
+    with pytest.raises(ckpt_lib.CheckpointError, match="not an evorl-pop checkpoint"):
+        ckpt_lib.load(run)
+
+
+def test_train_refuses_to_overwrite_a_run(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _train(run, "--no-figure") == 0
+    assert _train(run) == 1
+    assert "holds a run already" in capsys.readouterr().err
+    assert _train(run, "--overwrite", "--no-figure") == 0
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--set", "populaton_size=8"], ["populaton_size", "Did you mean 'population_size'"]),
+        (["--set", "population_size=many"], ["population_size", "integer", "many"]),
+        (["--pop", "1"], ["population_size", "at least 2"]),
+        (["--set", "generations=-3"], ["generations", ">= 0"]),
+        (["--task", "sphear"], ["sphear", "sphere"]),
+    ],
+)
+def test_train_config_errors(tmp_path, capsys, args, words):
+    assert cli.main(["train", "--out", str(tmp_path / "r"), "-q", *args]) == 2
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_config_file_and_print_config(tmp_path, capsys):
+    path = tmp_path / "run.toml"
+    path.write_text('generations = 3\n[algorithm_config]\ntask = "sphere"\nhidden_sizes = [4, 4]\n')
+    assert cli.main(["train", "--config", str(path), "--seed", "2", "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert "generations: 3" in out and "task: sphere" in out and "seed: 2" in out
+    assert "- 4\n  - 4" in out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("algorithm_config:\n  stratgy: CMA_ES\n")
+    assert cli.main(["train", "--config", str(bad), "--print-config"]) == 2
+    assert "Did you mean 'strategy'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [[], ["train"], ["resume"], ["plot"], ["list"]])
+def test_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([*command, "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage: evorl-pop" in out
+    for option in {
+        "train": ["--devices", "--set", "--config", "--checkpoint-every", "--chunk", "--quiet"],
+        "resume": ["--generations", "--more", "--force"],
+        "plot": ["--x", "--svg", "--out", "--band"],
+        "list": ["algorithms", "strategies"],
+        "": ["train", "resume", "plot", "list"],
+    }[command[0] if command else ""]:
+        assert option in out
+
+
+def test_console_script_help():
+    result = subprocess.run(
+        [Path(sys.executable).with_name("evorl-pop"), "train", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0 and "--devices" in result.stdout
+
+
+def test_list(capsys):
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    for word in ["algorithms:", "es ", "CMA_ES", "Open_ES", "CartPole-v1", "sphere", "rosenbrock"]:
+        assert word in out
+
+
+def test_plot_two_runs(tmp_path, capsys):
+    runs = []
+    for seed in (0, 1):
+        runs.append(tmp_path / f"seed{seed}")
+        assert _train(runs[-1], "--seed", str(seed)) == 0
+        assert (runs[-1] / "fitness.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    out = tmp_path / "both.png"
+    assert cli.main(["plot", *map(str, runs), "--out", str(out), "--svg", "--band", "std"]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out.with_suffix(".svg").read_text().lstrip().startswith("<?xml")
+    out_steps = tmp_path / "steps.png"
+    assert cli.main(["plot", *map(str, runs), "--x", "steps", "-o", str(out_steps)]) == 0
+    assert out_steps.exists()
+    capsys.readouterr()
+    assert cli.main(["plot", str(tmp_path / "nothing")]) == 2
+    assert "No metrics" in capsys.readouterr().err
+
+
+def test_metrics_file_truncates_rows_past_a_generation(tmp_path):
+    path = tmp_path / "metrics.csv"
+    writer = metrics_file.MetricsWriter(path, ("generation", "env_steps", "wall_time", "x"))
+    writer.append(
+        [{"generation": g, "env_steps": 10 * g, "wall_time": 0.5, "x": 0.1 * g} for g in (1, 2, 3)]
+    )
+    with open(path, "a") as f:
+        f.write("4,40,0.5,0.")  # a write cut short
+    assert metrics_file.read(path)["generation"].tolist() == [1, 2, 3]
+    assert metrics_file.truncate(path, 2) == ("generation", "env_steps", "wall_time", "x")
+    data = metrics_file.read(path)
+    assert data["generation"].tolist() == [1, 2]
+    assert data["x"].tolist() == [0.1, 0.2]  # floats read back exactly
+    assert path.read_text().endswith("\n")
