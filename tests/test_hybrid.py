@@ -1,0 +1,194 @@
+"""CEM-RL and ERL: device-count invariance, RL actors entering the population,
+and configuration errors.
+
+Each algorithm runs two generations step by step on one device (the
+reference) and under ``lax.scan`` on 2 and 4 devices; the results must agree
+to float tolerance. The second generation is the first with TD3 updates.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from evorl_pop.algorithms import cemrl, erl
+from jax.flatten_util import ravel_pytree
+
+from evorl_pop import make_mesh
+from evorl_pop.rl import TD3Config
+
+TINY_TD3 = TD3Config(actor_hidden_sizes=(8,), critic_hidden_sizes=(16,), batch_size=32)
+CEM_CONFIG = cemrl.Config(
+    pop_size=6,
+    num_elites=3,
+    num_rl_actors=3,
+    updates_per_actor=4,
+    learning_starts=60,  # reached after the first generation (6 x 10 steps)
+    episode_steps=10,
+    eval_episodes=2,
+    td3=TINY_TD3,
+)
+ERL_CONFIG = erl.Config(
+    pop_size=6,
+    num_elites=2,
+    sync_period=1,
+    updates_per_generation=4,
+    learning_starts=64,
+    episode_steps=10,
+    eval_episodes=2,
+    td3=TINY_TD3,
+)
+KEYS = jax.random.split(jax.random.key(42), 2)
+
+
+def _close(a, b, rtol=1e-4, atol=1e-5):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+
+
+def _flat(tree):
+    return np.asarray(jax.vmap(lambda p: ravel_pytree(p)[0])(tree))
+
+
+def _stepwise(algo):
+    step = jax.jit(algo.step)
+    states, metrics = [algo.init(jax.random.key(0))], []
+    for k in KEYS:
+        state, m = step(states[-1], k)
+        states.append(state)
+        metrics.append(m)
+    return states, metrics
+
+
+def _scanned(algo):
+    run = jax.jit(lambda s, keys: jax.lax.scan(algo.step, s, keys))
+    return run(algo.init(jax.random.key(0)), KEYS)
+
+
+@pytest.fixture(scope="module")
+def cem_reference():
+    algo = cemrl.CEMRL(CEM_CONFIG, make_mesh(1))
+    return algo, *_stepwise(algo)
+
+
+@pytest.fixture(scope="module")
+def erl_reference():
+    algo = erl.ERL(ERL_CONFIG, make_mesh(1))
+    return algo, *_stepwise(algo)
+
+
+def _check_invariance(reference, make, n):
+    _, states, metrics = reference
+    state, scanned = _scanned(make(n))
+    _close(state, states[-1])
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *metrics)
+    _close(scanned, stacked)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_cemrl_same_on_any_device_count(cem_reference, n):
+    _check_invariance(cem_reference, lambda n: cemrl.CEMRL(CEM_CONFIG, make_mesh(n)), n)
+    _, _, metrics = cem_reference
+    assert [int(m["rl_actors_injected"]) for m in metrics] == [0, 3]
+    assert [int(m["env_steps"]) for m in metrics] == [60, 60]
+    assert [int(m["episodes"]) for m in metrics] == [6, 6]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_erl_same_on_any_device_count(erl_reference, n):
+    _check_invariance(erl_reference, lambda n: erl.ERL(ERL_CONFIG, make_mesh(n)), n)
+    _, _, metrics = erl_reference
+    assert [int(m["env_steps"]) for m in metrics] == [70, 70]  # 6 members + the learner
+    assert [int(m["episodes"]) for m in metrics] == [7, 7]
+
+
+def test_cemrl_population_holds_the_td3_actors(cem_reference):
+    """The RL half of the evaluated population is exactly what TD3 produced from
+    the CEM samples, the rest are the samples, and the new mean is fitted to
+    that population."""
+    algo, states, metrics = cem_reference
+    before, after = states[1], states[2]
+    ask_key, rl_key, _, _ = jax.random.split(KEYS[1], 4)
+    samples = np.asarray(algo.ask(before, ask_key))
+    n_rl = CEM_CONFIG.num_rl_actors
+    _, trained, _ = jax.jit(algo.train_actors)(
+        before.critic, jnp.asarray(samples[:n_rl]), before.buffer, rl_key
+    )
+    population = _flat(after.population)
+    np.testing.assert_allclose(population[:n_rl], trained, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(population[n_rl:], samples[n_rl:], rtol=1e-5, atol=1e-7)
+    assert np.abs(population[:n_rl] - samples[:n_rl]).max() > 1e-4  # TD3 moved them
+    # the critic was trained, and the CEM mean follows the evaluated population
+    assert not np.allclose(
+        jax.tree.leaves(after.critic.params)[0], jax.tree.leaves(before.critic.params)[0]
+    )
+    order = np.argsort(-np.asarray(after.fitness), kind="stable")[: CEM_CONFIG.num_elites]
+    np.testing.assert_allclose(after.mean, np.asarray(algo.weights) @ population[order], rtol=1e-5)
+    np.testing.assert_allclose(
+        metrics[1]["fitness_best"], np.max(np.asarray(after.fitness)), rtol=1e-6
+    )
+
+
+def test_erl_learner_actor_replaces_the_weakest(erl_reference):
+    algo, states, metrics = erl_reference
+    before, after = states[1], states[2]
+    weakest = int(np.argmin(before.fitness))
+    population = _flat(after.population)
+    learner = np.asarray(ravel_pytree(before.learner.actor.params)[0])
+    np.testing.assert_array_equal(population[weakest], learner)
+    assert int(metrics[1]["rl_actors_injected"]) == 1
+    np.testing.assert_allclose(metrics[1]["injected_return"], after.fitness[weakest])
+    # elites survive in their slots; the first generation injects nothing
+    elites = np.argsort(-np.asarray(before.fitness))[: ERL_CONFIG.num_elites]
+    np.testing.assert_array_equal(population[elites], _flat(before.population)[elites])
+    assert int(metrics[0]["rl_actors_injected"]) == 0
+    # the learner trained on the shared buffer in both generations
+    assert np.isfinite(float(metrics[0]["critic_loss"]))
+    assert not np.allclose(learner, ravel_pytree(states[0].learner.actor.params)[0])
+
+
+def test_erl_breed_selects_fitter_parents():
+    algo = erl.ERL(erl.Config(pop_size=8, num_elites=1, mutation_prob=0.0, crossover_prob=0.0))
+    flat = jnp.arange(8.0)[:, None] * jnp.ones((8, algo.num_params))
+    fitness = jnp.arange(8.0)
+    children = np.asarray(algo.breed(flat, fitness, jax.random.key(0)))
+    np.testing.assert_array_equal(children[7], flat[7])  # the elite
+    # without crossover and mutation every child copies a tournament winner,
+    # which is never one of the two worst members (tournaments of 3)
+    assert set(children[:, 0].tolist()) <= set(range(8)) and children[:7, 0].min() >= 0
+    assert np.mean(children[:7, 0]) > 3.5
+
+
+@pytest.mark.parametrize("module", [cemrl, erl])
+def test_discrete_env_rejected(module):
+    algo = cemrl.CEMRL if module is cemrl else erl.ERL
+    with pytest.raises(ValueError, match=r"continuous actions.*'Pendulum-v1'"):
+        algo(module.Config(env_name="CartPole-v1"))
+
+
+@pytest.mark.parametrize("module", [cemrl, erl])
+def test_buffer_smaller_than_batch_rejected(module):
+    algo = cemrl.CEMRL if module is cemrl else erl.ERL
+    with pytest.raises(ValueError, match="smaller than one TD3 batch"):
+        algo(module.Config(buffer_capacity=16, learning_starts=0, td3=TINY_TD3))
+
+
+@pytest.mark.parametrize("module", [cemrl, erl])
+def test_batch_not_divisible_by_devices_rejected(module):
+    algo = cemrl.CEMRL if module is cemrl else erl.ERL
+    td3 = TD3Config(actor_hidden_sizes=(8,), critic_hidden_sizes=(16,), batch_size=30)
+    with pytest.raises(ValueError, match=r"batch size 30 .* 4 devices.*28 or 32"):
+        algo(module.Config(td3=td3), make_mesh(4))
+
+
+def test_population_too_small_rejected():
+    with pytest.raises(ValueError, match="num_elites=8"):
+        cemrl.CEMRL(cemrl.Config(pop_size=6, num_elites=8))
+    with pytest.raises(ValueError, match="num_rl_actors=7"):
+        cemrl.CEMRL(cemrl.Config(pop_size=6, num_elites=3, num_rl_actors=7))
+    with pytest.raises(ValueError, match="pop_size > num_elites"):
+        erl.ERL(erl.Config(pop_size=4, num_elites=4))
+
+
+def test_mesh_without_pop_axis_rejected():
+    with pytest.raises(ValueError, match="'POP'"):
+        cemrl.CEMRL(CEM_CONFIG, make_mesh(2, axis_name="DP"))
