@@ -153,11 +153,12 @@ def plot_runs(
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     all_values = []
     for i, group in enumerate(groups.values()):
-        color = colors[i % len(colors)]
         label = _label(group[0][0], differing)
         if len(group) > 1:
             label += f", {len(group)} runs"
-        for column in columns:
+        for j, column in enumerate(columns):
+            # One experiment: a colour per metric; several: a colour per experiment.
+            color = colors[(j if len(groups) == 1 else i) % len(colors)]
             xs, mean, lo, hi = _aggregate(
                 group, column, "generation" if x == "generation" else "steps", band
             )
