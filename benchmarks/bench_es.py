@@ -156,7 +156,8 @@ def bench_scaling(args):
         times[n] = best_time(run, state, jax.random.key(3), reps=args.reps)
         rows.append([n, f"{times[n] / args.gens:.4f}", f"{times[1] / times[n]:.2f}x"])
     table(
-        "3. scaling: OpenES on CartPole-v1, population 2048 (s / generation; goal 2 devices >= 1.7x)",
+        "3. scaling: OpenES on CartPole-v1, population 2048 "
+        "(s / generation; goal 2 devices >= 1.7x)",
         ["devices", "s/gen", "speed-up"],
         rows,
     )
