@@ -65,7 +65,7 @@ def train(algo, run, seed: int) -> tuple[dict[str, np.ndarray], float]:
             history[k].append(np.asarray(metrics[k]))
     wall = time.perf_counter() - start
     history = {k: np.concatenate(v) for k, v in history.items()}
-    keep = history["total_env_steps"] <= args.steps + history["total_env_steps"][0]
+    keep = history["total_env_steps"] <= max(args.steps, history["total_env_steps"][0])
     return {k: v[keep] for k, v in history.items()}, wall
 
 
