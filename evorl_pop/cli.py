@@ -331,6 +331,7 @@ def _cmd_train(args) -> int:
         sys.stdout.write(config_lib.dumps(config))
         return 0
     run_dir = args.out or runner.default_run_dir(config, args.runs_root)
+    args.run = str(run_dir)  # for the message on Ctrl-C
     if not args.quiet and runner.is_writer():
         print(f"run folder: {run_dir}", file=sys.stderr)
     result = runner.train(
@@ -461,7 +462,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(
             f"\nevorl-pop {args.command}: interrupted; the last completed chunk is "
-            "checkpointed: continue with `evorl-pop resume RUN`.",
+            f"checkpointed: continue with `evorl-pop resume {getattr(args, 'run', 'RUN')}`.",
             file=sys.stderr,
         )
         return 130
