@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from evorl_pop import make_mesh
-from evorl_pop.algorithms.es import ESConfig, minimize
+from evorl_pop.algorithms.es import ES, ESConfig, minimize
 
 # pycma's median evaluations to f < 1e-8 in 10-D (x0 = 3·1, σ0 = 1 on sphere and
 # ellipsoid; x0 = 0, σ0 = 0.5 on Rosenbrock), default population 10
@@ -35,3 +35,35 @@ def test_minimize_restarts_a_stalled_run_and_counts_its_evaluations():
     assert result.best > 0.5  # stuck in a local optimum of Rastrigin every time
     # each of the 3 runs stopped at its stall, before its 300 generations
     assert 3 * 6 * 10 < result.evaluations < 3 * 300 * 6
+
+
+def _first_generation_reaching(config, seeds, generations, threshold):
+    es = ES(config, mesh=make_mesh(1))
+
+    @jax.jit
+    def run(key):
+        init_key, run_key = jax.random.split(key)
+        return es.engine.run(es.init(init_key), run_key, generations)[1]["eval_return"]
+
+    firsts = []
+    for seed in seeds:
+        returns = np.asarray(run(jax.random.key(seed)))
+        hit = np.flatnonzero(returns >= threshold)
+        firsts.append(int(hit[0]) + 1 if hit.size else None)
+    return firsts
+
+
+def test_openes_solves_cartpole_within_50_generations():
+    config = ESConfig(strategy="Open_ES", task="CartPole-v1", population_size=256,
+                      learning_rate=0.05, sigma_init=0.1, hidden_sizes=(32,), eval_episodes=8)
+    firsts = _first_generation_reaching(config, range(5), 50, 500.0)
+    assert sum(f is not None for f in firsts) >= 4, firsts
+
+
+def test_openes_reaches_minus_400_on_pendulum_within_100_generations():
+    """Budget: 100 generations x 256 candidates x 2 episodes x 200 steps = 10.24 M steps."""
+    config = ESConfig(strategy="Open_ES", task="Pendulum-v1", population_size=256,
+                      learning_rate=0.05, sigma_init=0.1, hidden_sizes=(32,), episodes=2,
+                      eval_episodes=8)
+    firsts = _first_generation_reaching(config, range(3), 100, -400.0)
+    assert sum(f is not None for f in firsts) >= 2, firsts
