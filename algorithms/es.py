@@ -30,6 +30,11 @@ STRATEGIES: dict[str, type] = dict(evosax.algorithms.algorithms)
 
 OPTIMIZERS = {"adam": optax.adam, "sgd": optax.sgd}
 
+#: Values used when ``learning_rate`` / ``sigma_init`` are left as ``None``,
+#: for strategies whose evosax defaults (OpenES: SGD at 1e-3, σ = 1) suit no
+#: neuroevolution task; other strategies keep evosax's defaults.
+RECOMMENDED = {"Open_ES": {"learning_rate": 0.05, "sigma_init": 0.1}}
+
 
 def make_strategy(
     name: str,
@@ -47,9 +52,10 @@ def make_strategy(
       population_size: candidates per generation.
       num_dims: the search-space dimension.
       learning_rate: for strategies with an optax optimizer: its learning
-        rate (``None`` keeps the strategy's default optimizer).
+        rate (``None``: :data:`RECOMMENDED`, else the strategy's default optimizer).
       sigma_init: initial search width: ``std_init`` for strategies whose
-        params have one, else a constant ``std_schedule``.
+        params have one, else a constant ``std_schedule`` (``None``:
+        :data:`RECOMMENDED`, else the strategy's default).
       optimizer: ``'adam'`` or ``'sgd'``, with ``learning_rate``.
       **kwargs: further constructor arguments of the strategy.
 
@@ -68,6 +74,11 @@ def make_strategy(
         )
     cls = STRATEGIES[name]
     accepted = inspect.signature(cls.__init__).parameters
+    recommended = RECOMMENDED.get(name, {})
+    if learning_rate is None:
+        learning_rate = recommended.get("learning_rate")
+    if sigma_init is None:
+        sigma_init = recommended.get("sigma_init")
     if learning_rate is not None:
         if "optimizer" not in accepted:
             raise ValueError(f"{name} has no optimizer, so learning_rate cannot be set.")
@@ -109,8 +120,9 @@ class ESConfig:
       task: black-box function (``sphere``, ``ellipsoid``, ``rosenbrock``,
         ``rastrigin``) or environment name (``CartPole-v1``, ``Pendulum-v1``, ...).
       population_size: candidates per generation.
-      sigma_init: initial search width (``None``: the strategy's default).
-      learning_rate: optimizer learning rate for gradient-style ES (``None``: default).
+      sigma_init: initial search width (``None``: see :data:`RECOMMENDED`).
+      learning_rate: optimizer learning rate for gradient-style ES (``None``:
+        see :data:`RECOMMENDED`).
       optimizer: ``'adam'`` or ``'sgd'``.
       num_dims: black-box tasks: dimension.
       x0: black-box tasks: every coordinate of the starting point.
@@ -118,7 +130,8 @@ class ESConfig:
       activation: control tasks: ``'tanh'``, ``'relu'`` or ``'elu'``.
       episodes: control tasks: episodes per candidate.
       normalize_obs: control tasks: running observation normalisation.
-      eval_episodes: episodes to evaluate the strategy's mean each generation (0: off).
+      eval_episodes: episodes to evaluate the strategy's mean each generation
+        and report as ``eval_return`` (0: off; black-box tasks: one evaluation).
       eval_mode: ``'vmap'`` (fast) or ``'map'`` (low memory) per device.
       low_communication: OpenES only: each device draws its own noise.
     """
@@ -135,7 +148,7 @@ class ESConfig:
     activation: str = "tanh"
     episodes: int = 1
     normalize_obs: bool = False
-    eval_episodes: int = 0
+    eval_episodes: int = 8
     eval_mode: str = "vmap"
     low_communication: bool = False
 
@@ -268,7 +281,9 @@ def minimize(
         best = min(best, float(np.min(history)))
         hit = np.flatnonzero(history < target)
         if hit.size:
-            return MinimizeResult(True, evaluations + int(hit[0] + 1) * config.population_size, best, attempt)
+            return MinimizeResult(
+                True, evaluations + int(hit[0] + 1) * config.population_size, best, attempt
+            )
         so_far = np.minimum.accumulate(history)
         flat = np.flatnonzero(so_far[:-window] - so_far[window:] < stall_tolerance)
         stop = int(flat[0] + window + 1) if flat.size else max_generations

@@ -287,6 +287,9 @@ class ShardedES:
             )
         task_state = self.task.update_state(state.task_state, summary.info)
         new_state = ESState(strategy_state, task_state, state.generation + 1)
+        # same dtypes as the input (evosax returns some leaves weakly typed), so
+        # a scan carry or a jitted step sees one signature generation after generation
+        new_state = jax.tree.map(lambda new, old: jnp.asarray(new, old.dtype), new_state, state)
         return new_state, self._metrics(new_state, summary, k_mean, state.task_state)
 
     def _metrics(self, state: ESState, summary: Summary, key, task_state) -> dict:
