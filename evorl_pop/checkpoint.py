@@ -63,14 +63,15 @@ class Checkpoint:
 
 
 def _to_host(tree):
-    """The state as NumPy arrays; typed PRNG keys become their raw data."""
+    """The state as NumPy arrays; typed PRNG keys become their raw data.
 
-    def leaf(x):
-        if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
-            x = jax.random.key_data(x)
-        return np.asarray(jax.device_get(x))
+    Replicated arrays that span several processes are read from this
+    process's copy; arrays sharded across processes are gathered, which every
+    process must then do (see :func:`evorl_pop.multihost.to_host`).
+    """
+    from evorl_pop.multihost import to_host
 
-    return jax.tree.map(leaf, tree)
+    return jax.tree.map(to_host, tree)
 
 
 def save(
@@ -87,7 +88,8 @@ def save(
 
     Args:
       path: the checkpoint file (usually ``RUN/checkpoint.msgpack``).
-      state: the algorithm state (a pytree of arrays, possibly sharded).
+      state: the algorithm state (a pytree of arrays, possibly sharded, or
+        already on the host as NumPy arrays, see :func:`host_state`).
       key: the run key (a typed key array).
       config: the run config as a plain mapping.
       generation: generations completed.
@@ -98,7 +100,7 @@ def save(
     payload = {
         "format": FORMAT_VERSION,
         "state": flax.serialization.to_state_dict(_to_host(state)),
-        "key": np.asarray(jax.random.key_data(key)),
+        "key": _to_host(key),
         "key_impl": str(jax.random.key_impl(key)),
         "config": config,
         "generation": int(generation),
@@ -126,8 +128,26 @@ def load(path: str | os.PathLike) -> Checkpoint:
     path = Path(path)
     if path.is_dir():
         path = path / FILENAME
+    return parse(read_bytes(path), path)
+
+
+def read_bytes(path: str | os.PathLike) -> bytes:
+    """The raw bytes of a checkpoint file, unchecked.
+
+    Args:
+      path: the checkpoint file, or a run folder holding one.
+
+    Returns:
+      The file's bytes (see :func:`parse`).
+
+    Raises:
+      CheckpointError: the file is missing or unreadable.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / FILENAME
     try:
-        data = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
         raise CheckpointError(
             f"No checkpoint at {str(path)!r}: the run wrote none yet (it stops before its "
@@ -137,6 +157,22 @@ def load(path: str | os.PathLike) -> Checkpoint:
         raise CheckpointError(
             f"Cannot read the checkpoint {str(path)!r}: {err.strerror}."
         ) from None
+
+
+def parse(data: bytes, path: str | os.PathLike = FILENAME) -> Checkpoint:
+    """Verifies and decodes the bytes of a checkpoint file.
+
+    Args:
+      data: the file's bytes (e.g. read by process 0 and broadcast).
+      path: where they came from, for error messages.
+
+    Returns:
+      A :class:`Checkpoint`.
+
+    Raises:
+      CheckpointError: truncated, damaged or of an unknown format.
+    """
+    path = Path(path)
     head, digest, body = (
         data[: len(MAGIC)],
         data[len(MAGIC) : len(MAGIC) + 32],
@@ -170,6 +206,21 @@ def load(path: str | os.PathLike) -> Checkpoint:
     )
 
 
+def host_state(state):
+    """A state's arrays as NumPy, ready for :func:`save` on the writing process.
+
+    Call it on every process: a leaf sharded across processes is gathered
+    with a collective.
+
+    Args:
+      state: the algorithm state.
+
+    Returns:
+      The same structure with NumPy leaves (typed keys as raw key data).
+    """
+    return _to_host(state)
+
+
 def restore_key(ckpt: Checkpoint) -> jax.Array:
     """The run key of a checkpoint, as a typed key array."""
     return jax.random.wrap_key_data(jnp.asarray(ckpt.key), impl=ckpt.key_impl)
@@ -193,9 +244,11 @@ def restore_state(template: Any, state_dict: dict):
       CheckpointError: the saved state does not fit the template (a changed
         config that alters the state's structure, shapes or dtypes).
     """
+    from evorl_pop.multihost import put, to_host
+
     host_template = jax.tree.map(
         lambda x: (
-            np.asarray(jax.device_get(jax.random.key_data(x)))
+            to_host(x)
             if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
             else x
         ),
@@ -210,22 +263,20 @@ def restore_state(template: Any, state_dict: dict):
 
     def place(saved, like, original):
         saved_arr = np.asarray(saved)
-        like_arr = (
-            np.asarray(jax.device_get(like)) if isinstance(like, jax.Array) else np.asarray(like)
-        )
-        if saved_arr.shape != like_arr.shape or saved_arr.dtype != like_arr.dtype:
+        # Only shapes and dtypes are compared: no transfer of arrays that span processes.
+        shape = tuple(np.shape(like))
+        dtype = np.dtype(like.dtype if hasattr(like, "dtype") else np.asarray(like).dtype)
+        if saved_arr.shape != shape or saved_arr.dtype != dtype:
             raise CheckpointError(
                 "The checkpoint's state does not fit this algorithm and config: an array "
-                f"of {saved_arr.shape} {saved_arr.dtype} where {like_arr.shape} "
-                f"{like_arr.dtype} was expected."
+                f"of {saved_arr.shape} {saved_arr.dtype} where {shape} {dtype} was expected."
             )
         if isinstance(original, jax.Array):
+            # Every process holds the same saved value and builds its own
+            # shards from it (multihost.put: plain device_put for one process).
             if jnp.issubdtype(original.dtype, jax.dtypes.prng_key):
-                return jax.device_put(
-                    jax.random.wrap_key_data(saved_arr, impl=jax.random.key_impl(original)),
-                    original.sharding,
-                )
-            return jax.device_put(saved_arr, original.sharding)
+                saved_arr = jax.random.wrap_key_data(saved_arr, impl=jax.random.key_impl(original))
+            return put(saved_arr, original.sharding)
         return saved_arr
 
     return jax.tree.map(place, restored, host_template, template)

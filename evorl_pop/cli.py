@@ -48,6 +48,22 @@ def _set_devices(n: int | None) -> None:
     os.environ["XLA_FLAGS"] = f"{flags} {_DEVICE_FLAG}={n}".strip()
 
 
+def _join(args) -> bool:
+    """Joins a multi-process run if one is asked for; before JAX's backend starts.
+
+    Returns:
+      Whether this process is part of a ``jax.distributed`` run; its device
+      count then comes from the environment (``XLA_FLAGS``, the launcher, the
+      scheduler), not from ``--devices``.
+    """
+    from evorl_pop import multihost
+
+    kwargs = {}
+    if args.heartbeat_timeout is not None:
+        kwargs["heartbeat_timeout"] = args.heartbeat_timeout
+    return multihost.initialize(args.coordinator, args.num_processes, args.process_id, **kwargs)
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -112,6 +128,33 @@ def _add_run_settings(p: argparse.ArgumentParser, resume: bool) -> None:
         "-q", "--quiet", action="store_true", help="no progress bar and no summary on the console"
     )
     p.add_argument("--no-figure", action="store_true", help="do not draw fitness.png at the end")
+    group = p.add_argument_group(
+        "several processes (jax.distributed)",
+        "Join a run that spans several processes (hosts): every process runs the same "
+        "command with its own --process-id; process 0 writes the files. Without these "
+        "options, JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID are read, "
+        "and in a cluster job (SLURM, Open MPI) JAX detects everything itself. "
+        "See also 'evorl-pop launch'.",
+    )
+    group.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="address of process 0's coordinator service, reachable from every process",
+    )
+    group.add_argument(
+        "--num-processes", type=_positive, metavar="N", help="number of processes in the run"
+    )
+    group.add_argument(
+        "--process-id", type=_non_negative, metavar="I", help="this process's index, 0..N-1"
+    )
+    group.add_argument(
+        "--heartbeat-timeout",
+        type=_positive,
+        metavar="S",
+        default=None,
+        help="seconds after which a silent process counts as dead and the others stop with "
+        "an error instead of waiting (default: 30)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -322,7 +365,8 @@ def _summary(result) -> str:
 
 
 def _cmd_train(args) -> int:
-    _set_devices(args.devices)
+    if not _join(args):
+        _set_devices(args.devices)
     from evorl_pop import config as config_lib
     from evorl_pop import runner
 
@@ -348,7 +392,9 @@ def _cmd_train(args) -> int:
 
 def _cmd_resume(args) -> int:
     devices = args.devices
-    if devices is None:
+    if _join(args):
+        devices = None  # every process's devices: the environment sets the count
+    elif devices is None:
         # The run's own setting, read without starting JAX.
         import yaml
 

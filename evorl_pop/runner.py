@@ -27,7 +27,7 @@ from typing import Any
 
 from evorl_pop import checkpoint as ckpt_lib
 from evorl_pop import config as config_lib
-from evorl_pop import metrics_file, registry
+from evorl_pop import metrics_file, multihost, registry
 from evorl_pop.config import ConfigError, RunConfig
 
 CONFIG_FILENAME = "config.yaml"
@@ -92,6 +92,11 @@ def default_run_dir(config: RunConfig, root: str | os.PathLike = "runs") -> Path
     return path
 
 
+def _from_writer(text: str) -> str:
+    """Process 0's ``text`` on every process (itself for a single process)."""
+    return multihost.broadcast_bytes(text.encode()).decode()
+
+
 def _describe(config: RunConfig) -> str:
     cfg = config.algorithm_config
     parts = [config.algorithm]
@@ -116,10 +121,43 @@ def build(config: RunConfig):
     from evorl_pop.mesh import make_mesh
 
     spec = registry.get(config.algorithm)
+    if jax.process_count() > 1 and config.devices not in (None, jax.device_count()):
+        # A mesh over part of the devices would leave some processes out of
+        # the computation they all run.
+        raise RunError(
+            f"devices={config.devices}, but a run over {jax.process_count()} processes uses "
+            f"all of their {jax.device_count()} devices: leave devices unset (null) or set it "
+            f"to {jax.device_count()}; the device count per process comes from the "
+            "environment (XLA_FLAGS on CPUs, the launcher, the scheduler)."
+        )
     mesh = make_mesh(config.devices)
     algorithm = spec.algorithm_class(config.algorithm_config, mesh=mesh)
     init_key, run_key = jax.random.split(jax.random.key(config.seed))
     return algorithm, mesh, init_key, run_key
+
+
+def init_state(algorithm, init_key, mesh):
+    """The algorithm's initial state, placed on the mesh (see :func:`place_state`).
+
+    Args:
+      algorithm: the algorithm (``init(key) -> state``).
+      init_key: the run's init key.
+      mesh: the run's mesh.
+
+    Returns:
+      The initial state.
+    """
+    import jax
+
+    if jax.process_count() > 1:
+        # Run eagerly, an init that places host values on the global mesh would
+        # have JAX compare them across processes (NaN never compares equal) and
+        # would evaluate populations outside jit; traced, a placement is just a
+        # sharding constraint and every process computes the same state.
+        state = jax.jit(lambda: algorithm.init(init_key))()
+    else:
+        state = algorithm.init(init_key)
+    return place_state(state, mesh)
 
 
 def place_state(state, mesh):
@@ -144,7 +182,7 @@ def place_state(state, mesh):
 
     def place(x):
         if isinstance(x, jax.Array) and not (x.committed and isinstance(x.sharding, NamedSharding)):
-            return jax.device_put(x, replicated)
+            return multihost.put(x, replicated)
         return x
 
     return jax.tree.map(place, state)
@@ -179,11 +217,9 @@ class _Session:
         self.last_checkpoint_generation = generation
 
     def callback(self, state, metrics) -> None:
-        import jax
-
         first = next(iter(metrics.values()))
         n = len(first)
-        generation = int(jax.device_get(state.generation))
+        generation = int(multihost.to_host(state.generation))
         wall = self.wall_base + time.perf_counter() - self.start
         rows = []
         for i in range(n):
@@ -225,14 +261,26 @@ class _Session:
         if every and generation - self.last_checkpoint_generation >= every:
             self.checkpoint()
 
-    def checkpoint(self) -> None:
-        """Saves the latest state reached, unless it is saved already."""
+    def checkpoint(self, collective: bool = True) -> None:
+        """Saves the latest state reached, unless it is saved already.
+
+        Every process calls it: a state leaf sharded across processes is
+        gathered (a collective) before process 0 writes.
+
+        Args:
+          collective: ``False`` skips the save when it would need a collective
+            (after an interruption the other processes may not take part).
+        """
         if self.state is None or self.saved_generation == self.generation:
             return
+        if not collective and multihost.needs_collective(self.state):
+            logger.info("no checkpoint at generation %d (interrupted)", self.generation)
+            return
+        state = ckpt_lib.host_state(self.state)
         if self.writer:
             ckpt_lib.save(
                 self.run_dir / ckpt_lib.FILENAME,
-                self.state,
+                state,
                 self.run_key,
                 config_lib.to_dict(self.config),
                 self.generation,
@@ -302,7 +350,7 @@ def _run(session: _Session, algorithm, state, num_generations: int, progress: bo
             generation_offset=session.generation,
         )
     except KeyboardInterrupt:
-        session.checkpoint()
+        session.checkpoint(collective=False)
         logger.info("interrupted after generation %d", session.generation)
         raise
     session.checkpoint()
@@ -362,11 +410,15 @@ def train(
       RunError: ``run_dir`` holds a run already (and not ``overwrite``).
     """
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
+    # Process 0's view decides for everyone: the folder name (a timestamp) and
+    # what it holds; the other processes may not even see the same filesystem.
+    run_dir = Path(_from_writer(str(run_dir)))
     existing = [
         n
         for n in (CONFIG_FILENAME, metrics_file.FILENAME, ckpt_lib.FILENAME)
         if (run_dir / n).exists()
     ]
+    existing = [n for n in _from_writer(",".join(existing)).split(",") if n]
     if existing and not overwrite:
         raise RunError(
             f"{str(run_dir)!r} holds a run already ({', '.join(existing)}). Continue it with "
@@ -380,14 +432,69 @@ def train(
             if path.exists():
                 path.unlink() if path.is_file() else shutil.rmtree(path)
         config_lib.save(config, run_dir / CONFIG_FILENAME)
+    multihost.barrier("evorl_pop.train.folder")  # no process starts before the folder is ready
     handler = _attach_log(run_dir)
     try:
         _log_start(config, algorithm, f"new run in {run_dir}")
-        state = place_state(algorithm.init(init_key), mesh)
+        state = init_state(algorithm, init_key, mesh)
         session = _Session(run_dir, config, run_key, 0, 0, 0.0)
         return _run(session, algorithm, state, config.generations, progress, figure)
     finally:
         _detach_log(handler)
+
+
+_ABSENT = "\0"  # stands for a missing file in what process 0 shares
+
+
+def _read_run(run_dir: Path) -> tuple[bytes, str | None]:
+    """The checkpoint's bytes and ``config.yaml``'s text, as process 0 reads them.
+
+    Only process 0 touches the files; the others receive what it read, or
+    raise the same error it met.
+
+    Args:
+      run_dir: the run folder.
+
+    Returns:
+      ``(checkpoint_bytes, config_text)``; ``config_text`` is ``None`` without a ``config.yaml``.
+
+    Raises:
+      RunError: no run folder.
+      CheckpointError: no readable checkpoint.
+    """
+    data, text, error = b"", _ABSENT, ""
+    if is_writer():
+        try:
+            if not run_dir.is_dir():
+                raise RunError(f"No run folder at {str(run_dir)!r}.")
+            data = ckpt_lib.read_bytes(run_dir)
+            config_path = run_dir / CONFIG_FILENAME
+            if config_path.exists():
+                text = config_path.read_text()
+        except (RunError, ckpt_lib.CheckpointError) as err:
+            error = f"{type(err).__name__}:{err}"
+        except OSError as err:
+            error = f"RunError:Cannot read {str(run_dir / CONFIG_FILENAME)!r}: {err.strerror}."
+    kind, _, message = _from_writer(error).partition(":")
+    if kind:
+        raise (RunError if kind == "RunError" else ckpt_lib.CheckpointError)(message)
+    text = _from_writer(text)
+    return multihost.broadcast_bytes(data), None if text == _ABSENT else text
+
+
+def _parse_config(text: str, path: Path) -> RunConfig:
+    """A run config from a YAML file's text (as :func:`config_lib.load` reads the file)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"The config file {str(path)!r} does not parse: {err}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"The config file {str(path)!r} must hold a mapping, got {data!r}.")
+    return config_lib.from_dict(data)
 
 
 def _differences(old: RunConfig, new: RunConfig) -> list[str]:
@@ -447,12 +554,13 @@ def resume(
     import jax
 
     run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise RunError(f"No run folder at {str(run_dir)!r}.")
-    ckpt = ckpt_lib.load(run_dir)  # fails before anything is touched
+    data, config_text = _read_run(run_dir)
+    ckpt = ckpt_lib.parse(data, run_dir / ckpt_lib.FILENAME)  # fails before anything is touched
     saved = config_lib.from_dict(ckpt.config)
     config_path = run_dir / CONFIG_FILENAME
-    config = config_lib.load(config_path) if config_path.exists() else saved
+    config = saved if config_text is None else _parse_config(config_text, config_path)
+    if jax.process_count() > 1 and devices is None:
+        devices = jax.device_count()  # a run over several processes uses all their devices
     if config_file is not None:
         data = config_lib.to_dict(config)
         extra = config_lib.read_mapping(config_file)
@@ -485,16 +593,18 @@ def resume(
             f"{ckpt.generation}, or --more N)."
         )
     algorithm, mesh, init_key, _ = build(config)
-    state = ckpt_lib.restore_state(place_state(algorithm.init(init_key), mesh), ckpt.state)
-    if int(jax.device_get(state.generation)) != ckpt.generation:
+    state = ckpt_lib.restore_state(init_state(algorithm, init_key, mesh), ckpt.state)
+    restored_generation = int(multihost.to_host(state.generation))
+    if restored_generation != ckpt.generation:
         raise ckpt_lib.CheckpointError(
             f"The checkpoint says generation {ckpt.generation} but its state is at "
-            f"{int(jax.device_get(state.generation))}."
+            f"{restored_generation}."
         )
     run_key = ckpt_lib.restore_key(ckpt)
     if is_writer():
         metrics_file.truncate(run_dir / metrics_file.FILENAME, ckpt.generation)
         config_lib.save(config, config_path)
+    multihost.barrier("evorl_pop.resume.folder")
     handler = _attach_log(run_dir)
     try:
         _log_start(config, algorithm, f"resume from generation {ckpt.generation}")

@@ -9,6 +9,8 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
+from evorl_pop.multihost import tree_to_host
+
 
 def _like(new, old):
     if isinstance(new, jax.Array) and isinstance(old, jax.Array) and new.dtype == old.dtype:
@@ -79,7 +81,9 @@ def train_loop(
             compiled[length] = jax.jit(lambda s, n=length: jax.lax.scan(body, s, None, length=n))
         t0 = time.perf_counter()
         state, metrics = compiled[length](state)
-        metrics = jax.tree.map(np.asarray, jax.device_get(metrics))
+        # Under jax.distributed the metrics span every process's devices and
+        # are not fully addressable: read this process's replica.
+        metrics = tree_to_host(metrics)
         elapsed = time.perf_counter() - t0
         done += length
         for name, values in metrics.items():
