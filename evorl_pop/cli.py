@@ -40,6 +40,14 @@ examples:
 """
 
 
+EXAMPLES_LAUNCH = """\
+examples:
+  evorl-pop launch -n 2 --devices-per-process 2 -- train --pop 2048 --out runs/two
+  evorl-pop launch -n 2 -- resume runs/two          continue it, on another layout
+  evorl-pop launch -n 4 --gpus-per-process 1 -- train --config big.yaml
+"""
+
+
 def _set_devices(n: int | None) -> None:
     """Asks for ``n`` host (CPU) devices; must run before JAX's backend starts."""
     if n is None:
@@ -161,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``evorl-pop``.
 
     Returns:
-      An ``argparse.ArgumentParser`` with the subcommands train, resume, plot and list.
+      An ``argparse.ArgumentParser`` with the subcommands train, resume, plot, list and launch.
     """
     parser = argparse.ArgumentParser(
         prog="evorl-pop",
@@ -315,6 +323,64 @@ def build_parser() -> argparse.ArgumentParser:
         help="linear fitness axis (default: log when positive values span over 3 decades)",
     )
 
+    p = sub.add_parser(
+        "launch",
+        help="run train or resume as several processes on this machine",
+        description="Start N processes of one run on this machine (jax.distributed over "
+        "loopback, gloo collectives between CPU devices): each runs `evorl-pop COMMAND ... "
+        "--coordinator 127.0.0.1:PORT --num-processes N --process-id I`. Their output is "
+        "forwarded with a [pI] prefix; when one fails, the others are stopped (SIGTERM, then "
+        "SIGKILL) and launch exits non-zero naming it. Ctrl-C is passed on to every process. "
+        "The process ids are printed and written to RUN/launch.json (or --pid-file).",
+        epilog=EXAMPLES_LAUNCH,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "-n",
+        "--nproc",
+        "--num-processes",
+        dest="nproc",
+        type=_positive,
+        default=2,
+        metavar="N",
+        help="number of processes (default: 2)",
+    )
+    p.add_argument(
+        "--devices-per-process",
+        type=_positive,
+        metavar="K",
+        help="CPU devices each process simulates (XLA_FLAGS); the population axis then has "
+        "N*K devices (default: 1, or leave XLA_FLAGS as it is with --gpus-per-process)",
+    )
+    p.add_argument(
+        "--gpus-per-process",
+        type=_positive,
+        metavar="K",
+        help="give process I the GPUs I*K..I*K+K-1 (JAX_LOCAL_DEVICE_IDS)",
+    )
+    p.add_argument(
+        "--port", type=_positive, metavar="P", help="coordinator port (default: a free one)"
+    )
+    p.add_argument(
+        "--grace-period",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds from SIGTERM to SIGKILL when stopping the processes (default: 10)",
+    )
+    p.add_argument(
+        "--pid-file",
+        metavar="FILE",
+        help="write the processes' ids here as JSON (default: RUN/launch.json when the "
+        "command names its run folder)",
+    )
+    p.add_argument(
+        "launch_command",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND ...",
+        help="the evorl-pop command to run: train or resume with its options",
+    )
+
     sub.add_parser(
         "list",
         help="list algorithms, strategies, environments and black-box tasks",
@@ -425,6 +491,27 @@ def _cmd_resume(args) -> int:
     return 0
 
 
+def _cmd_launch(args) -> int:
+    from evorl_pop import launcher
+
+    devices = args.devices_per_process
+    if devices is None and args.gpus_per_process is None:
+        devices = 1
+    try:
+        return launcher.launch(
+            args.launch_command,
+            args.nproc,
+            devices_per_process=devices,
+            port=args.port,
+            gpus_per_process=args.gpus_per_process,
+            grace_period=args.grace_period,
+            pid_file=args.pid_file,
+        )
+    except launcher.LaunchError as err:
+        print(f"evorl-pop launch: error: {err}", file=sys.stderr)
+        return 2
+
+
 def _cmd_plot(args) -> int:
     from evorl_pop import plotting
 
@@ -489,7 +576,13 @@ def main(argv=None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    commands = {"train": _cmd_train, "resume": _cmd_resume, "plot": _cmd_plot, "list": _cmd_list}
+    commands = {
+        "train": _cmd_train,
+        "resume": _cmd_resume,
+        "plot": _cmd_plot,
+        "list": _cmd_list,
+        "launch": _cmd_launch,
+    }
     from evorl_pop.checkpoint import CheckpointError
     from evorl_pop.config import ConfigError
     from evorl_pop.runner import RunError

@@ -1,0 +1,307 @@
+"""``evorl-pop launch``: several processes of one run on this machine.
+
+In the spirit of ``torchrun``: it starts ``n`` processes of
+``python -m evorl_pop.cli COMMAND ... --coordinator 127.0.0.1:PORT
+--num-processes n --process-id i``, each with its own device count
+(``XLA_FLAGS=--xla_force_host_platform_device_count=k`` for CPU devices, or
+``JAX_LOCAL_DEVICE_IDS`` for a share of the GPUs) and gloo CPU collectives,
+forwards their output line by line as ``[p0] ...`` / ``[p1] ...``, and treats
+them as one job: when one fails (a non-zero exit or a signal) the others are
+stopped (SIGTERM, then SIGKILL after a grace period) and the launcher exits
+non-zero, naming the process that failed. Ctrl-C (SIGINT) is passed on to
+every process, which checkpoint and stop; SIGTERM stops them all.
+
+The children's process ids are printed (``[launch] process i: pid P``) and
+written as JSON to ``--pid-file`` or, when the command names its run folder,
+to ``RUN/launch.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+#: What the launcher adds to each command itself.
+RESERVED_OPTIONS = ("--coordinator", "--num-processes", "--process-id")
+#: Name of the record of the launched processes in the run folder.
+RECORD_FILENAME = "launch.json"
+_DEVICE_FLAG = "--xla_force_host_platform_device_count"
+
+
+class LaunchError(ValueError):
+    """A launch that cannot start as asked (the message says why)."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now.
+
+    Args:
+      host: the address to bind.
+
+    Returns:
+      The port number.
+    """
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _child_env(index: int, devices_per_process: int | None, gpus_per_process: int | None):
+    env = dict(os.environ)
+    if devices_per_process is not None:
+        flags = re.sub(rf"{_DEVICE_FLAG}=\S+", "", env.get("XLA_FLAGS", "")).strip()
+        env["XLA_FLAGS"] = f"{flags} {_DEVICE_FLAG}={devices_per_process}".strip()
+    if gpus_per_process is not None:
+        first = index * gpus_per_process
+        env["JAX_LOCAL_DEVICE_IDS"] = ",".join(
+            str(i) for i in range(first, first + gpus_per_process)
+        )
+    env.setdefault("JAX_CPU_COLLECTIVES_IMPLEMENTATION", "gloo")
+    env["PYTHONUNBUFFERED"] = "1"  # lines reach the launcher as they are written
+    return env
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    # Linux: the child gets SIGTERM if the launcher itself is killed (even by
+    # SIGKILL), so no process of the run outlives it.
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def _forward(stream, out, prefix: str, lock: threading.Lock) -> None:
+    """Copies a child's stream to ``out``, each line (or progress-bar update) prefixed."""
+    for raw in iter(stream.readline, b""):
+        text = raw.decode(errors="replace").rstrip("\n")
+        # A progress bar rewrites its line with '\r': show each update as a line.
+        pieces = [p for p in text.split("\r") if p.strip()] or ([text] if text else [""])
+        with lock:
+            for piece in pieces:
+                out.write(f"{prefix}{piece}\n")
+            out.flush()
+    stream.close()
+
+
+def describe_exit(returncode: int) -> str:
+    """``'exit code 3'`` or ``'signal SIGKILL'`` for a ``Popen.returncode``.
+
+    Args:
+      returncode: a child's return code (negative: killed by that signal).
+
+    Returns:
+      A short description.
+    """
+    if returncode < 0:
+        try:
+            return f"signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+def _run_folder(command: Sequence[str]) -> Path | None:
+    """The run folder a train (``--out``) or resume (``RUN``) command names, if any."""
+    from evorl_pop.cli import build_parser
+
+    parser = build_parser()
+    try:
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):
+            args, _ = parser.parse_known_args(list(command))
+    except SystemExit:
+        return None
+    folder = getattr(args, "out", None) if args.command == "train" else getattr(args, "run", None)
+    return Path(folder) if folder else None
+
+
+class _Stop(Exception):
+    """The launcher was asked to stop (SIGTERM)."""
+
+
+def launch(
+    command: Sequence[str],
+    num_processes: int,
+    devices_per_process: int | None = None,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    gpus_per_process: int | None = None,
+    grace_period: float = 10.0,
+    pid_file: str | os.PathLike | None = None,
+    python: str = sys.executable,
+    out=None,
+    err=None,
+) -> int:
+    """Runs ``num_processes`` processes of one ``evorl-pop`` command on this machine.
+
+    Args:
+      command: the ``evorl-pop`` arguments, e.g. ``['train', '--pop', '64']``
+        (``train`` or ``resume``).
+      num_processes: how many processes.
+      devices_per_process: CPU devices each process simulates
+        (``None``: leave ``XLA_FLAGS`` as it is).
+      port: the coordinator's port (``None``: a free one).
+      host: the coordinator's address; this machine's loopback by default.
+      gpus_per_process: give process ``i`` the GPUs ``i*k .. i*k+k-1``
+        (``JAX_LOCAL_DEVICE_IDS``); ``None``: every process sees every device.
+      grace_period: seconds between SIGTERM (or the passed-on SIGINT) and SIGKILL
+        when the processes are stopped.
+      pid_file: where to write the record of the processes (JSON); ``None``:
+        ``RUN/launch.json`` when the command names its run folder.
+      python: the interpreter to run the processes with.
+      out: where the children's stdout goes (``None``: ``sys.stdout``).
+      err: where the children's stderr and the launcher's messages go
+        (``None``: ``sys.stderr``).
+
+    Returns:
+      0 when every process succeeded; else the failed process's exit code
+      (128 + the signal number when it was killed), 130 after Ctrl-C.
+
+    Raises:
+      LaunchError: an impossible request (no command, a reserved option, n < 1).
+    """
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    command = list(command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command or command[0] not in ("train", "resume"):
+        raise LaunchError(
+            "launch runs 'train' or 'resume': evorl-pop launch -n 2 -- train [OPTIONS], "
+            f"got {' '.join(command) or 'no command'!r}."
+        )
+    for arg in command:
+        if arg.split("=", 1)[0] in RESERVED_OPTIONS:
+            raise LaunchError(f"{arg.split('=', 1)[0]} is set by launch itself; leave it out.")
+    if num_processes < 1:
+        raise LaunchError(f"-n must be >= 1, got {num_processes}.")
+    port = free_port(host) if port is None else port
+    coordinator = f"{host}:{port}"
+    lock = threading.Lock()
+
+    def say(message: str) -> None:
+        with lock:
+            err.write(f"[launch] {message}\n")
+            err.flush()
+
+    children: list[subprocess.Popen] = []
+    for i in range(num_processes):
+        argv = [
+            python, "-m", "evorl_pop.cli", *command,
+            "--coordinator", coordinator,
+            "--num-processes", str(num_processes),
+            "--process-id", str(i),
+        ]  # fmt: skip
+        children.append(
+            subprocess.Popen(
+                argv,
+                env=_child_env(i, devices_per_process, gpus_per_process),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                # Own process groups: a terminal's Ctrl-C reaches the launcher
+                # only, which passes it on once to each process.
+                start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            )
+        )
+    record = {
+        "coordinator": coordinator,
+        "num_processes": num_processes,
+        "devices_per_process": devices_per_process,
+        "launcher_pid": os.getpid(),
+        "command": command,
+        "processes": [{"process_id": i, "pid": c.pid} for i, c in enumerate(children)],
+    }
+    for i, child in enumerate(children):
+        say(f"process {i}: pid {child.pid}")
+    record_path = Path(pid_file) if pid_file is not None else _run_folder(command)
+    if record_path is not None:
+        if pid_file is None:
+            record_path = record_path / RECORD_FILENAME
+        try:
+            from evorl_pop.config import write_atomic
+
+            record_path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(record_path, (json.dumps(record, indent=2) + "\n").encode())
+        except OSError as error:
+            say(f"cannot write {record_path}: {error.strerror}")
+
+    readers = []
+    for i, child in enumerate(children):
+        for stream, sink in ((child.stdout, out), (child.stderr, err)):
+            t = threading.Thread(
+                target=_forward, args=(stream, sink, f"[p{i}] ", lock), daemon=True
+            )
+            t.start()
+            readers.append(t)
+    exits: queue.Queue = queue.Queue()
+    for i, child in enumerate(children):
+        threading.Thread(target=lambda i=i, c=child: exits.put((i, c.wait())), daemon=True).start()
+
+    def stop(first_signal: int) -> None:
+        """Sends ``first_signal`` to every running process, SIGKILL after the grace period."""
+        for sig, wait in ((first_signal, grace_period), (signal.SIGKILL, 5.0)):
+            running = [c for c in children if c.poll() is None]
+            for c in running:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(c.pid, sig)  # the process and anything it started
+            deadline = time.monotonic() + wait
+            while any(c.poll() is None for c in running) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if all(c.poll() is not None for c in children):
+                return
+
+    def on_sigterm(signum, frame):
+        raise _Stop()
+
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+    status = 0
+    try:
+        remaining = num_processes
+        while remaining:
+            try:
+                i, code = exits.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            remaining -= 1
+            if code != 0:
+                say(
+                    f"process {i} (pid {children[i].pid}) failed with {describe_exit(code)}; "
+                    f"stopping the other process(es)"
+                )
+                stop(signal.SIGTERM)
+                status = 128 - code if code < 0 else code
+                say(f"error: process {i} failed ({describe_exit(code)})")
+                break
+    except KeyboardInterrupt:
+        say("interrupted: passing Ctrl-C on to every process")
+        stop(signal.SIGINT)
+        status = 130
+    except _Stop:
+        say("terminated: stopping every process")
+        stop(signal.SIGTERM)
+        status = 128 + signal.SIGTERM
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        if any(c.poll() is None for c in children):
+            stop(signal.SIGKILL)
+        for t in readers:
+            t.join(timeout=5.0)
+    return status
