@@ -185,3 +185,41 @@ def test_launch_refuses_reserved_options_and_other_commands():
         launcher.launch(["plot", "RUN"], 2)
     assert launcher.describe_exit(-9) == "signal SIGKILL"
     assert launcher.describe_exit(3) == "exit code 3"
+
+
+def test_without_the_launcher_survivors_fail_instead_of_hanging(tmp_path):
+    # Two processes started by hand; the coordinator notices the dead one when
+    # its heartbeats stop, and the survivor terminates with an error.
+    run = tmp_path / "bare"
+    port = launcher.free_port()
+    env = _env()
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "evorl_pop.cli", "train", *KILL_JOB,
+             "--generations", "5000", "--out", str(run),
+             "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
+             "--process-id", str(i), "--heartbeat-timeout", "5"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for i in range(2)
+    ]  # fmt: skip
+    try:
+        deadline = time.time() + 240
+        while not (run / ckpt_lib.FILENAME).exists():
+            assert procs[0].poll() is None and procs[1].poll() is None
+            assert time.time() < deadline, "no checkpoint appeared"
+            time.sleep(0.01)
+        procs[1].send_signal(signal.SIGKILL)
+        try:
+            returncode = procs[0].wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the surviving process hung after its peer died")
+        assert returncode != 0
+        assert 0 < ckpt_lib.load(run).generation < 5000
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
