@@ -51,7 +51,9 @@ class Config:
       noise_init: initial additive variance (keeps the search from collapsing).
       noise_end: the value the additive variance decays towards.
       noise_decay: its decay rate per generation.
-      updates_per_actor: TD3 iterations (critic steps) per RL actor per generation.
+      updates_per_actor: TD3 iterations (critic steps) per RL actor per generation;
+        the default gives as many critic steps per generation as environment
+        steps (10 x 200 on Pendulum-v1), the paper's ratio.
       learning_starts: buffer size before gradient updates begin.
       buffer_capacity: replay buffer size.
       episode_steps: steps per episode (``None``: the environment's limit).
@@ -67,7 +69,7 @@ class Config:
     noise_init: float = 1e-3
     noise_end: float = 1e-5
     noise_decay: float = 0.95
-    updates_per_actor: int = 200
+    updates_per_actor: int = 400
     learning_starts: int = 2000
     buffer_capacity: int = 200_000
     episode_steps: int | None = None
@@ -148,17 +150,19 @@ class CEMRL:
         mean, _ = ravel_pytree(self.policy.init(actor_key))
         cfg = self.config
         pop = cfg.pop_size
-        return State(
+        state = State(
             mean=mean,
             var=jnp.full_like(mean, cfg.sigma_init),
             noise=jnp.float32(cfg.noise_init),
             critic=self.td3.init_critic(critic_key),
             buffer=ReplayBuffer.create(example_transition(self.env), cfg.buffer_capacity),
             population=jax.vmap(self.unravel)(jnp.broadcast_to(mean, (pop, mean.shape[0]))),
-            fitness=jnp.full((pop,), -jnp.inf),
+            fitness=jnp.full((pop,), -jnp.inf, jnp.float32),
             generation=jnp.int32(0),
             env_steps=jnp.int32(0),
         )
+        # Laid out as step returns it, so the second call reuses the compilation.
+        return hybrid.replicated(state, self.pop_mesh)
 
     def ask(self, state: State, key: jax.Array) -> jax.Array:
         """Samples the flat population; member ``i`` uses ``fold_in(key, i)``.
@@ -281,4 +285,4 @@ class CEMRL:
             "cem_std": jnp.mean(jnp.sqrt(state.var)),
             "total_env_steps": env_steps,
         }
-        return state, metrics
+        return hybrid.replicated(state, self.pop_mesh), metrics

@@ -158,14 +158,16 @@ class ERL:
         population = jax.vmap(lambda i: self.policy.init(jax.random.fold_in(pop_key, i)))(
             jnp.arange(pop)
         )
-        return State(
+        state = State(
             population=population,
-            fitness=jnp.full((pop,), -jnp.inf),
+            fitness=jnp.full((pop,), -jnp.inf, jnp.float32),
             learner=self.td3.init(learner_key),
             buffer=ReplayBuffer.create(example_transition(self.env), self.config.buffer_capacity),
             generation=jnp.int32(0),
             env_steps=jnp.int32(0),
         )
+        # Laid out as step returns it, so the second call reuses the compilation.
+        return hybrid.replicated(state, self.pop_mesh)
 
     def breed(self, flat: jax.Array, fitness: jax.Array, key: jax.Array) -> jax.Array:
         """One GA generation on flat actors: elitism, tournaments, crossover, mutation.
@@ -291,7 +293,7 @@ class ERL:
             "injected_return": jnp.where(inject, rollout.returns[weakest], nan),
             "total_env_steps": env_steps,
         }
-        return state, metrics
+        return hybrid.replicated(state, self.pop_mesh), metrics
 
 
 def _neuron_ids(params: Any) -> np.ndarray:

@@ -56,6 +56,8 @@ def _stepwise(algo):
         state, m = step(states[-1], k)
         states.append(state)
         metrics.append(m)
+    # the state keeps its types from one generation to the next: no recompile
+    assert step._cache_size() == 1
     return states, metrics
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import jax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop import distributed as dist
@@ -45,6 +45,22 @@ def make_meshes(mesh: Mesh | None) -> tuple[Mesh, Mesh]:
     pop_mesh = make_mesh(len(devices), axis_name=dist.POP_AXIS_NAME, devices=devices)
     dp_mesh = make_mesh(len(devices), axis_name=dist.DP_AXIS_NAME, devices=devices)
     return pop_mesh, dp_mesh
+
+
+def replicated(tree, mesh: Mesh):
+    """Pins every leaf of ``tree`` as replicated over ``mesh``.
+
+    An algorithm's state leaves ``step`` (and ``init``) with this one layout, so
+    the next call sees the same input shardings and reuses its compilation.
+
+    Args:
+      tree: a pytree of arrays.
+      mesh: the mesh to replicate over.
+
+    Returns:
+      ``tree``, replicated (inside ``jit`` a sharding constraint).
+    """
+    return jax.lax.with_sharding_constraint(tree, NamedSharding(mesh, P()))
 
 
 def dp_train(
