@@ -72,7 +72,12 @@ def _child_env(index: int, devices_per_process: int | None, gpus_per_process: in
     return env
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+def _child_setup() -> None:  # pragma: no cover - runs in the child before exec
+    # A launcher started in the background inherits an ignored SIGINT; the
+    # children must still turn the Ctrl-C it passes on into KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if not sys.platform.startswith("linux"):
+        return
     # Linux: the child gets SIGTERM if the launcher itself is killed (even by
     # SIGKILL), so no process of the run outlives it.
     try:
@@ -215,7 +220,7 @@ def launch(
                 # Own process groups: a terminal's Ctrl-C reaches the launcher
                 # only, which passes it on once to each process.
                 start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                preexec_fn=_child_setup,
             )
         )
     record = {
@@ -268,9 +273,11 @@ def launch(
     def on_sigterm(signum, frame):
         raise _Stop()
 
-    previous = None
+    previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, on_sigterm)
+        previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_sigterm)
+        # Ctrl-C must reach the launcher even when it was started with SIGINT ignored.
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     status = 0
     try:
         remaining = num_processes
@@ -298,8 +305,8 @@ def launch(
         stop(signal.SIGTERM)
         status = 128 + signal.SIGTERM
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         if any(c.poll() is None for c in children):
             stop(signal.SIGKILL)
         for t in readers:

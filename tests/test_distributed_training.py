@@ -223,3 +223,30 @@ def test_without_the_launcher_survivors_fail_instead_of_hanging(tmp_path):
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_ctrl_c_reaches_every_process_and_they_checkpoint(tmp_path):
+    run = tmp_path / "interrupted"
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "evorl_pop.cli", "launch", "-n", "2", "--",
+         "train", *KILL_JOB, "--generations", "5000", "--out", str(run)],
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    deadline = time.time() + 240
+    while not (run / ckpt_lib.FILENAME).exists():
+        assert launch.poll() is None, launch.communicate()[1][-3000:]
+        assert time.time() < deadline, "no checkpoint appeared"
+        time.sleep(0.01)
+    launch.send_signal(signal.SIGINT)
+    try:
+        _, err = launch.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        launch.kill()
+        pytest.fail("Ctrl-C did not stop the launch")
+    assert launch.returncode == 130
+    assert "[p0] evorl-pop train: interrupted" in err and "[p1] evorl-pop train: interrupted" in err
+    assert "interrupted after generation" in (run / "train.log").read_text()
+    assert 0 < ckpt_lib.load(run).generation < 5000
