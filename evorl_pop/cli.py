@@ -1,4 +1,4 @@
-"""The ``evorl-pop`` command line: train, resume, plot, list.
+"""The ``evorl-pop`` command line: train, resume, plot, list, launch.
 
 JAX reads the number of simulated CPU devices when its backend starts, so
 this module imports nothing that starts it until ``--devices`` (or a resumed
