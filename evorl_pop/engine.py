@@ -32,6 +32,7 @@ from evosax.algorithms.population_based.base import PopulationBasedAlgorithm
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from evorl_pop import multihost
 from evorl_pop.distributed import (
     POP_AXIS_NAME,
     all_gather,
@@ -259,7 +260,9 @@ class ShardedES:
         # strong dtypes, replicated over the mesh: the state after a generation
         # has the same types and placement, so the compiled step is reused
         state = jax.tree.map(lambda x: jnp.asarray(x, x.dtype), state)
-        return jax.device_put(state, NamedSharding(self.mesh, P()))
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(state)):
+            return jax.lax.with_sharding_constraint(state, NamedSharding(self.mesh, P()))
+        return multihost.replicate(state, self.mesh)  # device_put, across processes too
 
     def mean_solution(self, state: ESState) -> jax.Array:
         """The strategy's mean (or, population-based, its best solution so far)."""
