@@ -17,6 +17,13 @@ def parse(description: str, add_arguments=None, **defaults):
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
     parser.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="train seeds seed .. seed+N-1 and plot their mean with a min-max "
+        "band (default %(default)s)",
+    )
+    parser.add_argument(
         "--generations",
         type=int,
         default=defaults.get("generations"),
@@ -44,16 +51,41 @@ def parse(description: str, add_arguments=None, **defaults):
     return args
 
 
-def train_and_plot(configs, args, figure_name, title, x="generation"):
-    """Trains each ``(name, RunConfig)`` into ``args.runs/name`` and plots them together."""
+def train_and_plot(
+    configs, args, figure_name, title, x="generation", metrics=("best", "mean", "worst")
+):
+    """Trains each ``(name, RunConfig)`` for ``args.seeds`` seeds, then plots them together.
+
+    Run folders are ``args.runs/name`` (one seed) or ``args.runs/name-seedS``;
+    runs of one config that differ only in the seed are drawn as a mean with a
+    band, exactly as ``evorl-pop plot`` draws them.
+
+    Yields:
+      ``(name, result)`` for the first seed of each config.
+    """
+    import dataclasses
+
     from evorl_pop import plotting, runner
 
     run_dirs = []
     for name, config in configs:
-        run_dir = args.runs / name
-        result = runner.train(config, run_dir, progress=not args.quiet, overwrite=True)
-        run_dirs.append(run_dir)
-        yield name, result
+        for offset in range(args.seeds):
+            seed = config.seed + offset
+            run_dir = args.runs / (name if args.seeds == 1 else f"{name}-seed{seed}")
+            result = runner.train(
+                dataclasses.replace(config, seed=seed),
+                run_dir,
+                progress=not args.quiet,
+                overwrite=True,
+                figure=False,
+            )
+            run_dirs.append(run_dir)
+            if offset == 0:
+                yield name, result
     args.figures.mkdir(parents=True, exist_ok=True)
-    paths = plotting.plot_runs(run_dirs, out=args.figures / figure_name, x=x, title=title)
+    if args.seeds > 1:
+        title = f"{title}: mean of {args.seeds} seeds, min-max band"
+    paths = plotting.plot_runs(
+        run_dirs, out=args.figures / figure_name, x=x, title=title, metrics=metrics
+    )
     print(f"figure: {paths[0]}")

@@ -35,6 +35,7 @@ for name, result in train_and_plot(
     args,
     "openes_cartpole.png",
     "OpenES on CartPole-v1, population 256",
+    metrics=("best", "mean", "worst", "eval_return"),
 ):
     solved = (result.history["eval_return"] >= 500).nonzero()[0]
     when = f"generation {solved[0] + 1}" if solved.size else "not within the run"

@@ -38,6 +38,7 @@ for name, result in train_and_plot(
     args,
     "openes_pendulum.png",
     "OpenES on Pendulum-v1, population 256",
+    metrics=("best", "mean", "worst", "eval_return"),
     x="steps",
 ):
     ret = result.history["eval_return"]

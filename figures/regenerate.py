@@ -1,47 +1,37 @@
-"""Regenerates the README's fitness figures with the command line.
+"""Regenerates every figure in this folder from the examples.
 
-Trains every config in ``figures/configs/`` for three seeds (run folders under
-``runs/figures/``), then draws each as the mean over seeds with a min-max band
-via ``evorl-pop plot``::
+Each example trains its runs (three seeds for the ES examples, under
+``runs/examples/``) and draws them with the same code as ``evorl-pop plot``::
 
-    python figures/regenerate.py            # about a minute on a laptop CPU
+    python figures/regenerate.py            # ES figures: about two minutes on a laptop CPU
+    python figures/regenerate.py --hybrid   # also CEM-RL and ERL on Pendulum (several minutes)
 """
 
 from __future__ import annotations
 
+import argparse
+import subprocess
 import sys
 from pathlib import Path
 
-from evorl_pop import cli
-
-HERE = Path(__file__).resolve().parent
-SEEDS = (0, 1, 2)
-TITLES = {
-    "cma_es_sphere": "CMA-ES on the 10-D sphere",
-    "open_es_cartpole": "OpenES on CartPole-v1",
-}
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+ES_EXAMPLES = ["cmaes_blackbox.py", "openes_cartpole.py", "openes_pendulum.py"]
+HYBRID_EXAMPLES = ["cemrl_pendulum.py", "erl_pendulum.py"]
 
 
-def main(runs_root: str = "runs/figures") -> None:
-    """Trains each config for every seed and writes ``figures/<config>.png``.
-
-    Args:
-      runs_root: where the run folders go.
-    """
-    for config in sorted((HERE / "configs").glob("*.yaml")):
-        runs = []
-        for seed in SEEDS:
-            run = Path(runs_root) / f"{config.stem}-seed{seed}"
-            argv = ["train", "--config", str(config), "--seed", str(seed), "--out", str(run)]
-            if cli.main([*argv, "--overwrite", "--quiet", "--no-figure"]) != 0:
-                sys.exit(f"training {config.name} with seed {seed} failed")
-            runs.append(str(run))
-        out = HERE / f"{config.stem}.png"
-        name = TITLES.get(config.stem, config.stem)
-        title = f"{name}: mean of {len(SEEDS)} seeds, min-max band"
-        if cli.main(["plot", *runs, "--out", str(out), "--title", title]) != 0:
-            sys.exit(f"plotting {config.name} failed")
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per ES figure")
+    parser.add_argument("--hybrid", action="store_true", help="also the hybrid RL figures")
+    args = parser.parse_args()
+    jobs = [[name, "--seeds", str(args.seeds), "--quiet"] for name in ES_EXAMPLES]
+    if args.hybrid:
+        jobs += [[name] for name in HYBRID_EXAMPLES]
+    for name, *flags in jobs:
+        print(f"== {name}", flush=True)
+        if subprocess.run([sys.executable, str(EXAMPLES / name), *flags]).returncode != 0:
+            sys.exit(f"{name} failed")
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    main()
