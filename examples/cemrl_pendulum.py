@@ -16,7 +16,7 @@ from evorl_pop.algorithms.cemrl import CEMRL, Config  # noqa: E402
 
 from evorl_pop import make_mesh  # noqa: E402
 
-config = Config()  # Pendulum-v1, population 10, 5 TD3 actors, 400 TD3 iterations each
+config = Config()  # Pendulum-v1, population 10, 5 TD3 actors, 200 TD3 iterations each
 algo = CEMRL(config, make_mesh(args.devices))
 history = train(algo, args)
 plot(
