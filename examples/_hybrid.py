@@ -29,7 +29,8 @@ def parse_args(description: str, steps: int = 100_000) -> argparse.Namespace:
 
 
 def train(algo, args) -> dict:
-    """Runs generations in ``lax.scan`` chunks until ``args.steps`` env steps.
+    """Runs generations in ``lax.scan`` chunks until ``args.steps`` env steps
+    (whole chunks, so a run may pass ``args.steps`` by up to one chunk).
 
     Generation ``g`` uses ``fold_in(key, g)``, so the chunk size does not
     change the result. Prints one line per chunk.
