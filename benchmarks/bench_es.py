@@ -28,10 +28,10 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from evorl_pop.algorithms.es import make_strategy  # noqa: E402
 from evosax.algorithms import Open_ES  # noqa: E402
 
 from evorl_pop import make_mesh  # noqa: E402
+from evorl_pop.algorithms.es import make_strategy  # noqa: E402
 from evorl_pop.engine import ShardedES  # noqa: E402
 from evorl_pop.envs import make_env  # noqa: E402
 from evorl_pop.tasks import BlackBoxTask, ControlTask  # noqa: E402

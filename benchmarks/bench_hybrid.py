@@ -38,9 +38,9 @@ import numpy as np  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from evorl_pop.algorithms import cemrl, erl  # noqa: E402
 
 from evorl_pop import make_mesh  # noqa: E402
+from evorl_pop.algorithms import cemrl, erl  # noqa: E402
 
 ALGORITHMS = {
     "cemrl": ("CEM-RL", lambda mesh: cemrl.CEMRL(cemrl.Config(), mesh)),

@@ -12,9 +12,8 @@ from _hybrid import ROOT, parse_args, plot, train
 
 args = parse_args(__doc__.splitlines()[0])
 
-from evorl_pop.algorithms.cemrl import CEMRL, Config  # noqa: E402
-
 from evorl_pop import make_mesh  # noqa: E402
+from evorl_pop.algorithms.cemrl import CEMRL, Config  # noqa: E402
 
 config = Config()  # Pendulum-v1, population 10, 5 TD3 actors, 200 TD3 iterations each
 algo = CEMRL(config, make_mesh(args.devices))

@@ -13,9 +13,8 @@ from _hybrid import ROOT, parse_args, plot, train
 
 args = parse_args(__doc__.splitlines()[0])
 
-from evorl_pop.algorithms.erl import ERL, Config  # noqa: E402
-
 from evorl_pop import make_mesh  # noqa: E402
+from evorl_pop.algorithms.erl import ERL, Config  # noqa: E402
 
 config = Config()  # Pendulum-v1, population 10, TD3 learner, sync every 5 generations
 algo = ERL(config, make_mesh(args.devices))

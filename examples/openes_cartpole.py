@@ -10,7 +10,6 @@ from _common import parse, train_and_plot
 args = parse(__doc__.splitlines()[0], generations=40)
 
 from evorl_pop.algorithms.es import ESConfig  # noqa: E402
-
 from evorl_pop.config import RunConfig  # noqa: E402
 
 config = RunConfig(

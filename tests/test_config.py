@@ -3,10 +3,10 @@
 import dataclasses
 
 import pytest
-from evorl_pop.algorithms.es import ESConfig
 
 from evorl_pop import config as config_lib
 from evorl_pop import registry
+from evorl_pop.algorithms.es import ESConfig
 from evorl_pop.config import ConfigError, RunConfig
 
 

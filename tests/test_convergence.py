@@ -16,10 +16,20 @@ SETUPS = {"sphere": (3.0, 1.0), "ellipsoid": (3.0, 1.0), "rosenbrock": (0.0, 0.5
 @pytest.mark.parametrize("function", list(PYCMA_MEDIANS))
 def test_cmaes_reaches_1e_8_with_pycma_evaluation_counts(function):
     x0, sigma = SETUPS[function]
-    config = ESConfig(strategy="CMA_ES", task=function, num_dims=10, population_size=10,
-                      x0=x0, sigma_init=sigma)
-    results = [minimize(config, jax.random.key(seed), target=1e-8, max_generations=1000,
-                        restarts=0, mesh=make_mesh(1)) for seed in range(5)]
+    config = ESConfig(
+        strategy="CMA_ES", task=function, num_dims=10, population_size=10, x0=x0, sigma_init=sigma
+    )
+    results = [
+        minimize(
+            config,
+            jax.random.key(seed),
+            target=1e-8,
+            max_generations=1000,
+            restarts=0,
+            mesh=make_mesh(1),
+        )
+        for seed in range(5)
+    ]
     assert all(r.converged for r in results), [r.best for r in results]
     median = np.median([r.evaluations for r in results])
     assert abs(median - PYCMA_MEDIANS[function]) <= 0.15 * PYCMA_MEDIANS[function], median
@@ -27,10 +37,12 @@ def test_cmaes_reaches_1e_8_with_pycma_evaluation_counts(function):
 
 def test_minimize_restarts_a_stalled_run_and_counts_its_evaluations():
     # Rastrigin traps CMA-ES with a small population in a local optimum
-    config = ESConfig(strategy="CMA_ES", task="rastrigin", num_dims=4, population_size=6,
-                      x0=3.0, sigma_init=0.05)
-    result = minimize(config, jax.random.key(0), target=1e-8, max_generations=300, restarts=2,
-                      mesh=make_mesh(1))
+    config = ESConfig(
+        strategy="CMA_ES", task="rastrigin", num_dims=4, population_size=6, x0=3.0, sigma_init=0.05
+    )
+    result = minimize(
+        config, jax.random.key(0), target=1e-8, max_generations=300, restarts=2, mesh=make_mesh(1)
+    )
     assert not result.converged and result.restarts == 2
     assert result.best > 0.5  # stuck in a local optimum of Rastrigin every time
     # each of the 3 runs stopped at its stall, before its 300 generations
@@ -54,16 +66,30 @@ def _first_generation_reaching(config, seeds, generations, threshold):
 
 
 def test_openes_solves_cartpole_within_50_generations():
-    config = ESConfig(strategy="Open_ES", task="CartPole-v1", population_size=256,
-                      learning_rate=0.05, sigma_init=0.1, hidden_sizes=(32,), eval_episodes=8)
+    config = ESConfig(
+        strategy="Open_ES",
+        task="CartPole-v1",
+        population_size=256,
+        learning_rate=0.05,
+        sigma_init=0.1,
+        hidden_sizes=(32,),
+        eval_episodes=8,
+    )
     firsts = _first_generation_reaching(config, range(5), 50, 500.0)
     assert sum(f is not None for f in firsts) >= 4, firsts
 
 
 def test_openes_reaches_minus_400_on_pendulum_within_100_generations():
     """Budget: 100 generations x 256 candidates x 2 episodes x 200 steps = 10.24 M steps."""
-    config = ESConfig(strategy="Open_ES", task="Pendulum-v1", population_size=256,
-                      learning_rate=0.05, sigma_init=0.1, hidden_sizes=(32,), episodes=2,
-                      eval_episodes=8)
+    config = ESConfig(
+        strategy="Open_ES",
+        task="Pendulum-v1",
+        population_size=256,
+        learning_rate=0.05,
+        sigma_init=0.1,
+        hidden_sizes=(32,),
+        episodes=2,
+        eval_episodes=8,
+    )
     firsts = _first_generation_reaching(config, range(3), 100, -400.0)
     assert sum(f is not None for f in firsts) >= 2, firsts

@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from evorl_pop.algorithms.es import ES, ESConfig, make_strategy
 
 from evorl_pop import make_mesh
+from evorl_pop.algorithms.es import ES, ESConfig, make_strategy
 from evorl_pop.engine import ShardedES
 from evorl_pop.fitness import to_minimization, worst_for_nonfinite
 from evorl_pop.tasks import BlackBoxTask, ControlTask
