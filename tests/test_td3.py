@@ -297,7 +297,7 @@ def test_population_rollout_nan_is_worst_and_counted(pendulum):
     out = jax.jit(lambda p, k: population_rollout(pendulum, td3.policy, mesh, p, k, 0.0, 8))(
         params, jax.random.key(1)
     )
-    assert int(out.metrics["nonfinite"]) == 1
+    assert int(out.metrics["num_nonfinite"]) == 1
     assert float(out.fitness[2]) == -np.inf
     finite = np.asarray(out.returns)[[0, 1, 3]]
     np.testing.assert_allclose(out.metrics["fitness_mean"], finite.mean(), rtol=1e-5)

@@ -20,8 +20,10 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop import distributed as dist
+from evorl_pop.engine import summarize
 from evorl_pop.envs import Env
 from evorl_pop.mesh import pad_to_multiple
+from evorl_pop.tasks import EvalInfo
 
 
 @flax.struct.dataclass
@@ -165,7 +167,7 @@ def population_rollout(
     Returns:
       A :class:`PopulationRollout` whose ``metrics`` hold ``fitness_best``,
       ``fitness_worst``, ``fitness_mean``, ``fitness_std``, ``env_steps``,
-      ``episodes`` and ``nonfinite`` (members whose return was NaN / inf).
+      ``episodes`` and ``num_nonfinite`` (members whose return was NaN / inf).
     """
     axis = dist.POP_AXIS_NAME
     pop = jax.tree.leaves(population)[0].shape[0]
@@ -185,33 +187,27 @@ def population_rollout(
     )(population, keys, noise)
 
     def statistics(ret, steps, member_valid):
-        finite = member_valid & jnp.isfinite(ret)
-        stats = {
-            "fitness_best": dist.pmax(jnp.max(jnp.where(finite, ret, -jnp.inf)), axis),
-            "fitness_worst": dist.pmin(jnp.min(jnp.where(finite, ret, jnp.inf)), axis),
-            "return_sum": dist.psum(jnp.sum(jnp.where(finite, ret, 0.0)), axis),
-            "finite": dist.psum(jnp.sum(finite).astype(jnp.int32), axis),
-            "nonfinite": dist.psum(jnp.sum(member_valid & ~finite).astype(jnp.int32), axis),
-            "env_steps": dist.psum(jnp.sum(jnp.where(member_valid, steps, 0)), axis),
-            "episodes": dist.psum(jnp.sum(member_valid).astype(jnp.int32), axis),
-        }
-        return dist.all_gather(ret, axis, tiled=True, to="invarying"), stats
+        info = EvalInfo(steps=steps, episodes=jnp.ones_like(steps))
+        return summarize(ret, info, member_valid, maximize=True, axis_name=axis)
 
-    returns, stats = jax.shard_map(
-        statistics, mesh=mesh, in_specs=(P(axis), P(axis), P(axis)), out_specs=(P(), P())
+    summary = jax.shard_map(
+        statistics, mesh=mesh, in_specs=(P(axis), P(axis), P(axis)), out_specs=P()
     )(episodes.episode_return, episodes.steps, member_valid)
     transitions = episodes.transitions
     valid = episodes.valid & member_valid[:, None]
-    returns = returns[:pop]
-    finite = jnp.isfinite(returns)
-    count = jnp.maximum(stats["finite"], 1)
-    mean = stats.pop("return_sum") / count
-    var = jnp.sum(jnp.where(finite, (returns - mean) ** 2, 0.0)) / count
-    stats.pop("finite")
-    metrics = {**stats, "fitness_mean": mean, "fitness_std": jnp.sqrt(var)}
+    returns = summary.scores[:pop]
+    metrics = {
+        "fitness_best": summary.best,
+        "fitness_worst": summary.worst,
+        "fitness_mean": summary.mean,
+        "fitness_std": summary.std,
+        "num_nonfinite": summary.num_nonfinite,
+        "env_steps": summary.info.steps,
+        "episodes": summary.info.episodes,
+    }
     return PopulationRollout(
         returns=returns,
-        fitness=jnp.where(finite, returns, -jnp.inf),
+        fitness=jnp.where(jnp.isfinite(returns), returns, -jnp.inf),
         transitions=transitions,
         valid=valid,
         metrics=metrics,
