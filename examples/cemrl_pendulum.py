@@ -1,27 +1,41 @@
 """CEM-RL on Pendulum-v1: 10 actors per generation, 5 of them trained by TD3.
 
-    python examples/cemrl_pendulum.py [--steps 100000] [--seed 0] [--devices 2]
+    python examples/cemrl_pendulum.py [--generations 50] [--seed 0] [--devices 2]
 
 The population is sharded over ``--devices`` CPU devices and every TD3
-minibatch is split over the same devices. Writes figures/cemrl_pendulum.png.
-The CEM mean actor usually passes a return of -250 within 50k-100k steps
-(about two minutes on a 2-core CPU).
+minibatch is split over the same devices. One generation is 10 episodes of 200
+steps, so the default 50 generations are 100k environment steps (about a
+minute on a 2-core CPU). Writes runs/examples/cemrl-pendulum and
+figures/cemrl_pendulum.png (population best / mean / worst and the return of
+the CEM mean actor). The mean actor usually passes -250 within 50k-100k steps.
 """
 
-from _hybrid import ROOT, parse_args, plot, train
+from _common import parse, train_and_plot
 
-args = parse_args(__doc__.splitlines()[0])
+args = parse(__doc__.splitlines()[0], generations=50)
 
-from evorl_pop import make_mesh  # noqa: E402
-from evorl_pop.algorithms.cemrl import CEMRL, Config  # noqa: E402
+from evorl_pop.algorithms.cemrl import Config  # noqa: E402
+from evorl_pop.config import RunConfig  # noqa: E402
 
-config = Config()  # Pendulum-v1, population 10, 5 TD3 actors, 200 TD3 iterations each
-algo = CEMRL(config, make_mesh(args.devices))
-history = train(algo, args)
-plot(
-    history,
-    args.figure or ROOT / "figures" / "cemrl_pendulum.png",
-    f"CEM-RL on Pendulum-v1, population {config.pop_size} (seed {args.seed})",
-    "CEM mean actor (eval)",
+config = RunConfig(
+    algorithm="cemrl",
+    algorithm_config=Config(),  # Pendulum-v1, population 10, 5 TD3 actors
+    seed=args.seed,
+    generations=args.generations,
+    chunk=5,
+    checkpoint_every=10,
+    devices=args.devices,
 )
-print(f"final eval return of the mean actor: {history['eval_return'][-1]:.1f}")
+for name, result in train_and_plot(
+    [("cemrl-pendulum", config)],
+    args,
+    "cemrl_pendulum.png",
+    "CEM-RL on Pendulum-v1, population 10 (eval: the CEM mean actor)",
+    metrics=("best", "mean", "worst", "eval_return"),
+    x="steps",
+):
+    ret = result.history["eval_return"]
+    print(
+        f"{name}: {result.env_steps:,} env steps; eval return of the mean actor {ret[-1]:.1f}, "
+        f"best {ret.max():.1f}"
+    )

@@ -1,32 +1,44 @@
 """ERL on Pendulum-v1: a GA population of 10 actors and one TD3 learner.
 
-    python examples/erl_pendulum.py [--steps 100000] [--seed 0] [--devices 2]
+    python examples/erl_pendulum.py [--generations 46] [--seed 0] [--devices 2]
 
 The population is sharded over ``--devices`` CPU devices and every TD3
 minibatch is split over the same devices; every 5 generations the learner's
-actor replaces the weakest member. Writes figures/erl_pendulum.png. The
-learner usually passes a return of -250 within 50k steps (about two minutes on
-a 2-core CPU).
+actor replaces the weakest member. One generation is 10 population episodes
+plus one learner episode of 200 steps, so the default 46 generations are about
+100k environment steps (about a minute on a 2-core CPU). Writes
+runs/examples/erl-pendulum and figures/erl_pendulum.png (population best /
+mean / worst and the return of the learner's actor). The learner usually
+passes -250 within 50k steps.
 """
 
-from _hybrid import ROOT, parse_args, plot, train
+from _common import parse, train_and_plot
 
-args = parse_args(__doc__.splitlines()[0])
+args = parse(__doc__.splitlines()[0], generations=46)
 
-from evorl_pop import make_mesh  # noqa: E402
-from evorl_pop.algorithms.erl import ERL, Config  # noqa: E402
+from evorl_pop.algorithms.erl import Config  # noqa: E402
+from evorl_pop.config import RunConfig  # noqa: E402
 
-config = Config()  # Pendulum-v1, population 10, TD3 learner, sync every 5 generations
-algo = ERL(config, make_mesh(args.devices))
-history = train(algo, args)
-plot(
-    history,
-    args.figure or ROOT / "figures" / "erl_pendulum.png",
-    f"ERL on Pendulum-v1, population {config.pop_size} + TD3 learner (seed {args.seed})",
-    "TD3 learner's actor (eval)",
+config = RunConfig(
+    algorithm="erl",
+    algorithm_config=Config(),  # Pendulum-v1, population 10, sync every 5 generations
+    seed=args.seed,
+    generations=args.generations,
+    chunk=5,
+    checkpoint_every=10,
+    devices=args.devices,
 )
-injected = int(history["rl_actors_injected"].sum())
-print(
-    f"final eval return of the learner: {history['eval_return'][-1]:.1f}; "
-    f"learner copied into the population {injected} times"
-)
+for name, result in train_and_plot(
+    [("erl-pendulum", config)],
+    args,
+    "erl_pendulum.png",
+    "ERL on Pendulum-v1, population 10 + TD3 learner (eval: the learner's actor)",
+    metrics=("best", "mean", "worst", "eval_return"),
+    x="steps",
+):
+    ret = result.history["eval_return"]
+    injected = int(result.history["rl_actors_injected"].sum())
+    print(
+        f"{name}: {result.env_steps:,} env steps; eval return of the learner {ret[-1]:.1f}, "
+        f"best {ret.max():.1f}; learner copied into the population {injected} times"
+    )
