@@ -30,7 +30,7 @@ for name, result in train_and_plot(
     [("cemrl-pendulum", config)],
     args,
     "cemrl_pendulum.png",
-    "CEM-RL on Pendulum-v1, population 10 (eval: the CEM mean actor)",
+    "CEM-RL, Pendulum-v1, eval = the mean actor",
     metrics=("best", "mean", "worst", "eval_return"),
     x="steps",
 ):

@@ -32,7 +32,7 @@ for name, result in train_and_plot(
     [("erl-pendulum", config)],
     args,
     "erl_pendulum.png",
-    "ERL on Pendulum-v1, population 10 + TD3 learner (eval: the learner's actor)",
+    "ERL, Pendulum-v1, eval = the TD3 learner",
     metrics=("best", "mean", "worst", "eval_return"),
     x="steps",
 ):
