@@ -87,6 +87,20 @@ def make_strategy(
         kwargs["optimizer"] = OPTIMIZERS[optimizer](learning_rate)
     if population_size < 2:
         raise ValueError(f"population_size must be at least 2, got {population_size}.")
+    required = [
+        n
+        for n, p in accepted.items()
+        if n not in ("self", "population_size", "solution")
+        and p.default is inspect.Parameter.empty
+        and p.kind is not inspect.Parameter.VAR_KEYWORD
+        and n not in kwargs
+    ]
+    if required:
+        raise ValueError(
+            f"{name} needs the constructor argument(s) {', '.join(required)}, which no "
+            f"config field sets; build it in Python: make_strategy({name!r}, ..., "
+            f"{required[0]}=...), then pass the strategy to evorl_pop.engine.ShardedES."
+        )
     try:
         strategy = cls(population_size=population_size, solution=jnp.zeros(num_dims), **kwargs)
     except AssertionError as err:

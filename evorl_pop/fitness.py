@@ -20,7 +20,8 @@ def worst_for_nonfinite(fitness):
 
     Every non-finite entry gets the next float above the worst finite fitness,
     so it ranks last without turning means or weighted sums into NaN. If no
-    entry is finite, all become 0 (nothing to learn from this generation).
+    entry is finite, all become the largest finite float: the generation ranks
+    as a tie (nothing to learn from it) and cannot enter a best-so-far archive.
 
     Args:
       fitness: a fitness vector, lower is better.
@@ -30,6 +31,6 @@ def worst_for_nonfinite(fitness):
     """
     finite = jnp.isfinite(fitness)
     worst = jnp.max(jnp.where(finite, fitness, -jnp.inf))
-    worst = jnp.where(jnp.any(finite), worst, 0.0)
-    penalty = jnp.nextafter(worst, jnp.inf)
+    largest = jnp.finfo(jnp.result_type(fitness, jnp.float32)).max
+    penalty = jnp.where(jnp.any(finite), jnp.nextafter(worst, jnp.inf), largest)
     return jnp.where(finite, fitness, penalty), jnp.sum(~finite)

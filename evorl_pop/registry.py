@@ -158,4 +158,4 @@ register(
 )
 # Hybrid evolutionary RL: listed once their modules exist.
 register("cemrl", "evorl_pop.algorithms.cemrl", "Config", "CEMRL", "CEM-RL: CEM + TD3")
-register("erl", "evorl_pop.algorithms.erl", "Config", "ERL", "ERL: a GA population + DDPG/TD3")
+register("erl", "evorl_pop.algorithms.erl", "Config", "ERL", "ERL: a GA population + a TD3 learner")

@@ -152,6 +152,8 @@ def test_worst_for_nonfinite_ranks_failures_last():
     assert np.all(np.asarray(clean)[[1, 3, 4]] > 3.0)
     all_bad, count = worst_for_nonfinite(jnp.array([jnp.nan, jnp.nan]))
     assert int(count) == 2 and np.all(np.isfinite(all_bad))
+    # a generation that failed entirely cannot beat any real fitness in an archive
+    assert np.all(np.asarray(all_bad) >= np.finfo(np.float32).max)
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -338,6 +340,15 @@ def test_population_size_the_strategy_cannot_take():
         make_strategy("Open_ES", 31, 4)
     with pytest.raises(ValueError, match="at least 2"):
         make_strategy("CMA_ES", 1, 4)
+
+
+def test_strategy_with_required_arguments_says_which():
+    with pytest.raises(
+        ValueError,
+        match=r"SV_CMA_ES needs the constructor argument\(s\) "
+        r"num_populations",
+    ):
+        make_strategy("SV_CMA_ES", 8, 4)
 
 
 def test_strategy_and_task_dimensions_must_agree():
