@@ -12,6 +12,9 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+# Start the backend now, with the 8 devices: an in-process `evorl-pop train
+# --devices N` must find it running and not get to set its own device count.
+jax.devices()
 
 
 @pytest.fixture(scope="session")
