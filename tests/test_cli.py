@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from flax.traverse_util import flatten_dict
 
 from evorl_pop import checkpoint as ckpt_lib
 from evorl_pop import cli, metrics_file
@@ -116,14 +117,8 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     assert f"resume from generation {at_kill.generation}" in log
 
 
-def _flat(tree, prefix=""):
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}/"))
-        else:
-            out[prefix + k] = np.asarray(v)
-    return out
+def _flat(tree):
+    return {k: np.asarray(v) for k, v in flatten_dict(tree, sep="/").items()}
 
 
 # --- in-process commands (the 8 simulated devices of conftest) -------------------------

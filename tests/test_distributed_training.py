@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import pytest
+from flax.traverse_util import flatten_dict
 
 from evorl_pop import checkpoint as ckpt_lib
 from evorl_pop import cli, launcher
@@ -57,14 +58,8 @@ def _fitness(run):
     return {name: np.array([float(r[name]) for r in rows]) for name in FITNESS}
 
 
-def _flat(tree, prefix=""):
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}/"))
-        else:
-            out[prefix + k] = np.asarray(v)
-    return out
+def _flat(tree):
+    return {k: np.asarray(v) for k, v in flatten_dict(tree, sep="/").items()}
 
 
 def _assert_same_state(a, b, rtol=1e-3, atol=1e-3):
