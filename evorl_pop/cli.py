@@ -1,20 +1,21 @@
 """The ``evorl-pop`` command line: train, resume, plot, list, launch.
 
-JAX reads the number of simulated CPU devices when its backend starts, so
-this module imports nothing that starts it until ``--devices`` (or a resumed
-run's ``devices`` setting) is in the environment.
+JAX reads the number of simulated CPU devices and its 64-bit mode when its
+backend starts, so the commands settle both (:mod:`evorl_pop.backend`) from
+the merged config before they import the modules that use JAX.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import contextlib
 import os
-import re
 import sys
 import textwrap
 
-_DEVICE_FLAG = "--xla_force_host_platform_device_count"
+from evorl_pop import __version__, backend, launcher, registry
+from evorl_pop import config as config_lib
+from evorl_pop.config import ConfigError
 
 EXAMPLES_TRAIN = """\
 examples:
@@ -48,14 +49,6 @@ examples:
 """
 
 
-def _set_devices(n: int | None) -> None:
-    """Asks for ``n`` host (CPU) devices; must run before JAX's backend starts."""
-    if n is None:
-        return
-    flags = re.sub(rf"{_DEVICE_FLAG}=\S+", "", os.environ.get("XLA_FLAGS", "")).strip()
-    os.environ["XLA_FLAGS"] = f"{flags} {_DEVICE_FLAG}={n}".strip()
-
-
 def _join(args) -> bool:
     """Joins a multi-process run if one is asked for; before JAX's backend starts.
 
@@ -70,6 +63,46 @@ def _join(args) -> bool:
     if args.heartbeat_timeout is not None:
         kwargs["heartbeat_timeout"] = args.heartbeat_timeout
     return multihost.initialize(args.coordinator, args.num_processes, args.process_id, **kwargs)
+
+
+def _precheck(args, sources, overrides) -> None:
+    """Joins a multi-process run, then sets host devices and precision, before JAX starts.
+
+    Errors in the config are left to the full check that follows.
+    """
+    joined = _join(args)
+    try:
+        data = config_lib.merge(sources, overrides)
+    except ConfigError:
+        return
+    try:
+        devices = data.get("devices", "auto")
+        if joined:
+            pass  # every process's device count comes from the environment
+        elif isinstance(devices, int) and not isinstance(devices, bool):
+            _note(args, backend.set_host_devices(devices))
+        elif devices in ("auto", None) and backend.host_device_count() is not None:
+            _note(args, f"devices={devices}: keeping the {backend.host_device_count()} CPU "
+                  "devices XLA_FLAGS names")  # fmt: skip
+        elif devices in ("auto", None):
+            backend.use_all_cores()
+        backend.set_precision(data.get("precision", "float32"))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def _note(args, message: str | None) -> None:
+    if message and not args.quiet:
+        print(f"evorl-pop {args.command}: {message}", file=sys.stderr)
+
+
+def _devices(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or an integer, got {text!r}") from None
 
 
 def _positive(text: str) -> int:
@@ -126,11 +159,12 @@ def _add_run_settings(p: argparse.ArgumentParser, resume: bool) -> None:
     )
     p.add_argument(
         "--devices",
-        type=_positive,
-        metavar="N",
+        type=_devices,
+        metavar="auto|N",
         help="devices on the population axis; on the CPU this many host devices are "
-        "simulated (XLA_FLAGS=--xla_force_host_platform_device_count=N) "
-        "(default: all devices" + (", or the run's setting" if resume else "") + ")",
+        "simulated (XLA_FLAGS=--xla_force_host_platform_device_count=N); auto: one per core "
+        "(or XLA_FLAGS's count), at least 64 candidates each "
+        "(default: " + ("the run's setting" if resume else "auto") + ")",
     )
     p.add_argument(
         "-q", "--quiet", action="store_true", help="no progress bar and no summary on the console"
@@ -177,8 +211,6 @@ def build_parser() -> argparse.ArgumentParser:
         "strategies (and hybrid evolutionary RL), resume runs, plot fitness curves.",
         epilog="Run 'evorl-pop COMMAND --help' for a command's options.",
     )
-    from evorl_pop import __version__
-
     parser.add_argument("--version", action="version", version=f"evorl-pop {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -213,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--population-size",
         "--pop",
         "-p",
-        type=_positive,
+        type=int,
         metavar="N",
         dest="population_size",
         help="candidates per generation (default: 256)",
@@ -226,6 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="generations to run (default: 40)",
     )
     p.add_argument("--seed", "-s", type=_non_negative, metavar="N", help="random seed (default: 0)")
+    p.add_argument(
+        "--precision",
+        choices=("float32", "float64"),
+        help="float64: JAX's 64-bit mode for the whole run (default: float32)",
+    )
     p.add_argument(
         "--out",
         "-o",
@@ -390,34 +427,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _train_config(args):
-    from evorl_pop import config as config_lib
-
-    data = config_lib.read_mapping(args.config) if args.config else {}
-    if args.algorithm:
-        data["algorithm"] = args.algorithm
-    base = config_lib.from_dict(data, check=False)
-    fields = {f.name for f in dataclasses.fields(base.algorithm_config)}
-
-    def alias(*names):
-        # Algorithms name the same thing differently (task / env_name, population_size / pop_size).
-        return next((n for n in names if n in fields), names[0])
-
-    overrides = [
-        f"{name}={value}"
-        for name, value in (
-            ("strategy", args.strategy),
-            (alias("task", "env_name", "env"), args.task),
-            (alias("population_size", "pop_size"), args.population_size),
-            ("generations", args.generations),
-            ("seed", args.seed),
-            ("chunk", args.chunk),
-            ("checkpoint_every", args.checkpoint_every),
-            ("devices", args.devices),
-        )
-        if value is not None
-    ]
-    return config_lib.apply_overrides(base, [*overrides, *args.overrides])
+def _train_overrides(args) -> list[str]:
+    flags = ("algorithm", "strategy", "task", "population_size", "generations", "seed", "chunk",
+             "checkpoint_every", "devices", "precision")  # fmt: skip
+    settings = [f"{name}={getattr(args, name)}" for name in flags if getattr(args, name) is not None]
+    return [*settings, *args.overrides]
 
 
 def _summary(result) -> str:
@@ -431,12 +445,11 @@ def _summary(result) -> str:
 
 
 def _cmd_train(args) -> int:
-    if not _join(args):
-        _set_devices(args.devices)
-    from evorl_pop import config as config_lib
-    from evorl_pop import runner
+    sources, overrides = [args.config] if args.config else [], _train_overrides(args)
+    _precheck(args, sources, overrides)
+    from evorl_pop import runner  # uses JAX: only once devices and precision are set
 
-    config = _train_config(args)
+    config = config_lib.resolve_config(sources, overrides)
     if args.print_config:
         sys.stdout.write(config_lib.dumps(config))
         return 0
@@ -457,21 +470,11 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_resume(args) -> int:
-    devices = args.devices
-    if _join(args):
-        devices = None  # every process's devices: the environment sets the count
-    elif devices is None:
-        # The run's own setting, read without starting JAX.
-        import yaml
-
-        try:
-            with open(os.path.join(args.run, "config.yaml")) as f:
-                devices = (yaml.safe_load(f) or {}).get("devices")
-        except (OSError, yaml.YAMLError, AttributeError):
-            devices = None
-        devices = devices if isinstance(devices, int) and devices >= 1 else None
-    _set_devices(devices)
-    from evorl_pop import runner
+    run_config = os.path.join(args.run, "config.yaml")
+    sources = [p for p in (run_config, args.config) if p and os.path.exists(p)]
+    devices = [] if args.devices is None else [f"devices={args.devices}"]
+    _precheck(args, sources, [*args.overrides, *devices])
+    from evorl_pop import runner  # uses JAX: only once devices and precision are set
 
     result = runner.resume(
         args.run,
@@ -491,21 +494,47 @@ def _cmd_resume(args) -> int:
     return 0
 
 
-def _cmd_launch(args) -> int:
-    from evorl_pop import launcher
+def _launch_run_folder(command: list[str]) -> str | None:
+    """The run folder of a launched command; a train without ``--out`` gets one here.
 
+    Returns:
+      The folder (``None`` for a command this parser does not take).
+    """
+    try:
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):
+            args, _ = build_parser().parse_known_args(command)
+    except SystemExit:
+        return None
+    if args.command == "resume":
+        return args.run
+    if args.command != "train" or args.out:
+        return args.out
+    from evorl_pop import runner  # default_run_dir; this process never computes
+
+    config = config_lib.resolve_config([args.config] if args.config else [], _train_overrides(args))
+    args.out = str(runner.default_run_dir(config, args.runs_root))
+    command += ["--out", args.out]
+    return args.out
+
+
+def _cmd_launch(args) -> int:
     devices = args.devices_per_process
     if devices is None and args.gpus_per_process is None:
         devices = 1
+    command = args.launch_command[1:] if args.launch_command[:1] == ["--"] else args.launch_command
+    pid_file = args.pid_file
+    if pid_file is None:
+        run_dir = _launch_run_folder(command)
+        pid_file = run_dir and os.path.join(run_dir, launcher.RECORD_FILENAME)
     try:
         return launcher.launch(
-            args.launch_command,
+            command,
             args.nproc,
             devices_per_process=devices,
             port=args.port,
             gpus_per_process=args.gpus_per_process,
             grace_period=args.grace_period,
-            pid_file=args.pid_file,
+            pid_file=pid_file,
         )
     except launcher.LaunchError as err:
         print(f"evorl-pop launch: error: {err}", file=sys.stderr)
@@ -544,14 +573,12 @@ def _wrap(items) -> str:
 
 
 def _cmd_list(args) -> int:
-    from evorl_pop import registry
-
     print("algorithms:")
-    for name in registry.names(available_only=False):
-        spec = registry._REGISTRY[name]
-        status = "" if spec.available() else "  (not installed)"
-        print(f"  {name:8s} {spec.description}{status}")
-    from evorl_pop.algorithms.es import STRATEGIES
+    for spec in registry.specs():
+        missing = spec.missing_package()
+        status = f"  (not installed: pip install {missing})" if missing else ""
+        print(f"  {spec.name:8s} {spec.description}{status}")
+    from evorl_pop.algorithms.es import STRATEGIES  # imports JAX-using modules
     from evorl_pop.envs import ENV_FACTORIES
     from evorl_pop.tasks import BLACKBOX_FUNCTIONS
 
@@ -583,8 +610,7 @@ def main(argv=None) -> int:
         "list": _cmd_list,
         "launch": _cmd_launch,
     }
-    from evorl_pop.checkpoint import CheckpointError
-    from evorl_pop.config import ConfigError
+    from evorl_pop.checkpoint import CheckpointError  # no JAX backend starts on import
     from evorl_pop.runner import RunError
 
     try:

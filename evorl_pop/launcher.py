@@ -12,8 +12,7 @@ non-zero, naming the process that failed. Ctrl-C (SIGINT) is passed on to
 every process, which checkpoint and stop; SIGTERM stops them all.
 
 The children's process ids are printed (``[launch] process i: pid P``) and
-written as JSON to ``--pid-file`` or, when the command names its run folder,
-to ``RUN/launch.json``.
+written as JSON to ``pid_file`` (``evorl-pop launch``: ``RUN/launch.json``).
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from evorl_pop.config import write_atomic
 #: What the launcher adds to each command itself.
 RESERVED_OPTIONS = ("--coordinator", "--num-processes", "--process-id")
 #: Name of the record of the launched processes in the run folder.
@@ -119,20 +119,6 @@ def describe_exit(returncode: int) -> str:
     return f"exit code {returncode}"
 
 
-def _run_folder(command: Sequence[str]) -> Path | None:
-    """The run folder a train (``--out``) or resume (``RUN``) command names, if any."""
-    from evorl_pop.cli import build_parser
-
-    parser = build_parser()
-    try:
-        with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):
-            args, _ = parser.parse_known_args(list(command))
-    except SystemExit:
-        return None
-    folder = getattr(args, "out", None) if args.command == "train" else getattr(args, "run", None)
-    return Path(folder) if folder else None
-
-
 class _Stop(Exception):
     """The launcher was asked to stop (SIGTERM)."""
 
@@ -164,8 +150,7 @@ def launch(
         (``JAX_LOCAL_DEVICE_IDS``); ``None``: every process sees every device.
       grace_period: seconds between SIGTERM (or the passed-on SIGINT) and SIGKILL
         when the processes are stopped.
-      pid_file: where to write the record of the processes (JSON); ``None``:
-        ``RUN/launch.json`` when the command names its run folder.
+      pid_file: where to write the record of the processes (JSON); ``None``: nowhere.
       python: the interpreter to run the processes with.
       out: where the children's stdout goes (``None``: ``sys.stdout``).
       err: where the children's stderr and the launcher's messages go
@@ -233,13 +218,9 @@ def launch(
     }
     for i, child in enumerate(children):
         say(f"process {i}: pid {child.pid}")
-    record_path = Path(pid_file) if pid_file is not None else _run_folder(command)
-    if record_path is not None:
-        if pid_file is None:
-            record_path = record_path / RECORD_FILENAME
+    if pid_file is not None:
+        record_path = Path(pid_file)
         try:
-            from evorl_pop.config import write_atomic
-
             record_path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(record_path, (json.dumps(record, indent=2) + "\n").encode())
         except OSError as error:

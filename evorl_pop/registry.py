@@ -4,8 +4,9 @@ Every algorithm follows one interface: a frozen dataclass config, and a class
 ``Algorithm(config, mesh=None)`` with ``init(key) -> state`` (a pytree with an
 integer ``generation`` field) and a pure ``step(state, key) -> (state,
 metrics)``. The command line, configuration files and checkpoints find
-algorithms here. Entries are imported lazily, so listing names is cheap and an
-algorithm whose module is absent (or fails to import) is simply unavailable.
+algorithms here. Entries are imported lazily, so listing names is cheap; an
+algorithm that needs an optional third-party package that is not installed is
+unavailable, while an import error inside the project's own code is raised.
 
 Adding an algorithm is one line::
 
@@ -48,15 +49,26 @@ class AlgorithmSpec:
           The imported module.
 
         Raises:
-          ValueError: the module cannot be imported (the algorithm is unavailable).
+          ValueError: a third-party package the module needs is not installed.
+          ImportError: the project's own code fails to import (a bug, not a missing package).
         """
         try:
             return importlib.import_module(self.module)
         except ImportError as err:
+            if not _third_party(err):
+                raise
             raise ValueError(
-                f"Algorithm {self.name!r} is registered but its module {self.module!r} "
-                f"cannot be imported: {err}"
+                f"Algorithm {self.name!r} needs the package {err.name!r}, which is not "
+                f"installed: pip install {err.name}"
             ) from err
+
+    def missing_package(self) -> str | None:
+        """The not-installed third-party package that makes the algorithm unavailable, if any."""
+        try:
+            self.load()
+        except ValueError as err:
+            return err.__cause__.name
+        return None
 
     @property
     def config_class(self) -> type:
@@ -77,12 +89,15 @@ class AlgorithmSpec:
         return getattr(importlib.import_module(module), function)
 
     def available(self) -> bool:
-        """Whether the module imports and defines both classes."""
-        try:
-            module = self.load()
-        except ValueError:
-            return False
-        return hasattr(module, self.config) and hasattr(module, self.algorithm)
+        """Whether the algorithm's packages are installed (see :meth:`missing_package`)."""
+        return self.missing_package() is None
+
+
+def _third_party(err: ImportError) -> bool:
+    """Whether an import failed for a missing package outside this project."""
+    return isinstance(err, ModuleNotFoundError) and bool(err.name) and (
+        err.name.split(".")[0] not in ("evorl_pop", "algorithms")
+    )
 
 
 _REGISTRY: dict[str, AlgorithmSpec] = {}
@@ -119,12 +134,17 @@ def names(available_only: bool = True) -> list[str]:
     """Registered algorithm names, sorted.
 
     Args:
-      available_only: leave out algorithms whose module does not import.
+      available_only: leave out algorithms whose third-party packages are missing.
 
     Returns:
       A sorted list of names.
     """
     return sorted(n for n, s in _REGISTRY.items() if not available_only or s.available())
+
+
+def specs() -> list[AlgorithmSpec]:
+    """Every registered algorithm, available or not, sorted by name."""
+    return [_REGISTRY[n] for n in sorted(_REGISTRY)]
 
 
 def get(name: str) -> AlgorithmSpec:
@@ -156,6 +176,6 @@ register(
     "any evosax evolution strategy on a black-box function or a gymnax task",
     validate="evorl_pop.config:validate_es_config",
 )
-# Hybrid evolutionary RL: listed once their modules exist.
+# Hybrid evolutionary RL.
 register("cemrl", "evorl_pop.algorithms.cemrl", "Config", "CEMRL", "CEM-RL: CEM + TD3")
 register("erl", "evorl_pop.algorithms.erl", "Config", "ERL", "ERL: a GA population + a TD3 learner")
