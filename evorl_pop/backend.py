@@ -115,30 +115,33 @@ def use_all_cores() -> int:
     return cores
 
 
-def mesh_devices(devices: int | str | None, population_size: int | None, kind: str) -> int | None:
+def mesh_devices(config) -> int | None:
     """The devices a run's population axis uses.
 
     Args:
-      devices: the run's ``devices`` setting: a count, ``None`` (every
-        device) or ``'auto'``: enough devices for at least
-        :data:`MIN_PER_DEVICE` candidates each, up to every device (on the
-        CPU, every core unless ``XLA_FLAGS`` named a count).
-      population_size: the algorithm's population size (``None``: unknown).
-      kind: ``'env'`` or ``'blackbox'``.
+      config: a :class:`~evorl_pop.config.RunConfig`; its ``devices`` is a
+        count, ``None`` (every device) or ``'auto'``: enough devices for at
+        least :data:`MIN_PER_DEVICE` candidates each, up to every device (on
+        the CPU, up to one per core unless ``XLA_FLAGS`` named a count).
 
     Returns:
       A device count for :func:`evorl_pop.mesh.make_mesh` (``None``: all).
     """
-    if devices != "auto":
-        return devices
+    from evorl_pop.tasks import BLACKBOX_FUNCTIONS  # imports gymnax, which starts JAX
+
+    if config.devices != "auto":
+        return config.devices
     if jax.process_count() > 1:
         return None  # a run over several processes uses all of their devices
     limit = jax.device_count()
     if jax.default_backend() == "cpu" and host_device_count() is None:
         limit = min(limit, available_cores())
-    if population_size is None:
+    algorithm = config.algorithm_config
+    population = getattr(algorithm, "population_size", None)
+    if population is None:
         return limit
-    return max(1, min(limit, population_size // MIN_PER_DEVICE[kind]))
+    kind = "blackbox" if getattr(algorithm, "task", None) in BLACKBOX_FUNCTIONS else "env"
+    return max(1, min(limit, population // MIN_PER_DEVICE[kind]))
 
 
 def set_precision(precision: str) -> None:

@@ -430,7 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _train_overrides(args) -> list[str]:
     flags = ("algorithm", "strategy", "task", "population_size", "generations", "seed", "chunk",
              "checkpoint_every", "devices", "precision")  # fmt: skip
-    settings = [f"{name}={getattr(args, name)}" for name in flags if getattr(args, name) is not None]
+    settings = [
+        f"{name}={getattr(args, name)}" for name in flags if getattr(args, name) is not None
+    ]
     return [*settings, *args.overrides]
 
 

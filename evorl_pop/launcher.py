@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from evorl_pop.config import write_atomic
+
 #: What the launcher adds to each command itself.
 RESERVED_OPTIONS = ("--coordinator", "--num-processes", "--process-id")
 #: Name of the record of the launched processes in the run folder.

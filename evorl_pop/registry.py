@@ -95,8 +95,10 @@ class AlgorithmSpec:
 
 def _third_party(err: ImportError) -> bool:
     """Whether an import failed for a missing package outside this project."""
-    return isinstance(err, ModuleNotFoundError) and bool(err.name) and (
-        err.name.split(".")[0] not in ("evorl_pop", "algorithms")
+    return (
+        isinstance(err, ModuleNotFoundError)
+        and bool(err.name)
+        and (err.name.split(".")[0] not in ("evorl_pop", "algorithms"))
     )
 
 

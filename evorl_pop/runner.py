@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from evorl_pop import backend, metrics_file, multihost, registry
 from evorl_pop import checkpoint as ckpt_lib
 from evorl_pop import config as config_lib
-from evorl_pop import metrics_file, multihost, registry
 from evorl_pop.config import ConfigError, RunConfig
 
 CONFIG_FILENAME = "config.yaml"
@@ -121,7 +121,8 @@ def build(config: RunConfig):
     from evorl_pop.mesh import make_mesh
 
     spec = registry.get(config.algorithm)
-    if jax.process_count() > 1 and config.devices not in (None, jax.device_count()):
+    devices = backend.mesh_devices(config)
+    if jax.process_count() > 1 and devices not in (None, jax.device_count()):
         # A mesh over part of the devices would leave some processes out of
         # the computation they all run.
         raise RunError(
@@ -130,7 +131,7 @@ def build(config: RunConfig):
             f"to {jax.device_count()}; the device count per process comes from the "
             "environment (XLA_FLAGS on CPUs, the launcher, the scheduler)."
         )
-    mesh = make_mesh(config.devices)
+    mesh = make_mesh(devices)
     algorithm = spec.algorithm_class(config.algorithm_config, mesh=mesh)
     init_key, run_key = jax.random.split(jax.random.key(config.seed))
     return algorithm, mesh, init_key, run_key
@@ -482,32 +483,6 @@ def _read_run(run_dir: Path) -> tuple[bytes, str | None]:
     return multihost.broadcast_bytes(data), None if text == _ABSENT else text
 
 
-def _parse_config(text: str, path: Path) -> RunConfig:
-    """A run config from a YAML file's text (as :func:`config_lib.load` reads the file)."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"The config file {str(path)!r} does not parse: {err}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"The config file {str(path)!r} must hold a mapping, got {data!r}.")
-    return config_lib.from_dict(data)
-
-
-def _differences(old: RunConfig, new: RunConfig) -> list[str]:
-    """The settings that differ, other than those a resume may change."""
-    a = config_lib._flatten(config_lib.to_dict(old))
-    b = config_lib._flatten(config_lib.to_dict(new))
-    return [
-        f"{key.removeprefix('algorithm_config.')}: {a.get(key)!r} -> {b.get(key)!r}"
-        for key in sorted(set(a) | set(b), key=lambda k: (k.count("."), k))
-        if key not in config_lib.RESUMABLE_FIELDS and a.get(key) != b.get(key)
-    ]
-
-
 def resume(
     run_dir: str | os.PathLike,
     generations: int | None = None,
@@ -558,27 +533,21 @@ def resume(
     ckpt = ckpt_lib.parse(data, run_dir / ckpt_lib.FILENAME)  # fails before anything is touched
     saved = config_lib.from_dict(ckpt.config)
     config_path = run_dir / CONFIG_FILENAME
-    config = saved if config_text is None else _parse_config(config_text, config_path)
     if jax.process_count() > 1 and devices is None:
         devices = jax.device_count()  # a run over several processes uses all their devices
-    if config_file is not None:
-        data = config_lib.to_dict(config)
-        extra = config_lib.read_mapping(config_file)
-        if "algorithm_config" in extra:
-            data["algorithm_config"].update(extra.pop("algorithm_config") or {})
-        data.update(extra)
-        config = config_lib.from_dict(data)
-    config = config_lib.apply_overrides(config, overrides)
     if more is not None:
         generations = ckpt.generation + more
-    config = config_lib.replace(
-        config,
-        generations=generations,
-        devices=devices,
-        chunk=chunk,
-        checkpoint_every=checkpoint_every,
+    settings = dict(
+        generations=generations, devices=devices, chunk=chunk, checkpoint_every=checkpoint_every
     )
-    changed = _differences(saved, config)
+    sources = [
+        ckpt.config if config_text is None else config_lib.read_mapping(config_path, config_text)
+    ]
+    config = config_lib.resolve_config(
+        [*sources, *([config_file] if config_file is not None else [])],
+        [*overrides, *(f"{key}={value}" for key, value in settings.items() if value is not None)],
+    )
+    changed = config_lib.differences(saved, config)
     if changed and not force:
         raise RunError(
             "The config differs from the checkpoint's ("

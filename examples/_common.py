@@ -1,8 +1,10 @@
 """Shared command-line set-up of the examples (device count before JAX starts)."""
 
 import argparse
-import os
+import sys
 from pathlib import Path
+
+from evorl_pop import backend
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -11,9 +13,10 @@ def parse(description: str, add_arguments=None, **defaults):
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--devices",
-        type=int,
-        default=defaults.get("devices", 1),
-        help="CPU devices to shard the population over (default %(default)s)",
+        type=lambda text: text if text == "auto" else int(text),
+        default=defaults.get("devices", "auto"),
+        help="CPU devices to shard the population over: N, or auto: one per core, at least "
+        "64 candidates each; N replaces a count XLA_FLAGS names (default %(default)s)",
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
     parser.add_argument(
@@ -45,9 +48,13 @@ def parse(description: str, add_arguments=None, **defaults):
     if add_arguments:
         add_arguments(parser)
     args = parser.parse_args()
-    flags = os.environ.get("XLA_FLAGS", "")
-    if args.devices > 1 and "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={args.devices}"
+    try:  # before anything uses JAX
+        if args.devices == "auto":
+            backend.use_all_cores()
+        elif note := backend.set_host_devices(args.devices):
+            print(f"note: {note}", file=sys.stderr)
+    except ValueError as err:
+        parser.error(str(err))
     return args
 
 

@@ -4,14 +4,15 @@ python examples/sharded_population.py --devices 4 --pop 1000
 """
 
 import argparse
-import os
+
+from evorl_pop import backend
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--devices", type=int, default=4, help="simulated CPU devices")
 parser.add_argument("--pop", type=int, default=1000, help="population size")
 parser.add_argument("--dims", type=int, default=10, help="solution dimensions")
 args = parser.parse_args()
-os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={args.devices}")
+backend.set_host_devices(args.devices)  # before JAX starts; replaces a count in XLA_FLAGS
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
