@@ -294,8 +294,8 @@ def read_mapping(path: str | os.PathLike, text: str | None = None) -> dict:
 
 
 def to_dict(config: RunConfig) -> dict:
-    """A run config as a plain mapping (the layout of ``config.yaml``; lists for tuples)."""
-    return OmegaConf.to_container(OmegaConf.structured(config))
+    """A run config as a plain mapping: ``config.yaml`` read back (lists for tuples)."""
+    return OmegaConf.to_container(OmegaConf.create(dumps(config)))
 
 
 def dumps(config: RunConfig) -> str:

@@ -1,6 +1,7 @@
 """The evorl-pop command line: kill and resume, config errors, help, list, plot."""
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -204,6 +205,7 @@ def test_train_refuses_to_overwrite_a_run(tmp_path, capsys):
         (["--set", "populaton_size=8"], ["populaton_size", "Did you mean 'population_size'"]),
         (["--set", "population_size=many"], ["population_size", "integer", "many"]),
         (["--pop", "1"], ["population_size", "at least 2"]),
+        (["--pop", "0"], ["population_size", "at least 2"]),
         (["--set", "generations=-3"], ["generations", ">= 0"]),
         (["--task", "sphear"], ["sphear", "sphere"]),
     ],
@@ -227,6 +229,69 @@ def test_config_file_and_print_config(tmp_path, capsys):
     bad.write_text("algorithm_config:\n  stratgy: CMA_ES\n")
     assert cli.main(["train", "--config", str(bad), "--print-config"]) == 2
     assert "Did you mean 'strategy'" in capsys.readouterr().err
+
+
+def test_print_config_takes_scientific_notation_and_every_algorithm(capsys):
+    assert cli.main(["train", "--set", "learning_rate=1e-3", "--print-config"]) == 0
+    assert "learning_rate: 0.001" in capsys.readouterr().out
+    for algorithm in ("cemrl", "erl"):
+        args = ["train", "-a", algorithm, "--set", "task=MountainCarContinuous-v0",
+                "--set", "population_size=6", "--print-config"]  # fmt: skip
+        assert cli.main(args) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        assert f"algorithm: {algorithm}" in out and "task: MountainCarContinuous-v0" in out
+        assert "population_size: 6" in out
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--devices", "1024"], ["devices=1024", "--devices auto"]),
+        (["--devices", "9999"], ["devices=9999", "--devices auto"]),
+        (["--precision", "float64"], ["float64", "already started in float32"]),
+    ],
+)
+def test_settings_jax_cannot_take_are_refused_before_it_starts(tmp_path, capsys, args, words):
+    assert cli.main(["train", *args, "--out", str(tmp_path / "r"), "-q", "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    for word in words:
+        assert word in err
+
+
+def test_top_level_algorithm_field_in_a_file_says_where_it_belongs(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text("population_size: 64\n")
+    assert cli.main(["train", "--config", str(path), "--print-config"]) == 2
+    assert "under algorithm_config" in capsys.readouterr().err
+
+
+def test_devices_auto_equals_the_explicit_count(tmp_path, monkeypatch):
+    from evorl_pop import backend
+
+    monkeypatch.setattr(backend, "available_cores", lambda: 2)
+    monkeypatch.setenv("XLA_FLAGS", "")  # no user count: auto follows the cores
+    job = ["train", "--task", "CartPole-v1", "--pop", "128", "-g", "2", "--chunk", "2",
+           "--set", "hidden_sizes=[4]", "--set", "eval_episodes=0", "-q", "--no-figure"]  # fmt: skip
+    assert cli.main([*job, "--out", str(tmp_path / "auto")]) == 0
+    assert cli.main([*job, "--devices", "2", "--out", str(tmp_path / "two")]) == 0
+    assert "2 device(s) on the population axis" in (tmp_path / "auto" / "train.log").read_text()
+    rows = [_rows(tmp_path / name / "metrics.csv") for name in ("auto", "two")]
+    for row in (*rows[0], *rows[1]):
+        row.pop("wall_time")
+    assert rows[0] == rows[1] and len(rows[0]) == 2
+
+
+def test_launch_without_out_records_its_processes_in_the_run_folder(tmp_path):
+    result = _cli(
+        "launch", "-n", "1", "--", "train", "--task", "sphere", "--pop", "8", "-g", "1",
+        "--set", "num_dims=2", "--runs-root", str(tmp_path), "-q", "--no-figure",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (run,) = tmp_path.iterdir()
+    assert (run / "config.yaml").exists()
+    record = json.loads((run / "launch.json").read_text())
+    assert record["num_processes"] == 1 and len(record["processes"]) == 1
 
 
 @pytest.mark.parametrize("command", [[], ["train"], ["resume"], ["plot"], ["list"]])
