@@ -92,11 +92,16 @@ def set_host_devices(count: int) -> str | None:
             f"(this process has {available_cores()} core(s)); use --devices auto or a smaller N."
         )
     before = host_device_count()
-    flags = re.sub(rf"{DEVICE_FLAG}=\S+", "", os.environ.get("XLA_FLAGS", "")).strip()
-    os.environ["XLA_FLAGS"] = f"{flags} {DEVICE_FLAG}={count}".strip()
+    os.environ["XLA_FLAGS"] = with_host_devices(os.environ.get("XLA_FLAGS", ""), count)
     if before is not None and before != count:
         return f"devices={count} replaces the count of {before} that XLA_FLAGS named"
     return None
+
+
+def with_host_devices(flags: str, count: int) -> str:
+    """``XLA_FLAGS`` text ``flags`` with its simulated CPU device count set to ``count``."""
+    others = re.sub(rf"{DEVICE_FLAG}=\S+", "", flags).strip()
+    return f"{others} {DEVICE_FLAG}={count}".strip()
 
 
 def use_all_cores() -> int:

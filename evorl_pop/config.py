@@ -1,28 +1,13 @@
 """Run configuration: frozen dataclasses as the schema, OmegaConf for the rest.
 
 A run is a :class:`RunConfig`: the algorithm's registry name, run settings and
-the algorithm's own frozen config dataclass (e.g.
-:class:`evorl_pop.algorithms.es.ESConfig`). On disk it is YAML::
-
-    algorithm: es
-    seed: 0
-    generations: 40
-    chunk: 5
-    checkpoint_every: 10
-    devices: auto
-    precision: float32
-    algorithm_config:
-      strategy: Open_ES
-      task: CartPole-v1
-      population_size: 256
-      hidden_sizes: [32]
-
-OmegaConf (structured configs) merges files and ``key=value`` overrides onto
+the algorithm's own frozen config dataclass under ``algorithm_config`` (e.g.
+:class:`evorl_pop.algorithms.es.ESConfig`); ``evorl-pop train --print-config``
+shows the YAML layout. OmegaConf merges files and ``key=value`` overrides onto
 the algorithm's default config instance, checks types and keys, and writes
-YAML; TOML files are read too. On top, a string is never taken for a number
-or a boolean, and impossible values (a population of 0) are refused: every
-problem is a :class:`ConfigError` before anything runs. This module imports no
-JAX; an algorithm's module is imported only when a config of its is built.
+YAML (TOML files are read too). On top, a string is never taken for a number,
+and impossible values are refused: every problem is a :class:`ConfigError`
+before anything runs. Algorithm modules are imported only to build their configs.
 """
 
 from __future__ import annotations
@@ -156,11 +141,10 @@ def _key_error(err: ConfigKeyError, algorithm: str) -> ConfigError:
 
 
 def from_dict(data: Mapping, check: bool = True) -> RunConfig:
-    """Builds and checks a run config from a mapping (``config.yaml``'s layout).
+    """Builds a run config from a mapping (``config.yaml``'s layout).
 
-    Missing keys keep the defaults of the algorithm's config instance, so a
-    nested config such as ``td3: {batch_size: 64}`` keeps the algorithm's own
-    values for the other TD3 fields.
+    Missing keys keep the algorithm's own defaults: ``td3: {batch_size: 64}``
+    keeps the rest of that algorithm's TD3 settings, not ``TD3Config()``'s.
 
     Args:
       data: run settings plus an ``algorithm_config`` mapping.
@@ -170,8 +154,7 @@ def from_dict(data: Mapping, check: bool = True) -> RunConfig:
       A :class:`RunConfig`.
 
     Raises:
-      ConfigError: an unknown key (naming the nearest valid one), a wrong type
-        or an impossible value.
+      ConfigError: an unknown key (with the nearest valid one), a wrong type or value.
     """
     if not isinstance(data, Mapping):
         raise ConfigError(f"A run config must be a mapping, got {data!r}.")
@@ -216,10 +199,9 @@ def _override_layer(overrides: Iterable[str]) -> dict:
 
 
 def merge(sources: Iterable = (), overrides: Iterable[str] = ()) -> dict:
-    """Merges config files, mappings and overrides in order, without checking them.
+    """Merges config files, mappings and overrides in order, unchecked.
 
-    A source that names another algorithm than the ones before drops their
-    algorithm config.
+    A source that names another algorithm drops the algorithm config before it.
 
     Args:
       sources: YAML / TOML file paths or mappings.
@@ -238,12 +220,11 @@ def merge(sources: Iterable = (), overrides: Iterable[str] = ()) -> dict:
 
 
 def resolve_config(sources: Iterable = (), overrides: Iterable[str] = ()) -> RunConfig:
-    """The run config of files and mappings merged in order, then ``key=value`` overrides.
+    """The run config of files and mappings merged in order, then overrides.
 
-    An override's key names a run setting (``generations``, ``devices``, ...),
-    ``algorithm``, or an algorithm field, bare (``population_size``, nested
-    ``td3.batch_size``) or under ``algorithm_config.``. Values are YAML
-    (``1e-3``, ``[64, 64]``, ``null``, ``true``); ``64,64`` is a list.
+    An override's key is a run setting, ``algorithm``, or an algorithm field,
+    bare (``population_size``, ``td3.batch_size``) or under ``algorithm_config.``;
+    its value is YAML (``1e-3``, ``[64, 64]``, ``null``), ``64,64`` a list.
 
     Args:
       sources: YAML / TOML file paths or mappings (e.g. a checkpoint's config).
@@ -253,8 +234,7 @@ def resolve_config(sources: Iterable = (), overrides: Iterable[str] = ()) -> Run
       The validated :class:`RunConfig`.
 
     Raises:
-      ConfigError: an unreadable file, a malformed override, an unknown key
-        (with the nearest valid one), a wrong type or an impossible value.
+      ConfigError: an unreadable file, a malformed override, an unknown key, a wrong value.
     """
     return from_dict(merge(sources, overrides))
 
@@ -265,7 +245,7 @@ def load(path: str | os.PathLike) -> RunConfig:
 
 
 def read_mapping(path: str | os.PathLike, text: str | None = None) -> dict:
-    """Reads a YAML or (``.toml``) TOML config file into a plain mapping, unchecked.
+    """Reads a YAML (or ``.toml``) config file into a plain mapping, unchecked.
 
     Args:
       path: the file.
@@ -329,8 +309,7 @@ def save(config: RunConfig, path: str | os.PathLike) -> None:
 def write_atomic(path: str | os.PathLike, data: bytes) -> None:
     """Writes ``data`` to ``path`` through a temporary file and ``os.replace``.
 
-    A reader (or a process killed mid-write) sees either the old file or the
-    new one, never a mix.
+    A reader (or a process killed mid-write) sees the old file or the new one, never a mix.
 
     Args:
       path: the destination.

@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import queue
-import re
 import signal
 import socket
 import subprocess
@@ -31,13 +30,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from evorl_pop import backend
 from evorl_pop.config import write_atomic
 
 #: What the launcher adds to each command itself.
 RESERVED_OPTIONS = ("--coordinator", "--num-processes", "--process-id")
 #: Name of the record of the launched processes in the run folder.
 RECORD_FILENAME = "launch.json"
-_DEVICE_FLAG = "--xla_force_host_platform_device_count"
 
 
 class LaunchError(ValueError):
@@ -45,14 +44,7 @@ class LaunchError(ValueError):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now.
-
-    Args:
-      host: the address to bind.
-
-    Returns:
-      The port number.
-    """
+    """A TCP port that is free on ``host`` (an address to bind) right now."""
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -61,8 +53,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 def _child_env(index: int, devices_per_process: int | None, gpus_per_process: int | None):
     env = dict(os.environ)
     if devices_per_process is not None:
-        flags = re.sub(rf"{_DEVICE_FLAG}=\S+", "", env.get("XLA_FLAGS", "")).strip()
-        env["XLA_FLAGS"] = f"{flags} {_DEVICE_FLAG}={devices_per_process}".strip()
+        env["XLA_FLAGS"] = backend.with_host_devices(env.get("XLA_FLAGS", ""), devices_per_process)
     if gpus_per_process is not None:
         first = index * gpus_per_process
         env["JAX_LOCAL_DEVICE_IDS"] = ",".join(
@@ -104,14 +95,7 @@ def _forward(stream, out, prefix: str, lock: threading.Lock) -> None:
 
 
 def describe_exit(returncode: int) -> str:
-    """``'exit code 3'`` or ``'signal SIGKILL'`` for a ``Popen.returncode``.
-
-    Args:
-      returncode: a child's return code (negative: killed by that signal).
-
-    Returns:
-      A short description.
-    """
+    """``'exit code 3'`` or ``'signal SIGKILL'`` for a ``Popen.returncode`` (negative: a signal)."""
     if returncode < 0:
         try:
             return f"signal {signal.Signals(-returncode).name}"
