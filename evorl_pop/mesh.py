@@ -28,8 +28,8 @@ def make_mesh(num_devices: int | None = None, axis_name: str = POP_AXIS_NAME, de
     if not 1 <= num_devices <= len(devices):
         raise ValueError(
             f"num_devices={num_devices} but {len(devices)} device(s) are available. "
-            "On the CPU, set XLA_FLAGS=--xla_force_host_platform_device_count=N "
-            "(or jax.config.update('jax_num_cpu_devices', N)) before JAX starts."
+            "On the CPU, call evorl_pop.use_all_cores() or "
+            "evorl_pop.backend.set_host_devices(N) before JAX starts."
         )
     return Mesh(np.asarray(devices[:num_devices]), (axis_name,))
 
