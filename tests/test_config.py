@@ -220,6 +220,9 @@ def test_nested_config_from_a_file_keeps_the_algorithms_defaults(tmp_path):
     assert from_file == from_set
     assert from_file.algorithm_config.td3 == dataclasses.replace(default, batch_size=64)
     assert from_file.algorithm_config.td3.critic_hidden_sizes == default.critic_hidden_sizes
+    # Resuming with --config merges the same way onto the run's own config.
+    saved = config_lib.to_dict(RunConfig(algorithm="cemrl"))
+    assert config_lib.resolve_config([saved, path]) == from_set
 
 
 def test_registry_tells_a_missing_package_from_a_broken_module(tmp_path, monkeypatch):
