@@ -271,8 +271,8 @@ def test_devices_auto_equals_the_explicit_count(tmp_path, monkeypatch):
 
     monkeypatch.setattr(backend, "available_cores", lambda: 2)
     monkeypatch.setenv("XLA_FLAGS", "")  # no user count: auto follows the cores
-    job = ["train", "--task", "CartPole-v1", "--pop", "128", "-g", "2", "--chunk", "2",
-           "--set", "hidden_sizes=[4]", "--set", "eval_episodes=0", "-q", "--no-figure"]  # fmt: skip
+    job = ["train", "--task", "CartPole-v1", "--pop", "128", "-g", "2", "--chunk", "2", "-q",
+           "--set", "hidden_sizes=[4]", "--set", "eval_episodes=0", "--no-figure"]  # fmt: skip
     assert cli.main([*job, "--out", str(tmp_path / "auto")]) == 0
     assert cli.main([*job, "--devices", "2", "--out", str(tmp_path / "two")]) == 0
     assert "2 device(s) on the population axis" in (tmp_path / "auto" / "train.log").read_text()
