@@ -303,6 +303,8 @@ def differences(old: RunConfig, new: RunConfig) -> list[str]:
 
 def save(config: RunConfig, path: str | os.PathLike) -> None:
     """Writes a run config as YAML, atomically (see :func:`write_atomic`)."""
+    if Path(path).suffix not in (".yaml", ".yml"):
+        raise ConfigError(f"Run configs are written as YAML: name the file .yaml, not {path}.")
     write_atomic(path, dumps(config).encode())
 
 

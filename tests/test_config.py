@@ -37,6 +37,8 @@ def test_round_trip_keeps_types_and_tuples(tmp_path):
         "hidden_sizes = [64, 32]\nsigma_init = 0.1\nnormalize_obs = true\n"
     )
     assert config_lib.load(toml) == cfg
+    with pytest.raises(ConfigError, match="written as YAML"):
+        config_lib.save(cfg, tmp_path / "out.toml")
 
 
 def test_scientific_notation_in_files_and_overrides(tmp_path):
