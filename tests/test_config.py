@@ -163,9 +163,9 @@ def test_registry_lists_es_and_names_unknowns():
 @pytest.mark.parametrize("fmt", ["yaml", "toml"])
 def test_nested_algorithm_configs_round_trip_and_override(tmp_path, fmt):
     cfg = config_lib.apply_overrides(
-        RunConfig(algorithm="cemrl"), ["td3.batch_size=64", "pop_size=6"]
+        RunConfig(algorithm="cemrl"), ["td3.batch_size=64", "population_size=6"]
     )
-    assert cfg.algorithm_config.td3.batch_size == 64 and cfg.algorithm_config.pop_size == 6
+    assert cfg.algorithm_config.td3.batch_size == 64 and cfg.algorithm_config.population_size == 6
     path = tmp_path / f"c.{fmt}"
     config_lib.save(cfg, path)
     assert config_lib.load(path) == cfg
