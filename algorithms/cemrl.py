@@ -77,14 +77,11 @@ class CEMRL(Hybrid):
 
     Args:
       config: a :class:`Config`.
-      mesh: a mesh with the axis ``'POP'`` (``evorl_pop.make_mesh(n)``), or
-        ``None`` for one device. TD3 minibatches are split over the same
-        devices along a ``'DP'`` axis.
+      mesh: see :class:`~evorl_pop.rl.hybrid.Hybrid`.
 
     Raises:
-      ValueError: for a discrete-action environment, a buffer smaller than a
-        batch, too few actors for the elites or RL actors, or a batch size the
-        device count does not divide.
+      ValueError: for too few actors for the elites or RL actors, and where
+        :class:`~evorl_pop.rl.hybrid.Hybrid` does.
     """
 
     def __init__(self, config: Config = Config(), mesh: Mesh | None = None):
@@ -110,7 +107,7 @@ class CEMRL(Hybrid):
         """The initial distribution around a fresh actor, a fresh critic, an empty buffer.
 
         Args:
-          key: PRNG key.
+          key: PRNG key of the initial mean actor and of the critic.
 
         Returns:
           A :class:`State`.
@@ -191,18 +188,17 @@ class CEMRL(Hybrid):
         return critic, flat, jax.tree.map(jnp.mean, metrics)
 
     def step(self, state: State, key: jax.Array) -> tuple[State, dict[str, jax.Array]]:
-        """One generation.
+        """One generation: sample, TD3 on the RL actors, rollout, fit, evaluate the mean.
 
         Args:
           state: the current :class:`State`.
           key: PRNG key of this generation.
 
         Returns:
-          ``(state, metrics)``: population returns (``fitness_best``,
-          ``fitness_mean``, ``fitness_worst``, ``fitness_std``), ``env_steps``
-          and ``episodes`` of this generation, ``eval_return`` of the new mean
-          actor, ``rl_actors_injected`` (actors trained by TD3 this generation),
-          TD3 losses and the search spread ``cem_std``.
+          ``(state, metrics)``: ``eval_return`` of the new mean actor,
+          ``rl_actors_injected`` (actors trained by TD3 this generation), TD3
+          losses, the search spread ``cem_std``, and the population statistics
+          of :meth:`~evorl_pop.rl.hybrid.Hybrid.advance`.
         """
         n_rl = self.config.num_rl_actors
         ask_key, rl_key, rollout_key, eval_key = jax.random.split(key, 4)

@@ -80,14 +80,12 @@ class ERL(Hybrid):
 
     Args:
       config: a :class:`Config`.
-      mesh: a mesh with the axis ``'POP'`` (``evorl_pop.make_mesh(n)``), or
-        ``None`` for one device. TD3 minibatches are split over the same
-        devices along a ``'DP'`` axis.
+      mesh: see :class:`~evorl_pop.rl.hybrid.Hybrid`.
 
     Raises:
-      ValueError: for a discrete-action environment, a buffer smaller than a
-        batch, a population without room for offspring next to its elites, or a
-        batch size the device count does not divide.
+      ValueError: for a population without room for offspring next to its
+        elites, a tournament size, sync period or episode count below 1, and
+        where :class:`~evorl_pop.rl.hybrid.Hybrid` does.
     """
 
     def __init__(self, config: Config = Config(), mesh: Mesh | None = None):
@@ -110,7 +108,7 @@ class ERL(Hybrid):
         """A random population, a fresh learner and an empty buffer.
 
         Args:
-          key: PRNG key.
+          key: PRNG key of the population and of the learner.
 
         Returns:
           A :class:`State`.
@@ -181,20 +179,20 @@ class ERL(Hybrid):
         return flat.at[slot].set(jnp.where(when, actor, flat[slot])), slot
 
     def step(self, state: State, key: jax.Array) -> tuple[State, dict[str, jax.Array]]:
-        """One generation.
+        """One generation: breed, inject, rollout, explore, train the learner, evaluate it.
 
         Args:
           state: the current :class:`State`.
           key: PRNG key of this generation.
 
         Returns:
-          ``(state, metrics)``: population returns (``fitness_best``,
-          ``fitness_mean``, ``fitness_worst``, ``fitness_std``), ``env_steps``
-          and ``episodes`` of this generation (population and learner),
-          ``eval_return`` of the learner's actor, ``rl_actors_injected`` (1 when
+          ``(state, metrics)``: the population statistics of
+          :meth:`~evorl_pop.rl.hybrid.Hybrid.advance` with ``env_steps`` and
+          ``episodes`` counting the learner's too, ``eval_return`` of the
+          learner's actor, ``explore_return``, ``rl_actors_injected`` (1 when
           the learner's actor entered the population this generation) and
-          ``injected_return`` (its return as a member, NaN otherwise), and the
-          TD3 losses.
+          ``injected_return`` (its return as a member, NaN otherwise), and
+          the TD3 losses.
         """
         cfg = self.config
         breed_key, rollout_key, explore_key, train_key, eval_key = jax.random.split(key, 5)

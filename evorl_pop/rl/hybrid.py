@@ -93,7 +93,9 @@ class Hybrid:
 
     Args:
       config: the algorithm's config (a :class:`HybridConfig`).
-      mesh: a mesh with the axis ``'POP'``, or ``None`` for one device.
+      mesh: a mesh with the axis ``'POP'`` (``evorl_pop.make_mesh(n)``), or
+        ``None`` for one device. TD3 minibatches are split over the same
+        devices along a ``'DP'`` axis.
       algorithm: the algorithm's name for error messages.
       num_updates: TD3 iterations per call of ``self.train``.
 
@@ -210,7 +212,11 @@ class Hybrid:
           **fields: the algorithm's own new fields.
 
         Returns:
-          ``(state, metrics)``, the state replicated as :meth:`initial_state` lays it out.
+          ``(state, metrics)``: the state replicated as :meth:`initial_state`
+          lays it out; the metrics are the algorithm's and the population
+          statistics (``fitness_best``, ``fitness_mean``, ``fitness_worst``,
+          ``fitness_std``, ``num_nonfinite``, ``env_steps``, ``episodes`` of
+          this generation).
         """
         metrics = {**rollout.metrics, **metrics}
         state = state.replace(
