@@ -236,6 +236,7 @@ class ERL(Hybrid):
         }
         return self.advance(state, population, rollout, buffer, metrics, learner=learner)
 
+
 def _ranks(fitness: jax.Array) -> jax.Array:
     """Rank of each member, 0 the best; ties keep slot order."""
     return jnp.argsort(jnp.argsort(-fitness))
