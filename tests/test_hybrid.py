@@ -155,22 +155,32 @@ def test_erl_learner_actor_replaces_the_weakest(erl_reference):
 
 
 def test_erl_breed_selects_fitter_parents():
-    algo = erl.ERL(
-        erl.Config(population_size=8, num_elites=1, mutation_prob=0.0, crossover_prob=0.0)
+    config = erl.Config(
+        population_size=8, num_elites=1, mutation_prob=0.0, crossover_prob=0.0, td3=TINY_TD3
     )
+    algo = erl.ERL(config)
     flat = jnp.arange(8.0)[:, None] * jnp.ones((8, algo.num_params))
     fitness = jnp.arange(8.0)
     key = jax.random.key(0)
-    children = np.asarray(algo.breed(flat, fitness, key))
+    children = np.asarray(jax.jit(algo.breed)(flat, fitness, key))
     np.testing.assert_array_equal(children[7], flat[7])  # the elite
     # Without crossover and mutation child i copies the first of its two
     # tournament winners: the fittest of 3 members drawn with the first of
     # the 7 keys of fold_in(key, i). Member j's weights and fitness are all j.
-    for i in range(7):
+
+    def winner(i):
         first = jax.random.split(jax.random.fold_in(key, i), 7)[0]
-        contestants = np.asarray(jax.random.randint(first, (3,), 0, 8))
-        np.testing.assert_array_equal(children[i], flat[contestants.max()])
+        return jnp.max(jax.random.randint(first, (3,), 0, 8))
+
+    winners = np.asarray(jax.jit(jax.vmap(winner))(jnp.arange(7)))
+    np.testing.assert_array_equal(children[:7], np.asarray(flat)[winners])
     assert np.mean(children[:7, 0]) > 3.5
+
+
+@pytest.fixture(scope="module")
+def erl_operators():
+    algo = erl.ERL(erl.Config(population_size=6, num_elites=2, td3=TINY_TD3))
+    return algo, jax.jit(algo.breed), jax.jit(algo.inject)
 
 
 def _elites(fitness, k):
@@ -184,13 +194,13 @@ def _elites(fitness, k):
     [[-np.inf] * 6, [3.0, 5.0, 5.0, 1.0, 1.0, 0.0], [0.0, 0.0, 2.0, 0.0, -np.inf, -np.inf]],
     ids=["all-tied", "ties", "tied-worst"],
 )
-def test_erl_injection_keeps_the_elites(fitness):
-    algo = erl.ERL(erl.Config(population_size=6, num_elites=2, td3=TINY_TD3))
+def test_erl_injection_keeps_the_elites(erl_operators, fitness):
+    algo, breed, inject = erl_operators
     flat = jnp.arange(6.0)[:, None] * jnp.ones((6, algo.num_params))
     fitness = jnp.asarray(fitness, jnp.float32)
     actor = jnp.full((algo.num_params,), -1.0)
-    bred = np.asarray(algo.breed(flat, fitness, jax.random.key(1)))
-    injected, slot = algo.inject(jnp.asarray(bred), fitness, actor, jnp.bool_(True))
+    bred = np.asarray(breed(flat, fitness, jax.random.key(1)))
+    injected, slot = inject(jnp.asarray(bred), fitness, actor, jnp.bool_(True))
     injected, slot = np.asarray(injected), int(slot)
     elites = _elites(fitness, 2)
     assert slot not in elites and fitness[slot] == fitness.min()
@@ -198,7 +208,7 @@ def test_erl_injection_keeps_the_elites(fitness):
     np.testing.assert_array_equal(injected[slot], actor)
     others = np.delete(np.arange(6), slot)
     np.testing.assert_array_equal(injected[others], bred[others])
-    unchanged, _ = algo.inject(jnp.asarray(bred), fitness, actor, jnp.bool_(False))
+    unchanged, _ = inject(jnp.asarray(bred), fitness, actor, jnp.bool_(False))
     np.testing.assert_array_equal(unchanged, bred)
 
 
