@@ -6,7 +6,8 @@ Learning" (with TD3 as the learner, as in later ERL variants). One generation:
 1. the population is bred from the previous one (the elites kept in their
    slots; every other slot gets a child of two tournament winners: neuron-wise
    crossover, then Gaussian mutation of a fraction of its weights); every
-   ``sync_period`` generations the learner's actor replaces the weakest member;
+   ``sync_period`` generations the learner's actor takes the slot of the
+   weakest member (a bred child there, never an elite);
 2. every member runs one episode, sharded over the ``POP`` axis; all steps go
    into one shared replay buffer;
 3. the learner runs exploration episodes (Gaussian action noise), adds them to
@@ -29,25 +30,17 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh
 
-from evorl_pop.envs import make_env
-from evorl_pop.rl import hybrid
-from evorl_pop.rl.replay import ReplayBuffer
-from evorl_pop.rl.rollout import (
-    collect_episode,
-    evaluate,
-    example_transition,
-    population_rollout,
-)
-from evorl_pop.rl.td3 import TD3, TD3Config, TD3State, check_continuous
+from evorl_pop.rl.hybrid import Hybrid, HybridConfig, HybridState
+from evorl_pop.rl.rollout import collect_episode
+from evorl_pop.rl.td3 import TD3State
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
-    """ERL settings.
+class Config(HybridConfig):
+    """ERL settings: the shared ones of :class:`~evorl_pop.rl.hybrid.HybridConfig`
+    (``task``, ``population_size``, buffer, episodes, ``td3``) and these.
 
     Attributes:
-      env_name: a continuous-action environment.
-      pop_size: actors in the population.
       num_elites: best actors copied unchanged into the next generation.
       tournament_size: contestants per tournament selection.
       crossover_prob: probability that a child mixes two parents (else it
@@ -61,15 +54,8 @@ class Config:
       exploration_noise: std of the learner's Gaussian action noise, in units
         of half the action range.
       updates_per_generation: TD3 iterations (critic steps) per generation.
-      learning_starts: buffer size before gradient updates begin.
-      buffer_capacity: replay buffer size.
-      episode_steps: steps per episode (``None``: the environment's limit).
-      eval_episodes: noise-free episodes to evaluate the learner each generation.
-      td3: TD3 hyper-parameters (network sizes, learning rates, batch size).
     """
 
-    env_name: str = "Pendulum-v1"
-    pop_size: int = 10
     num_elites: int = 2
     tournament_size: int = 3
     crossover_prob: float = 0.5
@@ -80,94 +66,58 @@ class Config:
     rl_episodes: int = 1
     exploration_noise: float = 0.1
     updates_per_generation: int = 1000
-    learning_starts: int = 2000
-    buffer_capacity: int = 200_000
-    episode_steps: int | None = None
-    eval_episodes: int = 5
-    td3: TD3Config = TD3Config(critic_hidden_sizes=(128, 128), batch_size=128)
 
 
 @flax.struct.dataclass
-class State:
-    """Everything that changes between generations."""
+class State(HybridState):
+    """The shared fields of :class:`~evorl_pop.rl.hybrid.HybridState` and the learner."""
 
-    population: Any  # the last evaluated population, leaves shape=(pop_size, ...)
-    fitness: jax.Array  # shape=(pop_size,): its returns (NaN / inf as -inf)
     learner: TD3State  # the TD3 learner (actor, twin critics, targets, optimizers)
-    buffer: ReplayBuffer  # the shared replay buffer
-    generation: jax.Array  # int32: generations evaluated so far
-    env_steps: jax.Array  # int32: environment steps so far
 
 
-class ERL:
+class ERL(Hybrid):
     """ERL on a population sharded over the devices of ``mesh``.
 
     Args:
       config: a :class:`Config`.
-      mesh: a mesh with the axis ``'POP'`` (``evorl_pop.make_mesh(n)``), or
-        ``None`` for one device. TD3 minibatches are split over the same
-        devices along a ``'DP'`` axis.
+      mesh: see :class:`~evorl_pop.rl.hybrid.Hybrid`.
 
     Raises:
-      ValueError: for a discrete-action environment, a buffer smaller than a
-        batch, a population without room for offspring next to its elites, or a
-        batch size the device count does not divide.
+      ValueError: for a population without room for offspring next to its
+        elites, a tournament size, sync period or episode count below 1, and
+        where :class:`~evorl_pop.rl.hybrid.Hybrid` does.
     """
 
     def __init__(self, config: Config = Config(), mesh: Mesh | None = None):
-        self.config = config
-        self.env = make_env(config.env_name)
-        check_continuous(self.env.spec, "ERL (its learner is TD3)")
-        if not 0 <= config.num_elites < config.pop_size:
+        if not 0 <= config.num_elites < config.population_size:
             raise ValueError(
                 f"num_elites={config.num_elites} leaves no slot for offspring or the RL "
-                f"actor in a population of {config.pop_size}; use pop_size > num_elites."
+                f"actor in a population of {config.population_size}; use population_size "
+                "> num_elites."
             )
         if config.tournament_size < 1 or config.sync_period < 1 or config.rl_episodes < 1:
             raise ValueError(
                 "tournament_size, sync_period and rl_episodes must be at least 1, got "
                 f"{config.tournament_size}, {config.sync_period}, {config.rl_episodes}."
             )
-        hybrid.check_buffer(config.buffer_capacity, config.td3.batch_size, config.learning_starts)
-        self.pop_mesh, self.dp_mesh = hybrid.make_meshes(mesh)
-        hybrid.check_batch_split(config.td3.batch_size, self.dp_mesh.size)
-        self.td3 = TD3(self.env.spec, config.td3)
-        self.policy = self.td3.policy
-        example = self.policy.init(jax.random.key(0))
-        flat, self._unravel = ravel_pytree(example)
-        self.num_params = flat.shape[0]
-        self._neuron = jnp.asarray(_neuron_ids(example))
+        super().__init__(config, mesh, "ERL (its learner is TD3)", config.updates_per_generation)
+        self._neuron = jnp.asarray(_neuron_ids(self.unravel(jnp.zeros(self.num_params))))
         self._num_neurons = int(self._neuron.max()) + 1
-        self._train = hybrid.dp_train(self.td3, self.dp_mesh, config.updates_per_generation)
-
-    def unravel(self, flat: jax.Array) -> Any:
-        """Actor parameters from a flat vector (vectorise with ``jax.vmap``)."""
-        return self._unravel(flat)
 
     def init(self, key: jax.Array) -> State:
         """A random population, a fresh learner and an empty buffer.
 
         Args:
-          key: PRNG key.
+          key: PRNG key of the population and of the learner.
 
         Returns:
           A :class:`State`.
         """
         pop_key, learner_key = jax.random.split(key)
-        pop = self.config.pop_size
         population = jax.vmap(lambda i: self.policy.init(jax.random.fold_in(pop_key, i)))(
-            jnp.arange(pop)
+            jnp.arange(self.config.population_size)
         )
-        state = State(
-            population=population,
-            fitness=jnp.full((pop,), -jnp.inf, jnp.float32),
-            learner=self.td3.init(learner_key),
-            buffer=ReplayBuffer.create(example_transition(self.env), self.config.buffer_capacity),
-            generation=jnp.int32(0),
-            env_steps=jnp.int32(0),
-        )
-        # Laid out as step returns it, so the second call reuses the compilation.
-        return hybrid.replicated(state, self.pop_mesh)
+        return self.initial_state(State, population, learner=self.td3.init(learner_key))
 
     def breed(self, flat: jax.Array, fitness: jax.Array, key: jax.Array) -> jax.Array:
         """One GA generation on flat actors: elitism, tournaments, crossover, mutation.
@@ -175,7 +125,7 @@ class ERL:
         Child ``i`` draws its randomness from ``fold_in(key, i)``.
 
         Args:
-          flat: the evaluated population, shape ``(pop_size, num_params)``.
+          flat: the evaluated population, shape ``(population_size, num_params)``.
           fitness: its returns (higher is better, NaN / inf as -inf).
           key: PRNG key.
 
@@ -183,7 +133,7 @@ class ERL:
           The next population; the ``num_elites`` best stay in their slots.
         """
         cfg = self.config
-        pop = cfg.pop_size
+        pop = cfg.population_size
 
         def tournament(k):
             contestants = jax.random.randint(k, (cfg.tournament_size,), 0, pop)
@@ -202,45 +152,61 @@ class ERL:
             return x + jnp.where(mutate & where, noise, 0.0)
 
         children = jax.vmap(child)(jnp.arange(pop))
-        rank = jnp.argsort(jnp.argsort(-fitness))
-        elite = rank < cfg.num_elites
+        elite = _ranks(fitness) < cfg.num_elites
         return jnp.where(elite[:, None], flat, children)
 
+    def inject(
+        self, flat: jax.Array, fitness: jax.Array, actor: jax.Array, when: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        """Copies the learner's actor over a bred child, never over an elite.
+
+        After :meth:`breed` the elites hold the slots ranked best by ``fitness``
+        and every other slot holds a new child; the actor takes the slot ranked
+        last, which is a child's whatever the ties (all -inf included), since
+        ranks are a permutation and ``num_elites < population_size``.
+
+        Args:
+          flat: the bred population, shape ``(population_size, num_params)``.
+          fitness: the returns it was bred from (the same as :meth:`breed`'s).
+          actor: the learner's flat actor, shape ``(num_params,)``.
+          when: whether to inject at all (a boolean scalar).
+
+        Returns:
+          ``(flat, slot)``: the population, and the slot the actor took (or
+          would have taken).
+        """
+        slot = jnp.argmax(_ranks(fitness))
+        return flat.at[slot].set(jnp.where(when, actor, flat[slot])), slot
+
     def step(self, state: State, key: jax.Array) -> tuple[State, dict[str, jax.Array]]:
-        """One generation.
+        """One generation: breed, inject, rollout, explore, train the learner, evaluate it.
 
         Args:
           state: the current :class:`State`.
           key: PRNG key of this generation.
 
         Returns:
-          ``(state, metrics)``: population returns (``fitness_best``,
-          ``fitness_mean``, ``fitness_worst``, ``fitness_std``), ``env_steps``
-          and ``episodes`` of this generation (population and learner),
-          ``eval_return`` of the learner's actor, ``rl_actors_injected`` (1 when
+          ``(state, metrics)``: the population statistics of
+          :meth:`~evorl_pop.rl.hybrid.Hybrid.advance` with ``env_steps`` and
+          ``episodes`` counting the learner's too, ``eval_return`` of the
+          learner's actor, ``explore_return``, ``rl_actors_injected`` (1 when
           the learner's actor entered the population this generation) and
-          ``injected_return`` (its return as a member, NaN otherwise), and the
-          TD3 losses.
+          ``injected_return`` (its return as a member, NaN otherwise), and
+          the TD3 losses.
         """
         cfg = self.config
         breed_key, rollout_key, explore_key, train_key, eval_key = jax.random.split(key, 5)
 
         # 1. Next population from the last evaluated one (generation 0 keeps its own).
         flat = jax.vmap(lambda p: ravel_pytree(p)[0])(state.population)
-        bred = self.breed(flat, state.fitness, breed_key)
         first = state.generation == 0
-        flat = jnp.where(first, flat, bred)
+        flat = jnp.where(first, flat, self.breed(flat, state.fitness, breed_key))
         inject = ~first & (state.generation % cfg.sync_period == 0)
-        weakest = jnp.argmin(state.fitness)
-        learner_flat = ravel_pytree(state.learner.actor.params)[0]
-        flat = flat.at[weakest].set(jnp.where(inject, learner_flat, flat[weakest]))
-        population = jax.vmap(self.unravel)(flat)
+        actor = ravel_pytree(state.learner.actor.params)[0]
+        flat, slot = self.inject(flat, state.fitness, actor, inject)
 
         # 2. Evaluate the population; its steps feed the shared buffer.
-        rollout = population_rollout(
-            self.env, self.policy, self.pop_mesh, population, rollout_key, 0.0, cfg.episode_steps
-        )
-        buffer = state.buffer.add(rollout.transitions, rollout.valid)
+        population, rollout, buffer = self.rollout(flat, state.buffer, rollout_key)
 
         # 3. The learner explores, then trains on the shared buffer.
         episodes = jax.vmap(
@@ -254,46 +220,26 @@ class ERL:
             )
         )(jax.random.split(explore_key, cfg.rl_episodes))
         buffer = buffer.add(episodes.transitions, episodes.valid)
-        learn = buffer.size >= max(cfg.learning_starts, cfg.td3.batch_size)
-        nan = jnp.float32(jnp.nan)
-        learner, losses = jax.lax.cond(
-            learn,
-            lambda s: self._train(s, buffer, train_key),
-            lambda s: (s, {"critic_loss": nan, "actor_loss": nan}),
-            state.learner,
+        learner, losses = self.train_if(
+            self.learning(buffer), lambda s: self.train(s, buffer, train_key), state.learner
         )
 
         # 4. The learner's actor without noise.
-        eval_return = evaluate(
-            self.env,
-            self.policy,
-            learner.actor.params,
-            eval_key,
-            cfg.eval_episodes,
-            cfg.episode_steps,
-        )
-        steps = rollout.metrics["env_steps"] + jnp.sum(episodes.steps)
-        env_steps = state.env_steps + steps
-        state = State(
-            population=population,
-            fitness=rollout.fitness,
-            learner=learner,
-            buffer=buffer,
-            generation=state.generation + 1,
-            env_steps=env_steps,
-        )
         metrics = {
-            **rollout.metrics,
             **losses,
-            "env_steps": steps,
+            "env_steps": rollout.metrics["env_steps"] + jnp.sum(episodes.steps),
             "episodes": rollout.metrics["episodes"] + cfg.rl_episodes,
-            "eval_return": eval_return,
+            "eval_return": self.evaluate(learner.actor.params, eval_key),
             "explore_return": jnp.mean(episodes.episode_return),
             "rl_actors_injected": inject.astype(jnp.int32),
-            "injected_return": jnp.where(inject, rollout.returns[weakest], nan),
-            "total_env_steps": env_steps,
+            "injected_return": jnp.where(inject, rollout.returns[slot], jnp.nan),
         }
-        return hybrid.replicated(state, self.pop_mesh), metrics
+        return self.advance(state, population, rollout, buffer, metrics, learner=learner)
+
+
+def _ranks(fitness: jax.Array) -> jax.Array:
+    """Rank of each member, 0 the best; ties keep slot order."""
+    return jnp.argsort(jnp.argsort(-fitness))
 
 
 def _neuron_ids(params: Any) -> np.ndarray:

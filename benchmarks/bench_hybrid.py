@@ -46,7 +46,7 @@ ALGORITHMS = {
     "cemrl": ("CEM-RL", lambda mesh: cemrl.CEMRL(cemrl.Config(), mesh)),
     "erl": ("ERL", lambda mesh: erl.ERL(erl.Config(), mesh)),
 }
-KEYS = ("total_env_steps", "eval_return", "fitness_best", "fitness_mean", "fitness_worst")
+KEYS = ("env_steps", "eval_return", "fitness_best", "fitness_mean", "fitness_worst")
 
 
 def train(algo, run, seed: int) -> tuple[dict[str, np.ndarray], float]:
@@ -65,6 +65,8 @@ def train(algo, run, seed: int) -> tuple[dict[str, np.ndarray], float]:
             history[k].append(np.asarray(metrics[k]))
     wall = time.perf_counter() - start
     history = {k: np.concatenate(v) for k, v in history.items()}
+    # per-generation counts (int32) summed on the host in int64: exact at any length
+    history["total_env_steps"] = np.cumsum(history["env_steps"], dtype=np.int64)
     keep = history["total_env_steps"] <= max(args.steps, history["total_env_steps"][0])
     return {k: v[keep] for k, v in history.items()}, wall
 

@@ -33,17 +33,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop import multihost
-from evorl_pop.distributed import (
-    POP_AXIS_NAME,
-    all_gather,
-    pmax,
-    pmin,
-    psum,
-    shmap_map,
-    shmap_vmap,
-)
+from evorl_pop.distributed import POP_AXIS_NAME, psum, shmap_map, shmap_vmap
 from evorl_pop.fitness import to_minimization, worst_for_nonfinite
 from evorl_pop.mesh import make_mesh, padded_size
+from evorl_pop.stats import Summary, summarize
 
 POP = P(POP_AXIS_NAME)
 
@@ -55,61 +48,6 @@ class ESState:
     strategy_state: Any  # evosax state
     task_state: Any  # e.g. the running observation normaliser
     generation: jax.Array  # int32, generations completed
-
-
-@flax.struct.dataclass
-class Summary:
-    """Global statistics of one evaluated population, in the task's units."""
-
-    scores: jax.Array  # (padded_pop,) every candidate's score, global order
-    best: jax.Array
-    worst: jax.Array
-    mean: jax.Array  # over finite scores only
-    std: jax.Array
-    num_nonfinite: jax.Array  # int32
-    info: Any  # the task's EvalInfo summed over real candidates
-
-
-def summarize(scores, info, mask, maximize: bool, axis_name: str | None = POP_AXIS_NAME):
-    """Global statistics of a sharded population; call inside the shard.
-
-    Padded slots (``mask`` False) never reach extremes, means or counts;
-    NaN / inf scores are counted and left out of extremes and means.
-
-    Args:
-      scores: this device's scores, shape ``(local_pop,)``.
-      info: this device's per-candidate info pytree (leading axis local_pop).
-      mask: ``True`` for real candidates.
-      maximize: whether higher scores are better.
-      axis_name: the population axis (``None`` when unsharded).
-
-    Returns:
-      A :class:`Summary`, identical on every device.
-    """
-    finite = jnp.isfinite(scores) & mask
-    count = psum(jnp.sum(finite), axis_name)
-    num_nonfinite = psum(jnp.sum(mask & ~finite), axis_name)
-    hi = pmax(jnp.max(jnp.where(finite, scores, -jnp.inf)), axis_name)
-    lo = pmin(jnp.min(jnp.where(finite, scores, jnp.inf)), axis_name)
-    denom = jnp.maximum(count, 1).astype(jnp.float32)
-    mean = psum(jnp.sum(jnp.where(finite, scores, 0.0)), axis_name) / denom
-    var = psum(jnp.sum(jnp.where(finite, (scores - mean) ** 2, 0.0)), axis_name) / denom
-
-    def masked_sum(x):
-        m = mask.reshape(mask.shape + (1,) * (x.ndim - 1))
-        return psum(jnp.sum(jnp.where(m, x, jnp.zeros_like(x)), axis=0), axis_name)
-
-    gathered = all_gather(scores, axis_name, tiled=True, to="invarying")
-    best, worst = (hi, lo) if maximize else (lo, hi)
-    return Summary(
-        scores=gathered,
-        best=best,
-        worst=worst,
-        mean=mean,
-        std=jnp.sqrt(var),
-        num_nonfinite=num_nonfinite.astype(jnp.int32),
-        info=jax.tree.map(masked_sum, info),
-    )
 
 
 def _largest_divisor_at_most(n: int, cap: int) -> int:

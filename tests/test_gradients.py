@@ -158,3 +158,36 @@ def test_dp_axis_outside_mapped_context_error():
     update = dist.gradient_update(lambda p, b: _loss(p, b, False), optax.sgd(0.1), "DP")
     with pytest.raises(ValueError, match=r"dp_axis_name='DP' is not a mapped axis.*shard_map"):
         jax.jit(update)(optax.sgd(0.1).init(params), params, batch)
+
+
+def test_dp_axis_missing_from_the_mesh_error():
+    params, batch = _data()
+    update = dist.gradient_update(lambda p, b: _loss(p, b, False), optax.sgd(0.1), "DP")
+    opt_state = optax.sgd(0.1).init(params)
+    f = jax.shard_map(
+        lambda o, p, b: update(o, p, b)[1], mesh=make_mesh(2), in_specs=P(), out_specs=P()
+    )  # the mesh's axis is 'POP', not 'DP'
+    with pytest.raises(ValueError, match=r"dp_axis_name='DP' is not a mapped axis"):
+        jax.jit(f)(opt_state, params, batch)
+
+
+@pytest.mark.parametrize("error", [ValueError, NameError])
+def test_errors_of_the_loss_propagate_unchanged(error):
+    """An error raised by the user's loss is not relabelled as a mapping problem."""
+    params, batch = _data()
+
+    def loss(p, b):
+        raise error("mine")
+
+    update = dist.gradient_update(loss, optax.sgd(0.1), "DP")
+    f = jax.shard_map(
+        lambda o, p, b: update(o, p, b)[1],
+        mesh=make_mesh(2, axis_name="DP"),
+        in_specs=(P(), P(), P("DP")),
+        out_specs=P(),
+    )
+    with pytest.raises(error) as info:
+        jax.jit(f)(optax.sgd(0.1).init(params), params, batch)
+    # the user's own exception: same type and arguments, not chained to another
+    assert info.type is error and info.value.args[0] == "mine"
+    assert info.value.__cause__ is None

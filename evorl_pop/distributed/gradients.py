@@ -38,23 +38,28 @@ def loss_and_pgrad(loss_fn: Callable[..., float], dp_axis_name: str | None, has_
         return value_and_grad
 
     def fn(params, *args, **kwargs):
-        try:
-            # Replicated parameters are "invariant" under shard_map's replication
-            # checks, and the gradient of an invariant input is already summed
-            # over the axis. Marking them as varying first yields each device's
-            # own gradient, which pmean then averages (with or without check_vma).
-            params = _as_varying(params, dp_axis_name)
-            value, grads = value_and_grad(params, *args, **kwargs)
-            grads = pmean(grads, dp_axis_name)
-        except (ValueError, NameError) as err:
-            raise ValueError(
-                f"dp_axis_name={dp_axis_name!r} is not a mapped axis here: run the "
-                f"update inside jax.shard_map over a mesh with a {dp_axis_name!r} axis "
-                "(batch sharded along it), or pass dp_axis_name=None on one device."
-            ) from err
-        return value, grads
+        _check_mapped(dp_axis_name)
+        # Replicated parameters are "invariant" under shard_map's replication
+        # checks, and the gradient of an invariant input is already summed
+        # over the axis. Marking them as varying first yields each device's
+        # own gradient, which pmean then averages (with or without check_vma).
+        params = _as_varying(params, dp_axis_name)
+        value, grads = value_and_grad(params, *args, **kwargs)
+        return value, pmean(grads, dp_axis_name)
 
     return fn
+
+
+def _check_mapped(axis_name: str) -> None:
+    """Raises a ValueError unless ``axis_name`` is bound here (shard_map, vmap)."""
+    try:
+        jax.lax.axis_size(axis_name)
+    except NameError:
+        raise ValueError(
+            f"dp_axis_name={axis_name!r} is not a mapped axis here: run the update inside "
+            f"jax.shard_map over a mesh with a {axis_name!r} axis (batch sharded along "
+            "it), or pass dp_axis_name=None on one device."
+        ) from None
 
 
 def _as_varying(tree, axis_name: str):

@@ -20,9 +20,9 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop import distributed as dist
-from evorl_pop.engine import summarize
 from evorl_pop.envs import Env
 from evorl_pop.mesh import pad_to_multiple
+from evorl_pop.stats import summarize
 from evorl_pop.tasks import EvalInfo
 
 
