@@ -96,6 +96,8 @@ class Config:
         member among as many at the top.
       perturb_factors: an explored hyperparameter is multiplied by one of these.
       resample_prob: the chance that it is drawn afresh from its range instead.
+      exploit: ``False`` trains the same members with their initial
+        hyperparameters and no copying (the baseline PBT is measured against).
       interval: environment steps per member between two exploits (a
         multiple of the episode length).
       updates_per_step: TD3 iterations per environment step, done after each episode.
@@ -118,6 +120,7 @@ class Config:
     truncation: float = 0.25
     perturb_factors: tuple[float, float] = (0.8, 1.2)
     resample_prob: float = 0.0
+    exploit: bool = True
     interval: int = 1000
     updates_per_step: float = 1.0
     learning_starts: int = 1000
@@ -366,25 +369,55 @@ class PBT:
         )
         return jnp.where(replaced, top[pick], jnp.arange(pop)), replaced
 
-    def _exploit_local(self, learners, hps, fitness, index, valid, key):
-        """Exploit and explore on one device's members (inside ``shard_map``)."""
+    def exploit(
+        self,
+        learners: TD3State,
+        hyperparameters: jax.Array,
+        fitness: jax.Array,
+        valid: jax.Array,
+        key: jax.Array,
+    ) -> tuple[TD3State, jax.Array]:
+        """Exploit and explore over a padded population sharded over ``POP``.
+
+        Args:
+          learners: every member's TD3 state, leading axis the padded population.
+          hyperparameters: their values, shape ``(padded, len(search))``.
+          fitness: their returns (NaN / inf as -inf), shape ``(padded,)``.
+          valid: ``True`` for the ``population_size`` real members (a prefix).
+          key: PRNG key of this exploit.
+
+        Returns:
+          ``(learners, hyperparameters)``: the bottom fraction holds copies of
+          their donors' states and explored copies of their hyperparameters.
+        """
+        axis = dist.POP_AXIS_NAME
         pop = self.config.population_size
         donor_key, explore_key = jax.random.split(key)
-        # Every device gathers the same ranking and all members, so it can copy
-        # a donor that lives on another device. Padded members sit past `pop`
-        # and are left out of the ranking.
-        everyone = dist.all_gather((learners, hps, fitness), dist.POP_AXIS_NAME, tiled=True)
-        all_learners, all_hps, all_fitness = everyone
-        donor, replaced = self.select_donors(all_fitness[:pop], donor_key)
-        copy, src = replaced[index] & valid, donor[index]
+        index = jnp.arange(valid.shape[0])
 
-        def take(own, gathered):
-            return jnp.where(copy.reshape(-1, *[1] * (own.ndim - 1)), gathered[src], own)
+        def local(learners, hps, fitness, index, valid):
+            # Every device gathers the same ranking and all members, so it can copy
+            # a donor that lives on another device; padded members sit past `pop`
+            # and are left out of the ranking.
+            everyone = dist.all_gather((learners, hps, fitness), axis, tiled=True)
+            all_learners, all_hps, all_fitness = everyone
+            donor, replaced = self.select_donors(all_fitness[:pop], donor_key)
+            own = jnp.minimum(index, pop - 1)
+            copy, src = replaced[own] & valid, donor[own]
 
-        learners = jax.tree.map(take, learners, all_learners)
-        keys = jax.vmap(lambda i: jax.random.fold_in(explore_key, i))(index)
-        explored = jax.vmap(self.explore)(all_hps[src], keys)
-        return learners, jnp.where(copy[:, None], explored, hps)
+            def take(mine, gathered):
+                return jnp.where(copy.reshape(-1, *[1] * (mine.ndim - 1)), gathered[src], mine)
+
+            keys = jax.vmap(lambda i: jax.random.fold_in(explore_key, i))(index)
+            explored = jax.vmap(self.explore)(all_hps[src], keys)
+            return (
+                jax.tree.map(take, learners, all_learners),
+                jnp.where(copy[:, None], explored, hps),
+            )
+
+        return jax.shard_map(
+            local, mesh=self.mesh, in_specs=P(axis), out_specs=P(axis), check_vma=False
+        )(learners, hyperparameters, fitness, index, valid)
 
     def step(self, state: State, key: jax.Array) -> tuple[State, dict[str, jax.Array]]:
         """One interval: train and evaluate every member, then exploit and explore.
@@ -404,25 +437,18 @@ class PBT:
         axis = dist.POP_AXIS_NAME
         pop = cfg.population_size
         train_key, exploit_key = jax.random.split(key)
-        index = jnp.arange(pop)
-        keys = jax.vmap(lambda i: jax.random.fold_in(train_key, i))(index)
-        members = (state.learners, state.buffers, state.hyperparameters, keys, index)
-        (learners, buffers, hps, keys, index), valid = pad_to_multiple(
-            members, self.mesh.shape[axis]
-        )
+        keys = jax.vmap(lambda i: jax.random.fold_in(train_key, i))(jnp.arange(pop))
+        members = (state.learners, state.buffers, state.hyperparameters, keys)
+        (learners, buffers, hps, keys), valid = pad_to_multiple(members, self.mesh.shape[axis])
         # Episodes start from constants, which the replication checks would reject.
         learners, buffers, returns, steps, losses = dist.shmap_vmap(
             self.train_member, self.mesh, in_specs=P(axis), out_specs=P(axis), check_vma=False
         )(learners, buffers, hps, keys)
         fitness = jnp.where(jnp.isfinite(returns), returns, -jnp.inf)
-        exploit = jax.shard_map(
-            lambda *a: self._exploit_local(*a, exploit_key),
-            mesh=self.mesh,
-            in_specs=P(axis),
-            out_specs=P(axis),
-            check_vma=False,
-        )
-        new_learners, new_hps = exploit(learners, hps, fitness, index, valid)
+        if cfg.exploit:
+            new_learners, new_hps = self.exploit(learners, hps, fitness, valid, exploit_key)
+        else:
+            new_learners, new_hps = learners, hps
         returns, hps_used = returns[:pop], state.hyperparameters
         env_steps = jnp.sum(steps[:pop]).astype(jnp.int32)
         new_state = State(
@@ -440,7 +466,7 @@ class PBT:
             "fitness_std": jnp.std(returns),
             "env_steps": env_steps,
             "episodes": jnp.int32(pop * (cfg.interval // self.episode_steps)),
-            "replaced": jnp.int32(self.num_replaced),
+            "replaced": jnp.int32(self.num_replaced if cfg.exploit else 0),
             **jax.tree.map(lambda x: jnp.nanmean(x[:pop]), losses),
         }
         for i in range(pop):
