@@ -133,7 +133,8 @@ class Config:
     def __post_init__(self):
         if self.population_size < 2:
             raise ValueError(
-                f"PBT needs population_size >= 2 (a member to copy from), got {self.population_size}."
+                "PBT needs population_size >= 2 (a member to copy from), got "
+                f"{self.population_size}."
             )
         if not 0.0 < self.truncation <= 0.5:
             raise ValueError(

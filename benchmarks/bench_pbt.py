@@ -9,7 +9,7 @@ and explore every ``--interval`` steps) and once without. At the end every
 member of both populations is evaluated over 10 noise-free episodes (the
 same episodes for both). The goal: PBT's median member reaches ``--target``
 and is at least as good as the best fixed-hyperparameter member. Prints a
-table and the wall times, and saves ``figures/pbt_pendulum.png``: both
+table and the wall times, and saves ``figures/pbt_vs_fixed.png``: both
 populations' returns and the members' learning-rate trajectories.
 """
 
@@ -30,7 +30,7 @@ parser.add_argument("--population", type=int, default=8)
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--devices", type=int, default=1, help="CPU devices on the POP axis")
 parser.add_argument("--target", type=float, default=-200.0)
-parser.add_argument("--figure", type=Path, default=ROOT / "figures" / "pbt_pendulum.png")
+parser.add_argument("--figure", type=Path, default=ROOT / "figures" / "pbt_vs_fixed.png")
 args = parser.parse_args()
 flags = os.environ.get("XLA_FLAGS", "")
 if args.devices > 1 and "xla_force_host_platform_device_count" not in flags:
@@ -98,9 +98,7 @@ def main():
     print(f"{'':>6} {'median':>8} {'best':>8} {'worst':>8}   members")
     for label, (_, final, _) in results.items():
         row = " ".join(f"{r:7.1f}" for r in final)
-        print(
-            f"{label:>6} {np.median(final):8.1f} {final.max():8.1f} {final.min():8.1f}   {row}"
-        )
+        print(f"{label:>6} {np.median(final):8.1f} {final.max():8.1f} {final.min():8.1f}   {row}")
     pbt_median = float(np.median(results["PBT"][1]))
     fixed_best = float(results["fixed"][1].max())
     ok = pbt_median >= args.target and pbt_median >= fixed_best

@@ -200,7 +200,8 @@ def test_resumed_run_equals_uninterrupted_and_plots_hyperparameters(tmp_path):
     assert flat_a.keys() == flat_b.keys()
     for name in flat_a:
         np.testing.assert_array_equal(flat_a[name], flat_b[name], err_msg=name)
-    rows_a, rows_b = metrics_file.read(part / "metrics.csv"), metrics_file.read(whole / "metrics.csv")
+    rows_a = metrics_file.read(part / metrics_file.FILENAME)
+    rows_b = metrics_file.read(whole / metrics_file.FILENAME)
     for column in rows_b:
         if column != "wall_time":
             np.testing.assert_array_equal(rows_a[column], rows_b[column], err_msg=column)
