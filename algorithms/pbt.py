@@ -15,6 +15,7 @@ One interval (one ``step``)::
     truncation selection       -> the bottom fraction picks donors in the top fraction
     all_gather(learners, hps)  -> each replaced member copies its donor's
                                   weights, targets, Adam states and hyperparameters
+                                  (it keeps its own replay buffer)
     explore                    -> the copied hyperparameters times 0.8 or 1.2
                                   (or resampled), clipped to their range
 
