@@ -1,6 +1,6 @@
 """PBT against the same members with fixed hyperparameters, Pendulum-v1.
 
-    python benchmarks/bench_pbt.py [--steps 20000] [--interval 1000] [--seed 0]
+    python benchmarks/bench_pbt.py [--steps 12000] [--interval 1000] [--seed 0]
 
 Eight TD3 learners whose actor and critic learning rates are drawn
 log-uniformly from [1e-5, 1e-2] are trained side by side in one run twice,
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--steps", type=int, default=20_000, help="env steps per member")
+parser.add_argument("--steps", type=int, default=12_000, help="env steps per member")
 parser.add_argument("--interval", type=int, default=1000, help="env steps between exploits")
 parser.add_argument("--population", type=int, default=8)
 parser.add_argument("--seed", type=int, default=0)

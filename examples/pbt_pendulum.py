@@ -1,6 +1,6 @@
 """PBT on Pendulum-v1: 8 TD3 learners searching their learning rates.
 
-    python examples/pbt_pendulum.py [--generations 20] [--seed 0] [--devices 2]
+    python examples/pbt_pendulum.py [--generations 12] [--seed 0] [--devices 2]
 
 Each member's actor and critic learning rates start log-uniform in
 [1e-5, 1e-2]; every 1000 environment steps (one generation) the bottom
@@ -13,7 +13,7 @@ every member's learning-rate trajectory beside them.
 
 from _common import parse, train_and_plot
 
-args = parse(__doc__.splitlines()[0], generations=20)
+args = parse(__doc__.splitlines()[0], generations=12)
 
 import numpy as np  # noqa: E402
 
