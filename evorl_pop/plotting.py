@@ -231,7 +231,7 @@ def _plot_member_hyperparameters(axes, loaded, x: str) -> None:
     _, metrics = loaded[0]
     xs = metrics["generation" if x == "generation" else "env_steps"]
     for ax, (name, values) in zip(axes, member_hyperparameters(metrics).items(), strict=True):
-        ax.plot(xs, values, linewidth=1, drawstyle="steps-post")
+        ax.plot(xs, values, linewidth=1, drawstyle="steps-pre")
         if np.all(values > 0) and values.max() / values.min() > 30:
             ax.set_yscale("log")
         ax.set_xlabel("generation" if x == "generation" else "environment steps")
