@@ -230,8 +230,10 @@ def _plot_member_hyperparameters(axes, loaded, x: str) -> None:
     """Draws each member's hyperparameter trajectory of the first run, one axes a name."""
     _, metrics = loaded[0]
     xs = metrics["generation" if x == "generation" else "env_steps"]
+    # Row g's values were used from the end of interval g - 1 to the end of interval g.
+    edges = np.concatenate([[0], xs])
     for ax, (name, values) in zip(axes, member_hyperparameters(metrics).items(), strict=True):
-        ax.plot(xs, values, linewidth=1, drawstyle="steps-pre")
+        ax.plot(edges, np.vstack([values, values[-1:]]), linewidth=1, drawstyle="steps-post")
         if np.all(values > 0) and values.max() / values.min() > 30:
             ax.set_yscale("log")
         ax.set_xlabel("generation" if x == "generation" else "environment steps")
