@@ -43,6 +43,7 @@ from jax.sharding import PartitionSpec as P
 from evorl_pop import distributed as dist
 from evorl_pop.envs import make_env
 from evorl_pop.mesh import make_mesh, pad_to_multiple
+from evorl_pop.rl import hybrid
 from evorl_pop.rl.replay import ReplayBuffer
 from evorl_pop.rl.rollout import collect_episode, evaluate, example_transition
 from evorl_pop.rl.td3 import TD3, TD3Config, TD3State, check_continuous
@@ -147,6 +148,11 @@ class Config:
             raise ValueError(f"search names a hyperparameter twice: {names}.")
         if not 0.0 <= self.resample_prob <= 1.0:
             raise ValueError(f"resample_prob must be in [0, 1], got {self.resample_prob}.")
+        if self.updates_per_step <= 0 or self.eval_episodes < 1:
+            raise ValueError(
+                f"PBT needs updates_per_step > 0 and eval_episodes >= 1, got "
+                f"{self.updates_per_step} and {self.eval_episodes}."
+            )
 
 
 @flax.struct.dataclass
@@ -172,7 +178,7 @@ class PBT:
     Raises:
       ValueError: for a discrete-action environment, a mesh without ``'POP'``,
         an interval that is not a whole number of episodes, or a buffer
-        smaller than a batch.
+        smaller than a batch (or than ``learning_starts``).
     """
 
     def __init__(self, config: Config = Config(), mesh: Mesh | None = None):
@@ -193,11 +199,7 @@ class PBT:
                 f"interval={config.interval} must be a whole number of {t}-step episodes, "
                 f"e.g. {max(1, config.interval // t) * t}."
             )
-        if config.buffer_capacity < config.td3.batch_size:
-            raise ValueError(
-                f"buffer_capacity={config.buffer_capacity} is smaller than one TD3 batch "
-                f"({config.td3.batch_size}); make it at least {config.td3.batch_size}."
-            )
+        hybrid.check_buffer(config.buffer_capacity, config.td3.batch_size, config.learning_starts)
         self.td3 = TD3(self.env.spec, config.td3)
         self.policy = self.td3.policy
         self.names = tuple(h.name for h in config.search)

@@ -242,6 +242,10 @@ def test_bad_ranges_and_intervals_rejected():
         pbt.PBT(pbt.Config(interval=250))
     with pytest.raises(ValueError, match="continuous actions"):
         pbt.PBT(pbt.Config(task="CartPole-v1"))
+    with pytest.raises(ValueError, match="smaller than one TD3 batch"):
+        pbt.PBT(pbt.Config(buffer_capacity=16))
+    with pytest.raises(ValueError, match="updates_per_step > 0"):
+        pbt.Config(updates_per_step=0.0)
 
 
 def test_bad_config_file_is_a_config_error(tmp_path):
