@@ -9,6 +9,7 @@ line style. Fitness stays in the task's own units (returns up, losses down).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -107,6 +108,9 @@ def plot_runs(
 ) -> list[Path]:
     """Draws fitness curves of one or several runs into a PNG (and an SVG).
 
+    A run with per-member hyperparameters (PBT) gets a panel per
+    hyperparameter beside the curves, with every member's trajectory.
+
     Args:
       runs: run folders (or metrics CSV files).
       out: the PNG path.
@@ -149,7 +153,11 @@ def plot_runs(
     keys = sorted({k for c in flat for k in c if k not in (*_NOT_GROUPING, "algorithm_config")})
     differing = [k for k in keys if len({repr(c.get(k)) for c in flat}) > 1]
 
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    hyperparameters = member_hyperparameters(loaded[0][1])
+    panels = 1 + len(hyperparameters)
+    fig, axes = plt.subplots(1, panels, figsize=(7 + 4 * (panels - 1), 4.2), dpi=120, squeeze=False)
+    ax = axes[0, 0]
+    _plot_member_hyperparameters(axes[0, 1:], loaded, x)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     all_values = []
     for i, group in enumerate(groups.values()):
@@ -193,3 +201,41 @@ def plot_runs(
         fig.savefig(written[-1])
     plt.close(fig)
     return written
+
+
+# --- population-based training: members' hyperparameters ------------------------------
+
+_MEMBER_COLUMN = re.compile(r"member(\d+)_(.+)")
+
+
+def member_hyperparameters(metrics: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The per-member hyperparameter columns of a run (``member{i}_{name}``).
+
+    Args:
+      metrics: a run's metrics columns (:func:`load_run`).
+
+    Returns:
+      ``{name: array of shape (rows, members)}``, member ``i`` in column ``i``;
+      empty for a run without them.
+    """
+    found: dict[str, dict[int, np.ndarray]] = {}
+    for column, values in metrics.items():
+        match = _MEMBER_COLUMN.fullmatch(column)
+        if match and match[2] != "return":
+            found.setdefault(match[2], {})[int(match[1])] = values
+    return {n: np.stack([m[i] for i in sorted(m)], 1) for n, m in found.items()}
+
+
+def _plot_member_hyperparameters(axes, loaded, x: str) -> None:
+    """Draws each member's hyperparameter trajectory of the first run, one axes a name."""
+    _, metrics = loaded[0]
+    xs = metrics["generation" if x == "generation" else "env_steps"]
+    # Row g's values were used from the end of interval g - 1 to the end of interval g.
+    edges = np.concatenate([[0], xs])
+    for ax, (name, values) in zip(axes, member_hyperparameters(metrics).items(), strict=True):
+        ax.plot(edges, np.vstack([values, values[-1:]]), linewidth=1, drawstyle="steps-post")
+        if np.all(values > 0) and values.max() / values.min() > 30:
+            ax.set_yscale("log")
+        ax.set_xlabel("generation" if x == "generation" else "environment steps")
+        ax.set_title(f"{name} per member", fontsize=10)
+        ax.grid(alpha=0.3)

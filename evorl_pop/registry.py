@@ -181,3 +181,4 @@ register(
 # Hybrid evolutionary RL.
 register("cemrl", "evorl_pop.algorithms.cemrl", "Config", "CEMRL", "CEM-RL: CEM + TD3")
 register("erl", "evorl_pop.algorithms.erl", "Config", "ERL", "ERL: a GA population + a TD3 learner")
+register("pbt", "evorl_pop.algorithms.pbt", "Config", "PBT", "PBT: a population of TD3 learners")

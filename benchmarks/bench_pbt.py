@@ -1,0 +1,140 @@
+"""PBT against the same members with fixed hyperparameters, Pendulum-v1.
+
+    python benchmarks/bench_pbt.py [--steps 12000] [--interval 1000] [--seed 0]
+
+Eight TD3 learners whose actor and critic learning rates are drawn
+log-uniformly from [1e-5, 1e-2] are trained side by side in one run twice,
+from the same initial state and with the same keys: once with PBT (exploit
+and explore every ``--interval`` steps) and once without. At the end every
+member of both populations is evaluated over 10 noise-free episodes (the
+same episodes for both). The goal: PBT's median member reaches ``--target``
+and is at least as good as the best fixed-hyperparameter member. Prints a
+table and the wall times, and saves ``figures/pbt_vs_fixed.png``: both
+populations' returns and the members' learning-rate trajectories.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--steps", type=int, default=12_000, help="env steps per member")
+parser.add_argument("--interval", type=int, default=1000, help="env steps between exploits")
+parser.add_argument("--population", type=int, default=8)
+parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--devices", type=int, default=1, help="CPU devices on the POP axis")
+parser.add_argument("--target", type=float, default=-200.0)
+parser.add_argument("--figure", type=Path, default=ROOT / "figures" / "pbt_vs_fixed.png")
+args = parser.parse_args()
+flags = os.environ.get("XLA_FLAGS", "")
+if args.devices > 1 and "xla_force_host_platform_device_count" not in flags:
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={args.devices}"
+
+import jax  # noqa: E402
+import matplotlib  # noqa: E402
+import numpy as np  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from evorl_pop import make_mesh  # noqa: E402
+from evorl_pop.algorithms import pbt  # noqa: E402
+from evorl_pop.rl.rollout import evaluate  # noqa: E402
+
+SEARCH = (pbt.Hyperparameter("actor_lr", 1e-5, 1e-2), pbt.Hyperparameter("critic_lr", 1e-5, 1e-2))
+CONFIG = pbt.Config(population_size=args.population, search=SEARCH, interval=args.interval)
+FINAL_EPISODES = 10
+
+
+def train(algo: pbt.PBT) -> tuple[dict[str, np.ndarray], pbt.State, float]:
+    """All intervals; interval g uses fold_in(run_key, g). Returns history, state, wall time."""
+    init_key, run_key = jax.random.split(jax.random.key(args.seed))
+    state = algo.init(init_key)
+    step = jax.jit(algo.step)
+    rows = []
+    start = time.perf_counter()
+    for g in range(args.steps // args.interval):
+        state, metrics = step(state, jax.random.fold_in(run_key, g))
+        rows.append(jax.device_get(metrics))
+    jax.block_until_ready(state)
+    wall = time.perf_counter() - start
+    history = {k: np.asarray([r[k] for r in rows]) for k in rows[0]}
+    return history, state, wall
+
+
+def final_returns(algo: pbt.PBT, state: pbt.State) -> np.ndarray:
+    """Every member's mean return over the same 10 noise-free episodes."""
+    key = jax.random.fold_in(jax.random.key(args.seed), 10**6)
+    run = jax.jit(
+        jax.vmap(
+            lambda p: evaluate(algo.env, algo.policy, p, key, FINAL_EPISODES, algo.episode_steps)
+        )
+    )
+    return np.asarray(run(state.learners.actor.params))
+
+
+def member_columns(history, name):
+    return np.stack([history[f"member{i}_{name}"] for i in range(args.population)], 1)
+
+
+def main():
+    mesh = make_mesh(args.devices)
+    results = {}
+    for label, exploit in (("PBT", True), ("fixed", False)):
+        algo = pbt.PBT(dataclasses.replace(CONFIG, exploit=exploit), mesh)
+        history, state, wall = train(algo)
+        results[label] = (history, final_returns(algo, state), wall)
+        print(f"{label:>5}: {wall:7.1f}s wall (incl. compilation) for {args.steps} steps x "
+              f"{args.population} members")  # fmt: skip
+
+    steps = np.arange(1, args.steps // args.interval + 1) * args.interval
+    print(f"\nmean return over {FINAL_EPISODES} episodes after {args.steps} steps per member")
+    print(f"{'':>6} {'median':>8} {'best':>8} {'worst':>8}   members")
+    for label, (_, final, _) in results.items():
+        row = " ".join(f"{r:7.1f}" for r in final)
+        print(f"{label:>6} {np.median(final):8.1f} {final.max():8.1f} {final.min():8.1f}   {row}")
+    pbt_median = float(np.median(results["PBT"][1]))
+    fixed_best = float(results["fixed"][1].max())
+    ok = pbt_median >= args.target and pbt_median >= fixed_best
+    print(
+        f"\nPBT median {pbt_median:.1f} vs target {args.target} and best fixed member "
+        f"{fixed_best:.1f}: {'goal met' if ok else 'goal NOT met'}"
+    )
+    ratio = results["PBT"][2] / results["fixed"][2]
+    print(f"wall time PBT / fixed: {ratio:.2f}")
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4), dpi=110)
+    for (label, (history, final, _)), color in zip(results.items(), ("C0", "C3"), strict=True):
+        returns = member_columns(history, "return")
+        axes[0].plot(steps, returns, color=color, alpha=0.25, linewidth=0.8)
+        axes[0].plot(
+            steps, np.median(returns, 1), color=color, linewidth=2,
+            label=f"{label}: median (final {np.median(final):.0f})",
+        )  # fmt: skip
+    axes[0].axhline(args.target, color="k", linestyle=":", linewidth=1)
+    axes[0].set(xlabel="environment steps per member", ylabel="evaluation return")
+    axes[0].set_title("members (thin) and median (bold)", fontsize=10)
+    axes[0].legend(fontsize=8)
+    for ax, name in zip(axes[1:], ("actor_lr", "critic_lr"), strict=True):
+        for label, style in (("PBT", "-"), ("fixed", ":")):
+            values = member_columns(results[label][0], name)
+            for i in range(args.population):
+                ax.plot(steps, values[:, i], style, color=f"C{i}", linewidth=1)
+        ax.set_yscale("log")
+        ax.set(xlabel="environment steps per member", ylabel=name)
+        ax.set_title(f"{name}: PBT (solid), fixed (dotted)", fontsize=10)
+    fig.suptitle(f"PBT-TD3 on Pendulum-v1, {args.population} members", fontsize=11)
+    fig.tight_layout()
+    args.figure.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.figure)
+    print(f"saved {args.figure}")
+
+
+if __name__ == "__main__":
+    main()
