@@ -598,10 +598,9 @@ def main(argv=None) -> int:
     except ValueError as err:  # e.g. more devices than there are, a run without metrics
         print(f"evorl-pop {args.command}: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:  # the runner's message says what the run folder holds
         print(
-            f"\nevorl-pop {args.command}: interrupted; the last completed chunk is "
-            f"checkpointed: continue with `evorl-pop resume {getattr(args, 'run', 'RUN')}`.",
+            f"\nevorl-pop {args.command}: interrupted; {err or 'nothing was written'}",
             file=sys.stderr,
         )
         return 130

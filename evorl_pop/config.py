@@ -267,6 +267,24 @@ def to_dict(config: RunConfig) -> dict:
     return out
 
 
+def differences(old: RunConfig, new: RunConfig) -> list[str]:
+    """The settings that differ, as ``'name: old -> new'``, other than :data:`RESUMABLE_FIELDS`.
+
+    Args:
+      old: e.g. a checkpoint's config.
+      new: the config to continue with.
+
+    Returns:
+      One line per differing setting (algorithm fields without their prefix).
+    """
+    a, b = _flatten(to_dict(old)), _flatten(to_dict(new))
+    return [
+        f"{key.removeprefix('algorithm_config.')}: {a.get(key)!r} -> {b.get(key)!r}"
+        for key in sorted(set(a) | set(b), key=lambda k: (k.count("."), k))
+        if key not in RESUMABLE_FIELDS and a.get(key) != b.get(key)
+    ]
+
+
 def from_dict(data: dict, check: bool = True) -> RunConfig:
     """Builds and checks a run config from a mapping (``config.yaml``'s layout).
 

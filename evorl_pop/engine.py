@@ -105,8 +105,9 @@ def summarize(scores, info, mask, maximize: bool, axis_name: str | None = POP_AX
         scores=gathered,
         best=best,
         worst=worst,
-        mean=mean,
-        std=jnp.sqrt(var),
+        # No finite score: NaN, never a 0.0 that reads as a perfect loss.
+        mean=jnp.where(count > 0, mean, jnp.nan),
+        std=jnp.where(count > 0, jnp.sqrt(var), jnp.nan),
         num_nonfinite=num_nonfinite.astype(jnp.int32),
         info=jax.tree.map(masked_sum, info),
     )
