@@ -71,7 +71,7 @@ class Checkpoint:
 
 
 def precision(state) -> str:
-    """``'float64'`` when a float array of ``state`` (JAX arrays or shapes) is 64-bit, else ``'float32'``."""
+    """``'float64'`` when a float JAX array (or shape) in ``state`` is 64-bit, else ``float32``."""
     wide = any(
         isinstance(x, jax.Array | jax.ShapeDtypeStruct)
         and jnp.issubdtype(x.dtype, jnp.floating)
@@ -125,14 +125,17 @@ def save(
     config_lib.write_atomic(path, MAGIC + hashlib.sha256(body).digest() + body)
 
 
+def _file(path: str | os.PathLike) -> Path:
+    return Path(path) / FILENAME if Path(path).is_dir() else Path(path)
+
+
 def read_bytes(path: str | os.PathLike) -> bytes:
     """The raw bytes of a checkpoint file (or of a run folder's), unchecked.
 
     Raises:
       CheckpointError: the file is missing or unreadable.
     """
-    path = Path(path)
-    path = path / FILENAME if path.is_dir() else path
+    path = _file(path)
     try:
         return path.read_bytes()
     except FileNotFoundError:
@@ -141,7 +144,9 @@ def read_bytes(path: str | os.PathLike) -> bytes:
             "first checkpoint, see --checkpoint-every) or this is not a run folder."
         ) from None
     except OSError as err:
-        raise CheckpointError(f"Cannot read the checkpoint {str(path)!r}: {err.strerror}.") from None
+        raise CheckpointError(
+            f"Cannot read the checkpoint {str(path)!r}: {err.strerror}."
+        ) from None
 
 
 def load(path: str | os.PathLike) -> Checkpoint:
@@ -151,8 +156,7 @@ def load(path: str | os.PathLike) -> Checkpoint:
       CheckpointError: the file is missing, truncated, damaged or of an
         unknown format; the message says which.
     """
-    path = Path(path)
-    return parse(read_bytes(path), path / FILENAME if path.is_dir() else path)
+    return parse(read_bytes(path), _file(path))
 
 
 def parse(data: bytes, path: str | os.PathLike = FILENAME) -> Checkpoint:
@@ -231,7 +235,10 @@ def restore_state(template: Any, ckpt: Checkpoint):
             f"{expected}: resume with precision: {ckpt.precision} (the run's own "
             "setting), or start a new run."
         )
-    is_key = lambda x: isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)  # noqa: E731
+
+    def is_key(x):
+        return isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+
     host_template = jax.tree.map(lambda x: to_host(x) if is_key(x) else x, template)
     try:
         restored = flax.serialization.from_state_dict(host_template, ckpt.state)
@@ -243,7 +250,7 @@ def restore_state(template: Any, ckpt: Checkpoint):
     def place(saved, like, original):
         saved = np.asarray(saved)
         # Only shapes and dtypes are compared: no transfer of arrays that span processes.
-        shape, dtype = tuple(np.shape(like)), np.dtype(getattr(like, "dtype", np.asarray(like).dtype))
+        shape, dtype = np.shape(like), np.dtype(getattr(like, "dtype", np.asarray(like).dtype))
         if saved.shape != shape or saved.dtype != dtype:
             raise CheckpointError(
                 "The checkpoint's state does not fit this algorithm and config: an array "

@@ -600,7 +600,7 @@ def main(argv=None) -> int:
         return 2
     except KeyboardInterrupt as err:  # the runner's message says what the run folder holds
         print(
-            f"\nevorl-pop {args.command}: interrupted; {err or 'nothing was written'}",
+            f"\nevorl-pop {args.command}: interrupted; {err or 'stopped before training began'}",
             file=sys.stderr,
         )
         return 130

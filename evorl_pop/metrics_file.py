@@ -47,14 +47,9 @@ def columns_for(metric_names) -> tuple[str, ...]:
 
 
 def _format(value) -> str:
-    if isinstance(value, bool | np.bool_):
+    if isinstance(value, bool | int | np.bool_ | np.integer):
         return str(int(value))
-    if isinstance(value, int | np.integer):
-        return str(int(value))
-    value = float(value)
-    if math.isnan(value):
-        return "nan"
-    return repr(value)
+    return "nan" if math.isnan(value) else repr(float(value))
 
 
 def read(path: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -108,9 +103,7 @@ def format_rows(rows, columns) -> str:
     Returns:
       The lines, each ending in a newline.
     """
-    return "".join(
-        ",".join(_format(r[c]) if c in r else "" for c in columns) + "\n" for r in rows
-    )
+    return "".join(",".join(_format(r[c]) if c in r else "" for c in columns) + "\n" for r in rows)
 
 
 def restore(path: str | os.PathLike, columns, rows: str) -> None:
@@ -145,48 +138,31 @@ def truncate(path: str | os.PathLike, generation: int) -> tuple[str, ...] | None
       The header's columns, or ``None`` when there is no file (or no header).
     """
     path = Path(path)
-    if not path.exists():
-        return None
-    text = path.read_text()
-    lines = text.splitlines(keepends=True)
-    if lines and not lines[-1].endswith("\n"):
-        lines = lines[:-1]
+    text = path.read_text() if path.exists() else ""
+    lines = [line for line in text.splitlines(keepends=True) if line.endswith("\n")]
     if not lines:
         return None
-    header = next(csv.reader([lines[0]]))
-    keep = [lines[0]]
-    for line in lines[1:]:
-        first = line.split(",", 1)[0]
-        if first.isdigit() and int(first) <= generation:
-            keep.append(line)
-    if len(keep) != len(lines) or len(lines) != len(text.splitlines(keepends=True)):
+    keep = lines[:1] + [
+        line for line in lines[1:] if line.split(",", 1)[0].isdigit()
+        and int(line.split(",", 1)[0]) <= generation
+    ]  # fmt: skip
+    if "".join(keep) != text:
         config_lib.write_atomic(path, "".join(keep).encode())
-    return tuple(header)
+    return tuple(next(csv.reader(lines[:1])))
 
 
 class MetricsWriter:
     """Appends whole rows of per-generation metrics to a CSV file."""
 
     def __init__(self, path: str | os.PathLike, columns):
-        """Opens (or creates, with a header) the file.
+        """Opens the file, writing the header when it is missing or empty.
 
         Args:
           path: the metrics file.
           columns: its column names (see :func:`columns_for`).
-
-        Raises:
-          ValueError: the file exists with different columns.
         """
-        self.path = Path(path)
-        self.columns = tuple(columns)
-        if self.path.exists() and self.path.stat().st_size > 0:
-            existing = truncate(self.path, 2**62)
-            if existing is not None and existing != self.columns:
-                raise ValueError(
-                    f"{str(self.path)!r} has columns {list(existing)}, but this run reports "
-                    f"{list(self.columns)}."
-                )
-        else:
+        self.path, self.columns = Path(path), tuple(columns)
+        if not self.path.exists() or self.path.stat().st_size == 0:
             config_lib.write_atomic(self.path, (",".join(self.columns) + "\n").encode())
 
     def append(self, rows) -> None:
@@ -195,8 +171,7 @@ class MetricsWriter:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         try:
             while data:
-                written = os.write(fd, data)
-                data = data[written:]
+                data = data[os.write(fd, data) :]
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -190,7 +190,9 @@ def tree_to_host(tree):
 def needs_collective(tree) -> bool:
     """Whether :func:`tree_to_host` would communicate (a leaf sharded across processes)."""
     return any(
-        isinstance(x, jax.Array) and not x.is_fully_addressable and not x.sharding.is_fully_replicated
+        isinstance(x, jax.Array)
+        and not x.is_fully_addressable
+        and not x.sharding.is_fully_replicated
         for x in jax.tree.leaves(tree)
     )
 

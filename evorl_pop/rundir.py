@@ -60,7 +60,7 @@ def _mkdir(path: Path, exist_ok: bool) -> None:
         path.mkdir(parents=True, exist_ok=exist_ok)
     except FileExistsError:
         if exist_ok:  # a file where the folder should be
-            raise RunError(f"Cannot create the run folder {str(path)!r}: a file is in the way.") from None
+            raise RunError(f"Cannot create {str(path)!r}: a file is there.") from None
         raise
     except OSError as err:
         raise RunError(

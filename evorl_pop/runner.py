@@ -51,24 +51,11 @@ class RunResult:
     wall_time: float
 
 
-def build(config: RunConfig):
-    """The algorithm of a run config on its mesh.
-
-    Args:
-      config: the run config (``devices``: how many devices on the ``POP`` axis).
-
-    Returns:
-      ``(algorithm, mesh, init_key, run_key)``: the run key is what every
-      generation folds its index into.
-
-    Raises:
-      RunError: a device count that leaves processes out, or a population too
-        large for the devices' memory.
-    """
-    spec = registry.get(config.algorithm)
+def _build(config: RunConfig):
+    """``(algorithm, mesh, init_key, run_key)`` of a run config, refused before any compile
+    when its population cannot fit in the devices' memory."""
     if jax.process_count() > 1 and config.devices not in (None, jax.device_count()):
-        # A mesh over part of the devices would leave some processes out of
-        # the computation they all run.
+        # A mesh over part of the devices would leave processes out of what they all run.
         raise RunError(
             f"devices={config.devices}, but a run over {jax.process_count()} processes uses "
             f"all of their {jax.device_count()} devices: leave devices unset (null) or set it "
@@ -76,71 +63,41 @@ def build(config: RunConfig):
             "environment (XLA_FLAGS on CPUs, the launcher, the scheduler)."
         )
     mesh = make_mesh(config.devices)
-    algorithm = spec.algorithm_class(config.algorithm_config, mesh=mesh)
+    algorithm = registry.get(config.algorithm).algorithm_class(config.algorithm_config, mesh=mesh)
     init_key, run_key = jax.random.split(jax.random.key(config.seed))
-    _check_memory(config, jax.eval_shape(algorithm.init, init_key), mesh)
-    return algorithm, mesh, init_key, run_key
-
-
-def _check_memory(config: RunConfig, shapes, mesh) -> None:
-    """Refuses, before anything compiles, a run whose population cannot fit in memory."""
-    leaves = [x for x in jax.tree.leaves(shapes) if hasattr(x, "dtype")]
-    floats = [x for x in leaves if jnp.issubdtype(x.dtype, jnp.floating) and x.ndim]
-    dims = max((x.shape[-1] for x in floats), default=1)
+    leaves = [x for x in jax.tree.leaves(jax.eval_shape(algorithm.init, init_key))]
+    dims = max((x.shape[-1] for x in leaves if x.ndim and jnp.issubdtype(x.dtype, jnp.floating)),
+               default=1)  # fmt: skip
     population = getattr(config.algorithm_config, "population_size", 0) or 0
     # Per device: the replicated state, and its slice of the population held
     # about three times over (candidates, noise, the updated copy).
-    need = sum(x.size * x.dtype.itemsize for x in leaves) + 3 * 4 * dims * -(-population // mesh.size)
+    need = sum(x.size * x.dtype.itemsize for x in leaves) + 12 * dims * -(-population // mesh.size)
     device = mesh.devices.flat[0]
-    stats = device.memory_stats() if device.platform != "cpu" else None
-    if stats and "bytes_limit" in stats:
-        have = stats["bytes_limit"]
-    else:  # simulated CPU devices share the host's memory
-        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // mesh.size
+    have = (device.memory_stats() or {}).get("bytes_limit") if device.platform != "cpu" else None
+    # Simulated CPU devices share the host's memory.
+    have = have or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // mesh.size
     if need > have:
         raise RunError(
             f"population_size={population:,} with {dims:,} parameters per candidate needs about "
             f"{need / 2**30:,.1f} GiB per device, more than the {have / 2**30:,.1f} GiB there "
             "are: lower population_size (or the network), or spread it over more devices."
         )
+    return algorithm, mesh, init_key, run_key
 
 
-def init_state(algorithm, init_key, mesh):
-    """The algorithm's initial state, placed on the mesh (see :func:`place_state`).
-
-    Args:
-      algorithm: the algorithm (``init(key) -> state``).
-      init_key: the run's init key.
-      mesh: the run's mesh.
-
-    Returns:
-      The initial state.
-    """
-    if jax.process_count() > 1:
-        # Traced, a placement is just a sharding constraint and every process
-        # computes the same state; eagerly, JAX would compare host values
-        # across processes (NaN never compares equal).
-        state = jax.jit(lambda: algorithm.init(init_key))()
-    else:
-        state = algorithm.init(init_key)
-    return place_state(state, mesh)
-
-
-def place_state(state, mesh):
-    """Replicates every not-yet-placed array of a state over the mesh.
+def _init_state(algorithm, init_key, mesh):
+    """The initial state with every array not yet on a ``NamedSharding`` replicated on ``mesh``.
 
     A compiled chunk returns its state committed to the mesh; a fresh or
     restored state that is not would compile the chunk a second time, and a
-    resumed run would run a different program than an uninterrupted one.
-    Arrays already on a ``NamedSharding`` (e.g. a sharded population) stay.
-
-    Args:
-      state: the algorithm state.
-      mesh: the run's mesh.
-
-    Returns:
-      The state with every other array replicated, ``P()``, on ``mesh``.
+    resumed run would run another program than an uninterrupted one.
     """
+    if jax.process_count() > 1:
+        # Traced, a placement is a sharding constraint and every process computes the
+        # same state; eagerly, JAX would compare values across processes (NaN != NaN).
+        state = jax.jit(lambda: algorithm.init(init_key))()
+    else:
+        state = algorithm.init(init_key)
     replicated = NamedSharding(mesh, PartitionSpec())
 
     def place(x):
@@ -152,8 +109,8 @@ def place_state(state, mesh):
 
 
 def _describe(config: RunConfig) -> str:
-    cfg = config.algorithm_config
-    return " ".join([config.algorithm, *(str(getattr(cfg, n)) for n in ("strategy", "task") if getattr(cfg, n, None))])
+    names = [getattr(config.algorithm_config, n, None) for n in ("strategy", "task")]
+    return " ".join([config.algorithm, *(str(n) for n in names if n)])
 
 
 def _log_start(config: RunConfig, mesh, what: str) -> None:
@@ -172,47 +129,45 @@ def _log_start(config: RunConfig, mesh, what: str) -> None:
         logger.info("  %s", line)
 
 
-def _run(session: training.Session, algorithm, progress: bool, figure: bool, stop) -> RunResult:
-    config = session.config
+def _run(session: training.Session, algorithm, mesh, what: str, progress, figure, stop):
+    """Runs a session with the run's log open; Ctrl-C ends in an ``Interrupted`` that says
+    what the folder holds."""
+    config, run_dir = session.config, session.run_dir
     try:
-        state, history = training.train_loop(
-            algorithm,
-            session.state,
-            session.run_key,
-            config.generations - session.generation,
-            chunk=config.chunk,
-            callback=session.callback,
-            progress=progress and session.writer,
-            desc=_describe(config),
-            generation_offset=session.generation,
-            stop=stop,
-        )
-        session.checkpoint()
+        with rundir.writing(run_dir), rundir.logging_to(run_dir):
+            _log_start(config, mesh, what)
+            if session.note:
+                logger.info("%s", session.note)
+            try:
+                state, history = training.train_loop(
+                    algorithm,
+                    session.state,
+                    session.run_key,
+                    config.generations - session.generation,
+                    chunk=config.chunk,
+                    callback=session.callback,
+                    progress=progress and session.writer,
+                    desc=_describe(config),
+                    generation_offset=session.generation,
+                    stop=stop,
+                )
+                session.checkpoint()
+            except KeyboardInterrupt:
+                session.checkpoint(collective=False)
+                logger.info("interrupted after generation %d", session.generation)
+                raise
+            logger.info("done: generation %d, %d env steps, %.1fs",
+                        session.generation, session.env_steps, session.wall_time)  # fmt: skip
     except KeyboardInterrupt:
-        session.checkpoint(collective=False)
-        logger.info("interrupted after generation %d", session.generation)
-        raise
-    logger.info(
-        "done: generation %d, %d env steps, %.1fs",
-        session.generation,
-        session.env_steps,
-        session.wall_time,
-    )
+        if (run_dir / ckpt_lib.FILENAME).exists():
+            what = f"continue from its last checkpoint with `evorl-pop resume {run_dir}`."
+        else:
+            what = f"no checkpoint was written; start again (with --overwrite to reuse {run_dir})."
+        raise training.Interrupted(what) from None
     if figure and session.writer:
-        draw_figure(session.run_dir)
-    return RunResult(
-        session.run_dir, state, history, session.generation, session.env_steps, session.wall_time
-    )
-
-
-def _interrupted(run_dir: Path) -> training.Interrupted:
-    if (run_dir / ckpt_lib.FILENAME).exists():
-        return training.Interrupted(
-            f"continue from its last checkpoint with `evorl-pop resume {run_dir}`."
-        )
-    return training.Interrupted(
-        f"no checkpoint was written; start again (with --overwrite to reuse {run_dir})."
-    )
+        draw_figure(run_dir)
+    return RunResult(run_dir, state, history, session.generation, session.env_steps,
+                     session.wall_time)  # fmt: skip
 
 
 def draw_figure(run_dir: Path) -> Path | None:
@@ -262,23 +217,16 @@ def train(
     # Process 0's name (a timestamp) is everyone's.
     run_dir = Path(multihost.share(lambda: str(run_dir)))
     try:
-        algorithm, mesh, init_key, run_key = build(config)
+        algorithm, mesh, init_key, run_key = _build(config)
     except BaseException:
         if run_dir in rundir.RESERVED and not any(run_dir.iterdir()):
             run_dir.rmdir()  # the empty folder default_run_dir made for this run
         raise
     with training.deferred_interrupts() as stop, rundir.hold(run_dir, True, config, overwrite):
         multihost.barrier("evorl_pop.train.folder")  # no process starts before the folder is ready
-        try:
-            with rundir.writing(run_dir), rundir.logging_to(run_dir):
-                _log_start(config, mesh, f"new run in {run_dir}")
-                session = training.Session(run_dir, config, run_key)
-                session.state = init_state(algorithm, init_key, mesh)
-                return _run(session, algorithm, progress, figure, stop)
-        except training.Interrupted:
-            raise
-        except KeyboardInterrupt:
-            raise _interrupted(run_dir) from None
+        session = training.Session(run_dir, config, run_key)
+        session.state = _init_state(algorithm, init_key, mesh)
+        return _run(session, algorithm, mesh, f"new run in {run_dir}", progress, figure, stop)
 
 
 def resume(
@@ -355,8 +303,8 @@ def resume(
                 f"of {config.generations}; ask for more (--generations N with N >= "
                 f"{ckpt.generation}, or --more N)."
             )
-        algorithm, mesh, init_key, _ = build(config)
-        state = ckpt_lib.restore_state(init_state(algorithm, init_key, mesh), ckpt)
+        algorithm, mesh, init_key, _ = _build(config)
+        state = ckpt_lib.restore_state(_init_state(algorithm, init_key, mesh), ckpt)
         if int(multihost.to_host(state.generation)) != ckpt.generation:
             raise ckpt_lib.CheckpointError(
                 f"The checkpoint says generation {ckpt.generation} but its state is at "
@@ -373,18 +321,12 @@ def resume(
 
         with rundir.writing(run_dir):
             multihost.share(repair)
-        try:
-            with rundir.writing(run_dir), rundir.logging_to(run_dir):
-                _log_start(config, mesh, f"resume from generation {ckpt.generation}")
-                if changed:
-                    logger.info("config changed (--force): %s", "; ".join(changed))
-                session = training.Session(run_dir, config, ckpt_lib.restore_key(ckpt), ckpt)
-                session.state = state
-                return _run(session, algorithm, progress, figure, stop)
-        except training.Interrupted:
-            raise
-        except KeyboardInterrupt:
-            raise _interrupted(run_dir) from None
+        session = training.Session(run_dir, config, ckpt_lib.restore_key(ckpt), ckpt)
+        session.state = state
+        if changed:
+            session.note = f"config changed (--force): {'; '.join(changed)}"
+        what = f"resume from generation {ckpt.generation}"
+        return _run(session, algorithm, mesh, what, progress, figure, stop)
 
 
 __all__ = [
@@ -392,7 +334,6 @@ __all__ = [
     "RunConfig",
     "RunError",
     "RunResult",
-    "build",
     "default_run_dir",
     "draw_figure",
     "is_writer",

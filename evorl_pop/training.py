@@ -75,7 +75,7 @@ def train_loop(
       over all generations run.
     """
     if num_generations < 0 or chunk < 1:
-        raise ValueError(f"need num_generations >= 0 and chunk >= 1, got {num_generations}, {chunk}")
+        raise ValueError(f"need generations >= 0 and chunk >= 1, got {num_generations}, {chunk}")
 
     def body(state, _):
         new_state, metrics = algorithm.step(state, jax.random.fold_in(key, state.generation))
@@ -109,7 +109,7 @@ def train_loop(
             history.setdefault(name, []).append(values)
         if callback is not None:
             callback(state, metrics)
-        postfix = {"best": f"{metrics['fitness_best'][-1]:.4g}", "mean": f"{metrics['fitness_mean'][-1]:.4g}"}
+        postfix = {k: f"{metrics[f'fitness_{k}'][-1]:.4g}" for k in ("best", "mean")}
         if "env_steps" in metrics and metrics["env_steps"].sum() > 0:
             postfix["steps/s"] = f"{metrics['env_steps'].sum() / elapsed:.3g}"
         bar.set_postfix(postfix)
@@ -176,6 +176,7 @@ class Session:
         self.start = time.perf_counter()
         self.metrics = None
         self.state = None
+        self.note = ""  # a line for the log after the run's header
 
     def callback(self, state, metrics) -> None:
         """Records a chunk's metrics (see :func:`train_loop`), then checkpoints if due."""
@@ -205,7 +206,8 @@ class Session:
 
     def _write(self, rows) -> None:
         if self.metrics is None:
-            self.metrics = metrics_file.MetricsWriter(self.run_dir / metrics_file.FILENAME, self.columns)
+            path = self.run_dir / metrics_file.FILENAME
+            self.metrics = metrics_file.MetricsWriter(path, self.columns)
         self.metrics.append(rows)
         failed = [r["generation"] for r in rows if np.isnan(r.get("fitness_mean", 0.0))]
         if failed:

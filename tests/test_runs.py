@@ -299,7 +299,7 @@ def test_zero_generations_leave_a_resumable_folder(tmp_path):
 
 
 def test_plot_of_a_file_that_is_not_metrics_names_it(tmp_path, capsys):
-    for name, data in (("notes.txt", b"hello\nworld\n"), ("image.png", b"\x89PNG\r\n\x1a\n\xff\xfe")):
+    for name, data in (("notes.txt", b"hello\n"), ("image.png", b"\x89PNG\r\n\x1a\n\xff")):
         path = tmp_path / name
         path.write_bytes(data)
         _one_line_error(capsys, ["plot", str(path), "--out", str(tmp_path / "f.png")], 2,
