@@ -313,14 +313,18 @@ def resume(
 
         def repair():
             path = run_dir / metrics_file.FILENAME
-            if ckpt.metrics_columns and ckpt.metrics_rows is not None:
-                metrics_file.restore(path, ckpt.metrics_columns, ckpt.metrics_rows)
-            else:  # a checkpoint without its rows, or before the first generation
-                metrics_file.truncate(path, ckpt.generation)
+            columns, rows = ckpt.metrics_columns, ckpt.metrics_rows
+            if columns and rows is not None:
+                metrics_file.restore(path, columns, rows)
+            else:  # a checkpoint from before rows were kept, or of generation 0
+                columns = metrics_file.truncate(path, ckpt.generation) or ()
+                rows = "".join(path.read_text().splitlines(keepends=True)[1:]) if columns else ""
             config_lib.save(config, run_dir / rundir.CONFIG_FILENAME)
+            return columns, rows
 
         with rundir.writing(run_dir):
-            multihost.share(repair)
+            columns, rows = multihost.share(repair)
+        ckpt = dataclasses.replace(ckpt, metrics_columns=columns, metrics_rows=rows)
         session = training.Session(run_dir, config, ckpt_lib.restore_key(ckpt), ckpt)
         session.state = state
         if changed:

@@ -63,6 +63,15 @@ def _train(out, *extra):
     return cli.main(["train", *SMALL, "--out", str(out), *extra])
 
 
+def _edit_checkpoint(run, edit):
+    """Rewrites a checkpoint's payload (with a valid checksum)."""
+    data = (run / ckpt_lib.FILENAME).read_bytes()
+    payload = flax.serialization.msgpack_restore(data[len(ckpt_lib.MAGIC) + 32 :])
+    edit(payload)
+    body = flax.serialization.msgpack_serialize(payload)
+    (run / ckpt_lib.FILENAME).write_bytes(ckpt_lib.MAGIC + hashlib.sha256(body).digest() + body)
+
+
 def _snapshot(run):
     return {n: (run / n).read_bytes() for n in RECORDS if (run / n).exists()}
 
@@ -178,6 +187,22 @@ def test_resume_repairs_cut_and_extra_metrics_rows(tmp_path, capsys):
     assert data["generation"].tolist() == list(range(1, 23))
     assert path.read_text().startswith(whole)
     capsys.readouterr()
+
+
+def test_a_checkpoint_without_metrics_rows_keeps_the_file_rows(tmp_path):
+    run = tmp_path / "run"
+    assert _train(run, "--generations", "4", "--checkpoint-every", "2") == 0
+    path = run / metrics_file.FILENAME
+    whole = path.read_text()
+    _edit_checkpoint(run, lambda payload: payload.pop("metrics_rows"))  # an older checkpoint
+    path.write_text(whole + "5,0,1.0")
+    assert cli.main(["resume", str(run), "--more", "2", "-q", "--no-figure"]) == 0
+    assert metrics_file.read(path)["generation"].tolist() == [1, 2, 3, 4, 5, 6]
+    # The new checkpoint keeps all six rows, also those written before the resume.
+    path.write_text(whole[:40])
+    assert cli.main(["resume", str(run), "--more", "0", "-q", "--no-figure"]) == 0
+    assert metrics_file.read(path)["generation"].tolist() == [1, 2, 3, 4, 5, 6]
+    assert path.read_text().startswith(whole)
 
 
 # --- an all-non-finite generation --------------------------------------------------------
@@ -312,12 +337,8 @@ def test_plot_of_a_file_that_is_not_metrics_names_it(tmp_path, capsys):
 def test_resume_refuses_a_checkpoint_of_another_precision(tmp_path, capsys):
     run = tmp_path / "run"
     assert _train(run, "--generations", "2") == 0
-    data = (run / ckpt_lib.FILENAME).read_bytes()
-    payload = flax.serialization.msgpack_restore(data[len(ckpt_lib.MAGIC) + 32 :])
-    assert payload["precision"] == "float32"
-    payload["precision"] = "float64"
-    body = flax.serialization.msgpack_serialize(payload)
-    (run / ckpt_lib.FILENAME).write_bytes(ckpt_lib.MAGIC + hashlib.sha256(body).digest() + body)
+    assert ckpt_lib.load(run).precision == "float32"
+    _edit_checkpoint(run, lambda payload: payload.update(precision="float64"))
     before = _snapshot(run)
     _one_line_error(capsys, ["resume", str(run), "--more", "2", "-q"], 1, "float64", "float32")
     assert _snapshot(run) == before
