@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from evorl_pop import config as config_lib
-from evorl_pop.multihost import put, to_host, tree_to_host
+from evorl_pop.multihost import put, to_host
 
 MAGIC = b"evorl-pop-ckpt\x00\x01"
 FORMAT_VERSION = 1
@@ -81,46 +81,21 @@ def precision(state) -> str:
     return "float64" if wide else "float32"
 
 
-def save(
-    path: str | os.PathLike,
-    state,
-    key: jax.Array,
-    config: dict,
-    generation: int,
-    env_steps: int,
-    wall_time: float,
-    metrics_columns=(),
-    metrics_rows: str = "",
-    precision: str = "float32",
-) -> None:
+def save(path: str | os.PathLike, ckpt: Checkpoint) -> None:
     """Writes a checkpoint atomically.
 
     Args:
       path: the checkpoint file (usually ``RUN/checkpoint.msgpack``).
-      state: the algorithm state (possibly sharded; every process must call
-        :func:`evorl_pop.multihost.tree_to_host` on it first if it spans processes).
-      key: the run key (a typed key array).
-      config: the run config as a plain mapping.
-      generation: generations completed.
-      env_steps: cumulative environment steps.
-      wall_time: cumulative training seconds.
-      metrics_columns: the metrics file's columns.
-      metrics_rows: its rows up to ``generation``, as CSV text.
-      precision: the state's float type (see :func:`precision`).
+      ckpt: its contents, the state already on the host (every process calls
+        :func:`evorl_pop.multihost.tree_to_host` on a state that spans processes).
     """
-    payload = {
-        "format": FORMAT_VERSION,
-        "state": flax.serialization.to_state_dict(tree_to_host(state)),
-        "key": to_host(key),
-        "key_impl": str(jax.random.key_impl(key)),
-        "config": config,
-        "generation": int(generation),
-        "env_steps": int(env_steps),
-        "wall_time": float(wall_time),
-        "metrics_columns": list(metrics_columns),
-        "metrics_rows": zlib.compress(metrics_rows.encode()),
-        "precision": precision,
-    }
+    payload = {f.name: getattr(ckpt, f.name) for f in dataclasses.fields(ckpt)}
+    payload.update(
+        format=FORMAT_VERSION,
+        state=flax.serialization.to_state_dict(ckpt.state),
+        metrics_columns=list(ckpt.metrics_columns),
+        metrics_rows=zlib.compress((ckpt.metrics_rows or "").encode()),
+    )
     body = flax.serialization.msgpack_serialize(payload)
     config_lib.write_atomic(path, MAGIC + hashlib.sha256(body).digest() + body)
 
@@ -191,18 +166,12 @@ def parse(data: bytes, path: str | os.PathLike = FILENAME) -> Checkpoint:
             f"evorl-pop reads format {FORMAT_VERSION}."
         )
     rows = p.get("metrics_rows")
-    return Checkpoint(
-        state=p["state"],
+    p.update(
         key=np.asarray(p["key"]),
-        key_impl=p["key_impl"],
-        config=p["config"],
-        generation=int(p["generation"]),
-        env_steps=int(p["env_steps"]),
-        wall_time=float(p["wall_time"]),
         metrics_columns=tuple(p.get("metrics_columns", ())),
         metrics_rows=None if rows is None else zlib.decompress(rows).decode(),
-        precision=p.get("precision", "float32"),
     )
+    return Checkpoint(**{f.name: p[f.name] for f in dataclasses.fields(Checkpoint) if f.name in p})
 
 
 def restore_key(ckpt: Checkpoint) -> jax.Array:

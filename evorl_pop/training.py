@@ -245,17 +245,18 @@ class Session:
             return
         state = multihost.tree_to_host(self.state)
         if self.writer:
-            ckpt_lib.save(
-                self.run_dir / ckpt_lib.FILENAME,
-                state,
-                self.run_key,
-                config_lib.to_dict(self.config),
-                self.generation,
-                self.env_steps,
-                self.wall_time,
-                self.columns or (),
-                "".join(self.rows),
-                ckpt_lib.precision(self.state),
+            ckpt = ckpt_lib.Checkpoint(
+                state=state,
+                key=multihost.to_host(self.run_key),
+                key_impl=str(jax.random.key_impl(self.run_key)),
+                config=config_lib.to_dict(self.config),
+                generation=self.generation,
+                env_steps=self.env_steps,
+                wall_time=self.wall_time,
+                metrics_columns=self.columns or (),
+                metrics_rows="".join(self.rows),
+                precision=ckpt_lib.precision(self.state),
             )
+            ckpt_lib.save(self.run_dir / ckpt_lib.FILENAME, ckpt)
             logger.info("checkpoint at generation %d", self.generation)
         self.saved_generation = self.last_checkpoint_generation = self.generation
