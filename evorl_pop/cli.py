@@ -161,7 +161,8 @@ def _add_run_settings(p: argparse.ArgumentParser, resume: bool) -> None:
         metavar="S",
         default=None,
         help="seconds after which a silent process counts as dead and the others stop with "
-        "an error instead of waiting (default: 30)",
+        "an error instead of waiting; also how long to wait for the coordinator at start-up "
+        "(at least 20) (default: 30)",
     )
 
 

@@ -25,7 +25,8 @@ ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAX_PROCESS_ID"
 #: Seconds without heartbeats after which a process counts as dead (JAX: 100);
-#: also how long a process waits for the coordinator at start-up.
+#: also how long a process waits for the coordinator at start-up (at least 20 s,
+#: the time a loaded machine may take to start the others).
 DEFAULT_HEARTBEAT_TIMEOUT = 30
 #: Seconds a finishing process waits for the others at shutdown (JAX: 300).
 DEFAULT_SHUTDOWN_TIMEOUT = 60
@@ -105,7 +106,7 @@ def initialize(
       heartbeat_timeout: seconds after which a silent process counts as dead.
       shutdown_timeout: seconds a finishing process waits for the others.
       initialization_timeout: seconds to wait for the coordinator and every
-        process (default: ``heartbeat_timeout``).
+        process (default: ``heartbeat_timeout``, at least 20).
 
     Returns:
       Whether ``jax.distributed`` was initialised (here or before).
@@ -140,7 +141,7 @@ def initialize(
         raise ValueError(f"--process-id must be in 0..{num_processes - 1}, got {process_id}.")
     if num_processes == 1 and cluster is None:
         return False  # one process needs no coordinator
-    timeout = heartbeat_timeout if initialization_timeout is None else initialization_timeout
+    timeout = initialization_timeout or max(heartbeat_timeout, 20)
     if coordinator is not None and process_id is not None:
         _reach(coordinator, process_id, timeout)
     if jax.config.jax_cpu_collectives_implementation in (None, "none"):
