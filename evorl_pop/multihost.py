@@ -260,10 +260,8 @@ def barrier(name: str) -> None:
 def put(x, sharding):
     """``jax.device_put(x, sharding)`` that also works for shardings spanning processes.
 
-    With several processes each builds its own shards from its copy of the
-    host value with ``jax.make_array_from_callback``: ``jax.device_put`` would
-    compare the value across processes, and NaN never compares equal. Typed
-    PRNG keys travel as raw data and are wrapped again.
+    Each process builds its shards from its own copy (``device_put`` would
+    compare the copies, and NaN never compares equal); typed keys travel as raw data.
 
     Args:
       x: an array (or a typed key array), the same value in every process.

@@ -137,12 +137,13 @@ def hold(run_dir: Path, new: bool, config: RunConfig | None = None, overwrite: b
                 f"{str(run_dir)!r} is in use by another evorl-pop process (pid {pid}); wait "
                 "for it to end (or stop it) before writing to this run folder, or choose another."
             ) from None
+        if new:
+            _clear(run_dir, overwrite)  # a refusal leaves even the lock file as it was
         handle.seek(0)
         handle.truncate()
         handle.write(f"{os.getpid()}\n")
         handle.flush()
         if new:
-            _clear(run_dir, overwrite)
             config_lib.save(config, run_dir / CONFIG_FILENAME)
 
     try:

@@ -252,13 +252,13 @@ def resume(
 
     Args:
       run_dir: the run folder.
-      generations: the new total number of generations.
+      generations: the new total number of generations (or ``more`` beyond the checkpoint).
       more: run this many generations beyond the checkpoint instead.
       overrides: ``key=value`` strings, as for ``train``.
       config_file: a YAML / TOML file overriding ``config.yaml``.
       force: continue even if the config differs from the checkpoint's.
-      devices: devices on the population axis (results then agree with an
-        uninterrupted run to float tolerance rather than bit for bit).
+      devices: devices on the population axis (another count agrees with an
+        uninterrupted run to float tolerance, not bit for bit).
       chunk: generations per compiled chunk.
       checkpoint_every: the checkpoint interval.
       progress: show a progress bar.
