@@ -109,7 +109,8 @@ def _add_run_settings(p: argparse.ArgumentParser, resume: bool) -> None:
     group.add_argument("--num-processes", type=_int(1), metavar="N", help="processes in the run")
     group.add_argument("--process-id", type=_int(0), metavar="I", help="this process's index")
     group.add_argument("--heartbeat-timeout", type=_int(1), metavar="S", help="seconds after "
-                       "which a silent process counts as dead and the others stop (default: 30)")
+                       "which a silent process counts as dead and the others stop; also how long "
+                       "to wait for the coordinator at start-up (at least 20) (default: 30)")
     # fmt: on
 
 
@@ -395,10 +396,9 @@ def main(argv=None) -> int:
     except ValueError as err:  # e.g. more devices than there are, a run without metrics
         print(f"evorl-pop {args.command}: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:  # the runner's message says what the run folder holds
         print(
-            f"\nevorl-pop {args.command}: interrupted; the last completed chunk is "
-            f"checkpointed: continue with `evorl-pop resume {getattr(args, 'run', 'RUN')}`.",
+            f"\nevorl-pop {args.command}: interrupted; {err or 'stopped before training began'}",
             file=sys.stderr,
         )
         return 130

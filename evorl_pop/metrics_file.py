@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from evorl_pop.config import write_atomic
+from evorl_pop import config as config_lib
 
 FILENAME = "metrics.csv"
 LEADING = ("generation", "env_steps", "wall_time")
@@ -47,14 +47,9 @@ def columns_for(metric_names) -> tuple[str, ...]:
 
 
 def _format(value) -> str:
-    if isinstance(value, bool | np.bool_):
+    if isinstance(value, bool | int | np.bool_ | np.integer):
         return str(int(value))
-    if isinstance(value, int | np.integer):
-        return str(int(value))
-    value = float(value)
-    if math.isnan(value):
-        return "nan"
-    return repr(value)
+    return "nan" if math.isnan(value) else repr(float(value))
 
 
 def read(path: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -70,26 +65,63 @@ def read(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
     Raises:
       FileNotFoundError: no metrics file there.
+      ValueError: the file is not a metrics CSV.
     """
     path = Path(path)
     if path.is_dir():
         path = path / FILENAME
-    text = path.read_text()
-    lines = text.splitlines(keepends=True)
-    if lines and not lines[-1].endswith("\n"):
-        lines = lines[:-1]
-    rows = list(csv.reader(io.StringIO("".join(lines))))
-    if not rows:
-        return {}
-    header, body = rows[0], rows[1:]
-    out = {}
-    for i, name in enumerate(header):
-        values = [r[i] for r in body]
-        try:
-            out[name] = np.array([int(v) for v in values], dtype=np.int64)
-        except ValueError:
-            out[name] = np.array([float(v) if v else np.nan for v in values], dtype=np.float64)
+    try:
+        lines = path.read_text().splitlines(keepends=True)
+        if lines and not lines[-1].endswith("\n"):
+            lines = lines[:-1]
+        rows = list(csv.reader(io.StringIO("".join(lines))))
+        header, body = (rows[0], rows[1:]) if rows else ([], [])
+        if header and header[0] != LEADING[0] or any(len(r) != len(header) for r in body):
+            raise ValueError("not the columns of a metrics file")
+        out = {}
+        for i, name in enumerate(header):
+            values = [r[i] for r in body]
+            try:
+                out[name] = np.array([int(v) for v in values], dtype=np.int64)
+            except ValueError:
+                out[name] = np.array([float(v) if v else np.nan for v in values], np.float64)
+    except ValueError as err:  # also UnicodeDecodeError: a binary file
+        raise ValueError(
+            f"{str(path)!r} is not an evorl-pop metrics CSV ({err}); give a run folder or its "
+            f"{FILENAME}."
+        ) from None
     return out
+
+
+def format_rows(rows, columns) -> str:
+    """Rows as CSV lines in the order of ``columns``.
+
+    Args:
+      rows: mappings from column name to a scalar; a missing column is written empty.
+      columns: the column names.
+
+    Returns:
+      The lines, each ending in a newline.
+    """
+    return "".join(",".join(_format(r[c]) if c in r else "" for c in columns) + "\n" for r in rows)
+
+
+def restore(path: str | os.PathLike, columns, rows: str) -> None:
+    """Makes the file hold exactly a header and ``rows`` (atomically, only if it differs).
+
+    A resumed run restores its metrics this way from its checkpoint: rows
+    past the checkpoint are dropped, lost or cut rows and a cut header are
+    written back.
+
+    Args:
+      path: the metrics file.
+      columns: the column names.
+      rows: the CSV lines (see :func:`format_rows`).
+    """
+    path = Path(path)
+    data = (",".join(columns) + "\n" + rows).encode()
+    if not (path.exists() and path.read_bytes() == data):
+        config_lib.write_atomic(path, data)
 
 
 def truncate(path: str | os.PathLike, generation: int) -> tuple[str, ...] | None:
@@ -106,66 +138,40 @@ def truncate(path: str | os.PathLike, generation: int) -> tuple[str, ...] | None
       The header's columns, or ``None`` when there is no file (or no header).
     """
     path = Path(path)
-    if not path.exists():
-        return None
-    text = path.read_text()
-    lines = text.splitlines(keepends=True)
-    if lines and not lines[-1].endswith("\n"):
-        lines = lines[:-1]
+    text = path.read_text() if path.exists() else ""
+    lines = [line for line in text.splitlines(keepends=True) if line.endswith("\n")]
     if not lines:
         return None
-    header = next(csv.reader([lines[0]]))
-    keep = [lines[0]]
-    for line in lines[1:]:
-        first = line.split(",", 1)[0]
-        if first.isdigit() and int(first) <= generation:
-            keep.append(line)
-    if len(keep) != len(lines) or len(lines) != len(text.splitlines(keepends=True)):
-        write_atomic(path, "".join(keep).encode())
-    return tuple(header)
+    keep = lines[:1] + [
+        line for line in lines[1:] if line.split(",", 1)[0].isdigit()
+        and int(line.split(",", 1)[0]) <= generation
+    ]  # fmt: skip
+    if "".join(keep) != text:
+        config_lib.write_atomic(path, "".join(keep).encode())
+    return tuple(next(csv.reader(lines[:1])))
 
 
 class MetricsWriter:
     """Appends whole rows of per-generation metrics to a CSV file."""
 
     def __init__(self, path: str | os.PathLike, columns):
-        """Opens (or creates, with a header) the file.
+        """Opens the file, writing the header when it is missing or empty.
 
         Args:
           path: the metrics file.
           columns: its column names (see :func:`columns_for`).
-
-        Raises:
-          ValueError: the file exists with different columns.
         """
-        self.path = Path(path)
-        self.columns = tuple(columns)
-        if self.path.exists() and self.path.stat().st_size > 0:
-            existing = truncate(self.path, 2**62)
-            if existing is not None and existing != self.columns:
-                raise ValueError(
-                    f"{str(self.path)!r} has columns {list(existing)}, but this run reports "
-                    f"{list(self.columns)}."
-                )
-        else:
-            write_atomic(self.path, (",".join(self.columns) + "\n").encode())
+        self.path, self.columns = Path(path), tuple(columns)
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            config_lib.write_atomic(self.path, (",".join(self.columns) + "\n").encode())
 
     def append(self, rows) -> None:
-        """Appends rows in one write.
-
-        Args:
-          rows: mappings from column name to a scalar; a missing column is
-            written empty.
-        """
-        text = "".join(
-            ",".join(_format(r[c]) if c in r else "" for c in self.columns) + "\n" for r in rows
-        )
-        data = text.encode()
+        """Appends rows (see :func:`format_rows`) in one write."""
+        data = format_rows(rows, self.columns).encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         try:
             while data:
-                written = os.write(fd, data)
-                data = data[written:]
+                data = data[os.write(fd, data) :]
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -59,14 +59,9 @@ def _group_key(config: dict) -> str:
 def _label(config: dict, differing: Sequence[str]) -> str:
     algo = config.get("algorithm_config", {}) or {}
     parts = [str(config.get("algorithm", "run"))]
-    for name in ("strategy", "task", "env_name", "env"):
-        if algo.get(name):
-            parts.append(str(algo[name]))
-    extra = [
-        f"{k}={algo.get(k, config.get(k))}"
-        for k in differing
-        if k not in ("strategy", "task", "env")
-    ]
+    named = ("strategy", "task")
+    parts += [str(algo[n]) for n in named if algo.get(n)]
+    extra = [f"{k}={algo.get(k, config.get(k))}" for k in differing if k not in named]
     return " ".join(parts) + (f" ({', '.join(extra)})" if extra else "")
 
 
@@ -76,17 +71,15 @@ def _aggregate(runs, metric: str, x: str, band: str):
         n = min(len(m["generation"]) for _, m in runs)
         xs = runs[0][1]["generation"][:n].astype(float)
         ys = np.stack([m[metric][:n] for _, m in runs])
+    elif len(runs) == 1:
+        xs, ys = runs[0][1]["env_steps"].astype(float), runs[0][1][metric][None]
     else:
         # Env steps differ between seeds (episodes end early): interpolate
         # every run onto one grid up to the shortest run's last step.
         end = min(m["env_steps"][-1] for _, m in runs)
         start = max(m["env_steps"][0] for _, m in runs)
-        if len(runs) == 1:
-            xs = runs[0][1]["env_steps"].astype(float)
-            ys = runs[0][1][metric][None]
-        else:
-            xs = np.linspace(start, end, 200)
-            ys = np.stack([np.interp(xs, m["env_steps"], m[metric]) for _, m in runs])
+        xs = np.linspace(start, end, 200)
+        ys = np.stack([np.interp(xs, m["env_steps"], m[metric]) for _, m in runs])
     mean = np.nanmean(ys, axis=0)
     if band == "std":
         std = np.nanstd(ys, axis=0)

@@ -1,15 +1,39 @@
-"""Host-side training loop: compiled chunks of generations, logging in between."""
+"""The training loop: compiled chunks of generations, and what a run records between them.
+
+:func:`train_loop` runs generations in jitted ``lax.scan`` chunks; generation
+``g`` uses ``fold_in(key, g)``, so splitting a run into chunks, or stopping
+and resuming it, gives the result of running it in one piece.
+:class:`Session` is what a run folder gets between chunks: metrics rows,
+warnings, and checkpoints by the run's checkpoint policy. Ctrl-C is deferred
+to the end of the current chunk (:func:`deferred_interrupts`): a compilation
+is never torn down halfway, and every process stops after the same chunk.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from evorl_pop.multihost import tree_to_host
+from evorl_pop import checkpoint as ckpt_lib
+from evorl_pop import config as config_lib
+from evorl_pop import metrics_file, multihost
+from evorl_pop.config import RunConfig
+
+logger = logging.getLogger("evorl_pop.run")
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with a message that says what the run folder holds now."""
 
 
 def _like(new, old):
@@ -28,16 +52,14 @@ def train_loop(
     progress: bool = True,
     desc: str = "train",
     generation_offset: int = 0,
+    stop: Callable[[], bool] | None = None,
 ):
     """Runs ``num_generations`` generations in jitted ``lax.scan`` chunks.
 
-    Generation ``g`` uses ``fold_in(key, g)`` (``g`` counted from the run's
-    start, ``state.generation``), so splitting a run into chunks, or stopping
-    and resuming it, gives the same result as running it in one piece.
-
     Args:
       algorithm: an object with ``step(state, key) -> (state, metrics)``.
-      state: its state, with an integer ``generation`` field.
+      state: its state, with an integer ``generation`` field (counted from
+        the run's start: generation ``g`` uses ``fold_in(key, g)``).
       key: the run's key.
       num_generations: generations to run from ``state``.
       chunk: generations per compiled chunk; logging happens between chunks.
@@ -45,24 +67,21 @@ def train_loop(
         that chunk's metrics as NumPy arrays (leading axis: generations).
       progress: show a progress bar with best / mean fitness and steps/s.
       desc: the progress bar's label.
-      generation_offset: generations the run completed before this call
-        (a resumed run); only the progress bar counts from it.
+      generation_offset: generations completed before this call (the progress bar counts from it).
+      stop: asked before each chunk; ``True`` raises ``KeyboardInterrupt`` there.
 
     Returns:
       ``(state, history)``: history maps each metric name to a NumPy array
       over all generations run.
     """
     if num_generations < 0 or chunk < 1:
-        raise ValueError(
-            f"need num_generations >= 0 and chunk >= 1, got {num_generations}, {chunk}"
-        )
+        raise ValueError(f"need generations >= 0 and chunk >= 1, got {num_generations}, {chunk}")
 
     def body(state, _):
         new_state, metrics = algorithm.step(state, jax.random.fold_in(key, state.generation))
         # Keep the carry's input types: a leaf that comes back weakly typed
         # would change the next chunk's input types and compile it again.
-        new_state = jax.tree.map(_like, new_state, state)
-        return new_state, metrics
+        return jax.tree.map(_like, new_state, state), metrics
 
     history: dict[str, list[np.ndarray]] = {}
     bar = tqdm(
@@ -71,32 +90,173 @@ def train_loop(
         desc=desc,
         disable=not progress,
         unit="gen",
-        leave=True,
     )
-    done = 0
-    compiled = {}
+    done, compiled = 0, {}
     while done < num_generations:
+        if stop is not None and stop():
+            bar.close()
+            raise KeyboardInterrupt
         length = min(chunk, num_generations - done)
         if length not in compiled:
             compiled[length] = jax.jit(lambda s, n=length: jax.lax.scan(body, s, None, length=n))
         t0 = time.perf_counter()
         state, metrics = compiled[length](state)
-        # Under jax.distributed the metrics span every process's devices and
-        # are not fully addressable: read this process's replica.
-        metrics = tree_to_host(metrics)
+        # Under jax.distributed the metrics span every process's devices: read this process's copy.
+        metrics = multihost.tree_to_host(metrics)
         elapsed = time.perf_counter() - t0
         done += length
         for name, values in metrics.items():
             history.setdefault(name, []).append(values)
         if callback is not None:
             callback(state, metrics)
-        postfix = {
-            "best": f"{metrics['fitness_best'][-1]:.4g}",
-            "mean": f"{metrics['fitness_mean'][-1]:.4g}",
-        }
+        postfix = {k: f"{metrics[f'fitness_{k}'][-1]:.4g}" for k in ("best", "mean")}
         if "env_steps" in metrics and metrics["env_steps"].sum() > 0:
             postfix["steps/s"] = f"{metrics['env_steps'].sum() / elapsed:.3g}"
         bar.set_postfix(postfix)
         bar.update(length)
     bar.close()
     return state, {k: np.concatenate(v) for k, v in history.items()}
+
+
+@contextlib.contextmanager
+def deferred_interrupts():
+    """Defers Ctrl-C to the end of the current chunk; a second Ctrl-C stops at once.
+
+    Interrupting XLA while it traces or compiles can crash the process at
+    exit; a deferred one stops cleanly, after a checkpoint, at the same chunk
+    on every process.
+
+    Yields:
+      A function, for :func:`train_loop`'s ``stop``, that says whether some
+      process was interrupted (a collective under ``jax.distributed``).
+    """
+    requested = threading.Event()
+
+    def handler(signum, frame):
+        requested.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print("\nstopping after the current chunk (Ctrl-C again to stop at once)", file=sys.stderr)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: multihost.any_process(False)
+        return
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield lambda: multihost.any_process(requested.is_set())
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+class Session:
+    """What a run records between chunks, on the writing process: metrics, warnings, checkpoints.
+
+    Checkpoint policy: a checkpoint once ``checkpoint_every`` generations have
+    passed since the last one (at a chunk boundary), and one at the end.
+    """
+
+    def __init__(self, run_dir: Path, config: RunConfig, run_key, ckpt=None):
+        """Starts a session of a new run, or of a resumed one from its checkpoint.
+
+        Args:
+          run_dir: the run folder.
+          config: the run config.
+          run_key: the key every generation folds its index into.
+          ckpt: the :class:`~evorl_pop.checkpoint.Checkpoint` resumed from (``None``: a new run).
+        """
+        self.run_dir, self.config, self.run_key = run_dir, config, run_key
+        self.writer = jax.process_index() == 0
+        self.generation = ckpt.generation if ckpt else 0
+        self.env_steps = ckpt.env_steps if ckpt else 0
+        self.wall_base = self.wall_time = ckpt.wall_time if ckpt else 0.0
+        self.columns = ckpt.metrics_columns if ckpt and ckpt.metrics_columns else None
+        self.rows = [] if ckpt is None else (ckpt.metrics_rows or "").splitlines(keepends=True)
+        # A new run checkpoints even at generation 0, so that `-g 0` can be resumed.
+        self.saved_generation = self.generation if ckpt else -1
+        self.last_checkpoint_generation = self.generation
+        self.start = time.perf_counter()
+        self.metrics = None
+        self.state = None
+        self.note = ""  # a line for the log after the run's header
+
+    def callback(self, state, metrics) -> None:
+        """Records a chunk's metrics (see :func:`train_loop`), then checkpoints if due."""
+        n = len(next(iter(metrics.values())))
+        generation = int(multihost.to_host(state.generation))
+        wall = self.wall_base + time.perf_counter() - self.start
+        rows = []
+        for i in range(n):
+            self.env_steps += int(metrics["env_steps"][i]) if "env_steps" in metrics else 0
+            row = {
+                "generation": generation - n + 1 + i,
+                "env_steps": self.env_steps,
+                # Time within a chunk is shared out evenly: the host sees only its end.
+                "wall_time": self.wall_time + (wall - self.wall_time) * (i + 1) / n,
+            }
+            for name, values in metrics.items():
+                row.setdefault("env_steps_gen" if name == "env_steps" else name, values[i])
+            rows.append(row)
+        self.wall_time, self.generation, self.state = wall, generation, state
+        self.columns = self.columns or metrics_file.columns_for(metrics)
+        self.rows.append(metrics_file.format_rows(rows, self.columns))
+        if self.writer:
+            self._write(rows)
+        every = self.config.checkpoint_every
+        if every and generation - self.last_checkpoint_generation >= every:
+            self.checkpoint()
+
+    def _write(self, rows) -> None:
+        if self.metrics is None:
+            path = self.run_dir / metrics_file.FILENAME
+            self.metrics = metrics_file.MetricsWriter(path, self.columns)
+        self.metrics.append(rows)
+        failed = [r["generation"] for r in rows if np.isnan(r.get("fitness_mean", 0.0))]
+        if failed:
+            text = (
+                f"generation{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))}: no "
+                "finite fitness (every candidate scored NaN or inf); the run goes on"
+            )
+            logger.warning("warning: %s", text)
+            print(f"warning: {text}", file=sys.stderr)
+        last = rows[-1]
+        logger.info(
+            "generation %d/%d  best %.6g  mean %.6g  env steps %d  %.1fs",
+            last["generation"],
+            self.config.generations,
+            float(last.get("fitness_best", np.nan)),
+            float(last.get("fitness_mean", np.nan)),
+            self.env_steps,
+            self.wall_time,
+        )
+
+    def checkpoint(self, collective: bool = True) -> None:
+        """Saves the latest state reached, unless it is saved already.
+
+        Every process calls it: a state leaf sharded across processes is
+        gathered (a collective) before process 0 writes.
+
+        Args:
+          collective: ``False`` skips the save when it would need a collective
+            (after an immediate interruption the other processes may not take part).
+        """
+        if self.state is None or self.saved_generation == self.generation:
+            return
+        if not collective and multihost.needs_collective(self.state):
+            logger.info("no checkpoint at generation %d (interrupted)", self.generation)
+            return
+        state = multihost.tree_to_host(self.state)
+        if self.writer:
+            ckpt = ckpt_lib.Checkpoint(
+                state=state,
+                key=multihost.to_host(self.run_key),
+                key_impl=str(jax.random.key_impl(self.run_key)),
+                config=config_lib.to_dict(self.config),
+                generation=self.generation,
+                env_steps=self.env_steps,
+                wall_time=self.wall_time,
+                metrics_columns=self.columns or (),
+                metrics_rows="".join(self.rows),
+                precision=ckpt_lib.precision(self.state),
+            )
+            ckpt_lib.save(self.run_dir / ckpt_lib.FILENAME, ckpt)
+            logger.info("checkpoint at generation %d", self.generation)
+        self.saved_generation = self.last_checkpoint_generation = self.generation

@@ -1,0 +1,238 @@
+"""The run folder: its name, its lock, what it holds, and how it is read.
+
+A run folder holds::
+
+    config.yaml          the run config (edit it, then `evorl-pop resume --force`)
+    metrics.csv          one row per generation, appended between chunks
+    checkpoint.msgpack   the latest checkpoint (atomic), see evorl_pop.checkpoint
+    train.log            what happened: devices, chunks, checkpoints, resumes, warnings
+    fitness.png          fitness curves, redrawn at the end of each session
+    .lock                locked (flock) by the process writing the run; holds its pid
+
+Only one process writes a run folder at a time: a second ``train`` or
+``resume`` into it fails at once, naming the holder's pid. The kernel drops
+the lock of a process that dies, so a killed run never blocks its resume.
+Under ``jax.distributed`` only process 0 touches the folder; the others get
+what it read, or the error it met, through :func:`evorl_pop.multihost.share`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import itertools
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import jax
+
+from evorl_pop import checkpoint as ckpt_lib
+from evorl_pop import config as config_lib
+from evorl_pop import metrics_file, multihost
+from evorl_pop.config import RunConfig
+
+CONFIG_FILENAME = "config.yaml"
+LOG_FILENAME = "train.log"
+FIGURE_FILENAME = "fitness.png"
+LOCK_FILENAME = ".lock"
+RECORDS = (CONFIG_FILENAME, metrics_file.FILENAME, ckpt_lib.FILENAME)
+
+logger = logging.getLogger("evorl_pop.run")
+#: Folders :func:`default_run_dir` created, removed again if the run fails before using them.
+RESERVED: set[Path] = set()
+
+
+class RunError(RuntimeError):
+    """A run that cannot start or continue as asked (the message says why)."""
+
+
+def is_writer() -> bool:
+    """Whether this process writes files: process 0 under ``jax.distributed``, else always."""
+    return jax.process_index() == 0
+
+
+def _mkdir(path: Path, exist_ok: bool) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=exist_ok)
+    except FileExistsError:
+        if exist_ok:  # a file where the folder should be
+            raise RunError(f"Cannot create {str(path)!r}: a file is there.") from None
+        raise
+    except OSError as err:
+        raise RunError(
+            f"Cannot create the run folder {str(path)!r}: {err.strerror}; choose another --out "
+            "(or --runs-root)."
+        ) from None
+
+
+def default_run_dir(config: RunConfig, root: str | os.PathLike = "runs") -> Path:
+    """A new, empty folder ``root/<algorithm>-<task>-<seed>-<timestamp>[-n]``.
+
+    The writing process creates it with ``mkdir``, which fails when another
+    run created it first, so runs started at once never share a folder.
+
+    Args:
+      config: the run config.
+      root: the folder that collects runs.
+
+    Returns:
+      The folder (created on the writing process only).
+    """
+    task = getattr(config.algorithm_config, "task", None) or "run"
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path(root) / f"{config.algorithm}-{task}-{config.seed}-{stamp}"
+    if not is_writer():
+        return base
+    for n in itertools.count(1):
+        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            _mkdir(path, exist_ok=False)
+            RESERVED.add(path)
+            return path
+        except FileExistsError:
+            continue
+
+
+@contextlib.contextmanager
+def hold(run_dir: Path, new: bool, config: RunConfig | None = None, overwrite: bool = False):
+    """Holds the run folder's lock while the run writes it.
+
+    Args:
+      run_dir: the run folder.
+      new: start a new run there (create the folder; refuse one holding files
+        of a run unless ``overwrite``, then write ``config``); else continue
+        the run that is there (it must hold a checkpoint).
+      config: a new run's config.
+      overwrite: replace the files of an earlier run.
+
+    Yields:
+      Nothing; on exit the lock is released.
+
+    Raises:
+      RunError: the folder is in use, missing, cannot be written, or holds a run.
+      CheckpointError: continuing a folder without a checkpoint.
+    """
+    handle = None
+
+    def acquire():
+        nonlocal handle
+        if new:
+            _mkdir(run_dir, exist_ok=True)
+        elif not run_dir.is_dir():
+            raise RunError(f"No run folder at {str(run_dir)!r}.")
+        else:
+            ckpt_lib.read_bytes(run_dir)  # a folder without a run gets no lock file
+        handle = open(run_dir / LOCK_FILENAME, "a+")  # noqa: SIM115 (held until the run ends)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            pid = handle.read().strip() or "unknown"
+            handle.close()
+            raise RunError(
+                f"{str(run_dir)!r} is in use by another evorl-pop process (pid {pid}); wait "
+                "for it to end (or stop it) before writing to this run folder, or choose another."
+            ) from None
+        if new:
+            _clear(run_dir, overwrite)  # a refusal leaves even the lock file as it was
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        if new:
+            config_lib.save(config, run_dir / CONFIG_FILENAME)
+
+    try:
+        with writing(run_dir):
+            multihost.share(acquire)
+        yield
+    finally:
+        if handle is not None:
+            handle.close()  # releases the lock
+
+
+def _clear(run_dir: Path, overwrite: bool) -> None:
+    present = [n for n in (*RECORDS, LOG_FILENAME, FIGURE_FILENAME) if (run_dir / n).exists()]
+    if present and not overwrite:
+        if any(n in RECORDS for n in present):
+            raise RunError(
+                f"{str(run_dir)!r} holds a run already ({', '.join(present)}). Continue it with "
+                f"`evorl-pop resume {run_dir}`, or pass --overwrite to start afresh there."
+            )
+        raise RunError(
+            f"{str(run_dir)!r} holds files a run writes ({', '.join(present)}); pass "
+            "--overwrite to replace them, or choose another folder."
+        )
+    for name in present:
+        path = run_dir / name
+        path.unlink() if path.is_file() else shutil.rmtree(path)
+
+
+@contextlib.contextmanager
+def writing(run_dir: Path):
+    """Turns a failed write into the run folder into a one-line :class:`RunError`."""
+    try:
+        yield
+    except OSError as err:
+        raise RunError(
+            f"Cannot write {str(err.filename or run_dir)!r}: {err.strerror or err}; fix that "
+            f"(free space, permissions) and try again (`evorl-pop resume {run_dir}` continues "
+            "a run from its last checkpoint)."
+        ) from None
+
+
+def read(run_dir: Path) -> tuple[ckpt_lib.Checkpoint, dict]:
+    """The checkpoint of a run folder and the config to continue it with, as process 0 reads them.
+
+    ``config.yaml`` is read here and nowhere else.
+
+    Args:
+      run_dir: the run folder.
+
+    Returns:
+      ``(checkpoint, mapping)``: ``config.yaml``'s mapping (the checkpoint's
+      config when there is none), for :func:`evorl_pop.config.resolve_config`.
+
+    Raises:
+      CheckpointError: no readable checkpoint, or a damaged one.
+      ConfigError: an unreadable ``config.yaml``.
+    """
+
+    def load():
+        path = run_dir / CONFIG_FILENAME
+        try:
+            text = path.read_text() if path.exists() else None
+        except OSError as err:
+            raise RunError(f"Cannot read {str(path)!r}: {err.strerror}.") from None
+        return ckpt_lib.read_bytes(run_dir), text
+
+    data, text = multihost.share(load)
+    ckpt = ckpt_lib.parse(data, run_dir / ckpt_lib.FILENAME)
+    if text is None:
+        return ckpt, ckpt.config
+    return ckpt, config_lib.read_mapping(run_dir / CONFIG_FILENAME, text)
+
+
+@contextlib.contextmanager
+def logging_to(run_dir: Path):
+    """Appends the ``evorl_pop.run`` log to ``RUN/train.log`` (on the writing process).
+
+    Yields:
+      Nothing; on exit the file is closed.
+    """
+    handler = None
+    if is_writer():
+        handler = logging.FileHandler(run_dir / LOG_FILENAME)
+        handler.setFormatter(logging.Formatter("%(asctime)s  %(message)s", "%Y-%m-%d %H:%M:%S"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    try:
+        yield
+    finally:
+        if handler is not None:
+            logger.removeHandler(handler)
+            handler.close()

@@ -1,0 +1,344 @@
+"""Run folders under faults: the lock, Ctrl-C while compiling, metrics repair, bad input, -g 0."""
+
+import errno
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import flax.serialization
+import numpy as np
+import pytest
+
+from evorl_pop import checkpoint as ckpt_lib
+from evorl_pop import cli, metrics_file
+from evorl_pop import config as config_lib
+
+SMALL = [
+    "--strategy", "CMA_ES", "--task", "sphere", "--pop", "8", "--set", "num_dims=3",
+    "--chunk", "2", "--devices", "2", "--quiet", "--no-figure",
+]  # fmt: skip
+RECORDS = ("config.yaml", "metrics.csv", "checkpoint.msgpack")
+
+
+def _env():
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = ""  # the CLI's --devices sets the device count itself
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def _start(*args):
+    return subprocess.Popen(
+        [sys.executable, "-m", "evorl_pop.cli", *args],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for(path, proc, timeout=300):
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.time() < deadline, f"{path} did not appear"
+        time.sleep(0.01)
+
+
+def _last_line(err):
+    return err.strip().splitlines()[-1]
+
+
+@pytest.fixture(autouse=True)
+def _restore_xla_flags(monkeypatch):
+    # In-process commands with --devices edit XLA_FLAGS; undo it afterwards.
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+
+
+def _train(out, *extra):
+    return cli.main(["train", *SMALL, "--out", str(out), *extra])
+
+
+def _edit_checkpoint(run, edit):
+    """Rewrites a checkpoint's payload (with a valid checksum)."""
+    data = (run / ckpt_lib.FILENAME).read_bytes()
+    payload = flax.serialization.msgpack_restore(data[len(ckpt_lib.MAGIC) + 32 :])
+    edit(payload)
+    body = flax.serialization.msgpack_serialize(payload)
+    (run / ckpt_lib.FILENAME).write_bytes(ckpt_lib.MAGIC + hashlib.sha256(body).digest() + body)
+
+
+def _snapshot(run):
+    return {n: (run / n).read_bytes() for n in RECORDS if (run / n).exists()}
+
+
+# --- the lock: real concurrent processes -------------------------------------------------
+
+
+def test_a_second_writer_fails_at_once_and_a_killed_holder_does_not_block(tmp_path):
+    run = tmp_path / "run"
+    holder = _start("train", *SMALL, "--generations", "100000", "--checkpoint-every", "2",
+                    "--out", str(run))  # fmt: skip
+    try:
+        _wait_for(run / ckpt_lib.FILENAME, holder)
+        for args in (["train", *SMALL, "--generations", "4", "--out", str(run)],
+                     ["resume", str(run), "--more", "4", "-q"]):  # fmt: skip
+            before = time.time()
+            second = subprocess.run(
+                [sys.executable, "-m", "evorl_pop.cli", *args],
+                env=_env(), capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            assert second.returncode == 1, second.stderr[-2000:]
+            line = _last_line(second.stderr)
+            assert str(run) in line and f"pid {holder.pid}" in line, line
+            assert time.time() - before < 60
+        assert holder.poll() is None  # the holder never noticed
+    finally:
+        holder.kill()
+        holder.wait()
+    # The kernel dropped the dead holder's lock: its run resumes.
+    at_kill = ckpt_lib.load(run).generation
+    resumed = subprocess.run(
+        [sys.executable, "-m", "evorl_pop.cli", "resume", str(run), "--generations",
+         str(at_kill + 2), "-q", "--no-figure"],
+        env=_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    rows = metrics_file.read(run)["generation"].tolist()
+    assert rows == list(range(1, at_kill + 3))
+
+
+def test_runs_started_at_once_get_their_own_folders(tmp_path):
+    root = tmp_path / "sweep"
+    rates = ("0.1", "0.01")
+    procs = [
+        _start("train", "--task", "sphere", "--pop", "16", "--generations", "3", "--devices",
+               "1", "--set", f"learning_rate={lr}", "--runs-root", str(root), "-q",
+               "--no-figure")
+        for lr in rates
+    ]  # fmt: skip
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+    folders = sorted(root.iterdir())
+    assert len(folders) == 2
+    seen = set()
+    for folder in folders:
+        assert metrics_file.read(folder)["generation"].tolist() == [1, 2, 3]
+        seen.add(str(config_lib.load(folder / "config.yaml").algorithm_config.learning_rate))
+    assert seen == set(rates)
+
+
+# --- Ctrl-C while the first chunk compiles ----------------------------------------------
+
+
+def test_ctrl_c_during_the_first_compile_stops_cleanly_and_tells_the_truth(tmp_path):
+    delays = (0.0, 0.7, 2.0)  # after the run folder appears: tracing, compiling, maybe running
+    procs = []
+    for i in range(len(delays)):
+        run = tmp_path / f"run{i}"
+        procs.append((run, _start("train", "--generations", "200", "--out", str(run), "-q")))
+    for (run, proc), delay in zip(procs, delays, strict=True):
+        _wait_for(run / "config.yaml", proc)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+    for run, proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 130, err[-3000:]  # not SIGABRT / SIGSEGV
+        for crash in ("LLVM ERROR", "terminate called", "pure virtual", "Traceback"):
+            assert crash not in err, err[-3000:]
+        line = _last_line(err)
+        assert "interrupted" in line
+        if (run / ckpt_lib.FILENAME).exists():
+            assert f"evorl-pop resume {run}" in line, line
+            assert ckpt_lib.load(run).generation >= 0
+        else:
+            assert "no checkpoint was written" in line, line
+
+
+# --- metrics repair on resume -----------------------------------------------------------
+
+
+def test_resume_repairs_cut_and_extra_metrics_rows(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _train(run, "--generations", "20", "--checkpoint-every", "5") == 0
+    path = run / metrics_file.FILENAME
+    whole = path.read_text()
+    lines = whole.splitlines(keepends=True)
+    assert len(lines) == 21
+    damaged = {
+        "row 20 (at the checkpoint) cut": "".join(lines[:20]) + lines[20][: len(lines[20]) // 2],
+        "row 17 (before it) cut": "".join(lines[:17]) + lines[17][:9],
+        "rows past it, one cut": whole + lines[20].replace("20,", "21,", 1) + "22,0,1.5",
+        "only part of the header": whole[:30],
+        "nothing": "",
+    }
+    for case, text in damaged.items():
+        path.write_text(text)
+        assert cli.main(["resume", str(run), "--more", "0", "-q", "--no-figure"]) == 0, case
+        assert path.read_text() == whole, case
+    path.write_text(whole[:30])
+    assert cli.main(["resume", str(run), "--more", "2", "-q", "--no-figure"]) == 0
+    data = metrics_file.read(path)
+    assert data["generation"].tolist() == list(range(1, 23))
+    assert path.read_text().startswith(whole)
+    capsys.readouterr()
+
+
+def test_a_checkpoint_without_metrics_rows_keeps_the_file_rows(tmp_path):
+    run = tmp_path / "run"
+    assert _train(run, "--generations", "4", "--checkpoint-every", "2") == 0
+    path = run / metrics_file.FILENAME
+    whole = path.read_text()
+    _edit_checkpoint(run, lambda payload: payload.pop("metrics_rows"))  # an older checkpoint
+    path.write_text(whole + "5,0,1.0")
+    assert cli.main(["resume", str(run), "--more", "2", "-q", "--no-figure"]) == 0
+    assert metrics_file.read(path)["generation"].tolist() == [1, 2, 3, 4, 5, 6]
+    # The new checkpoint keeps all six rows, also those written before the resume.
+    path.write_text(whole[:40])
+    assert cli.main(["resume", str(run), "--more", "0", "-q", "--no-figure"]) == 0
+    assert metrics_file.read(path)["generation"].tolist() == [1, 2, 3, 4, 5, 6]
+    assert path.read_text().startswith(whole)
+
+
+# --- an all-non-finite generation --------------------------------------------------------
+
+
+def test_an_all_nonfinite_generation_reports_nan_and_warns(tmp_path, capsys):
+    run = tmp_path / "run"
+    args = ["--task", "sphere", "--set", "x0=1.0e+30", "--pop", "16", "--generations", "3"]
+    assert cli.main(["train", *args, "--devices", "2", "--out", str(run), "-q"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: generation" in err and "1" in err and "no finite fitness" in err
+    data = metrics_file.read(run)
+    assert data["generation"].tolist() == [1, 2, 3]  # the run went on
+    assert np.isnan(data["fitness_mean"]).all() and np.isnan(data["fitness_std"]).all()
+    assert (data["num_nonfinite"] == 16).all()
+    assert "no finite fitness" in (run / "train.log").read_text()
+
+
+# --- folders that are not runs, and bad input ---------------------------------------------
+
+
+def test_train_keeps_the_files_of_a_folder_that_is_not_a_run(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "train.log").write_text("my notes")
+    (out / "fitness.png").write_bytes(b"my figure")
+    assert _train(out, "--generations", "2") == 1
+    assert "--overwrite" in capsys.readouterr().err
+    assert (out / "train.log").read_text() == "my notes"
+    assert (out / "fitness.png").read_bytes() == b"my figure"
+    assert _train(out, "--generations", "2", "--overwrite") == 0
+    assert "my notes" not in (out / "train.log").read_text()
+
+
+def _one_line_error(capsys, argv, code, *words):
+    start = time.time()
+    assert cli.main(argv) == code
+    err = capsys.readouterr().err.strip()
+    assert time.time() - start < 60
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for word in words:
+        assert word in err, err
+    return err
+
+
+def test_unwritable_run_folders_are_one_line_errors(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    _one_line_error(capsys, ["train", *SMALL, "--out", str(blocker / "run")], 1,
+                    "Cannot create the run folder", str(blocker / "run"))  # fmt: skip
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    if os.access(read_only, os.W_OK):  # root writes anyway: use a read-only file system
+        read_only = next((p for p in ("/sys", "/proc/sys") if not os.access(p, os.W_OK)), None)
+    if read_only is not None:
+        _one_line_error(capsys, ["train", *SMALL, "--out", f"{read_only}/run"], 1,
+                        "Cannot create the run folder")  # fmt: skip
+
+
+def test_a_full_disk_is_a_one_line_error_and_changes_nothing(tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    assert _train(run, "--generations", "4") == 0
+    before = _snapshot(run)
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(config_lib, "write_atomic", full)
+        _one_line_error(capsys, ["resume", str(run), "--more", "2", "-q"], 1, "No space left")
+    assert _snapshot(run) == before
+    # Mid-run, when rows cannot be appended: checkpoint and metrics stay as they were
+    # (config.yaml already holds the new target of 6 generations).
+    monkeypatch.setattr(metrics_file.MetricsWriter, "append", lambda self, rows: full(self.path, 0))
+    _one_line_error(capsys, ["resume", str(run), "--more", "2", "-q"], 1, "No space left")
+    after = _snapshot(run)
+    for name in ("metrics.csv", "checkpoint.msgpack"):
+        assert after[name] == before[name], name
+
+
+def test_a_population_too_large_for_memory_is_refused_before_compiling(tmp_path, capsys):
+    out = tmp_path / "huge"
+    _one_line_error(capsys, ["train", "--pop", "1000000000", "--out", str(out), "-q"], 1,
+                    "population_size=1,000,000,000", "GiB", "lower population_size")  # fmt: skip
+    assert not out.exists()
+
+
+def test_bad_coordinators_fail_fast_with_one_line(tmp_path, capsys):
+    for address, words in (("nohost", ["HOST:PORT"]), ("no-such-host.invalid:1234", ["resolve"])):
+        _one_line_error(capsys, ["train", *SMALL, "--out", str(tmp_path / "r"), "--coordinator",
+                                 address, "--num-processes", "2", "--process-id", "1"], 2,
+                        *words)  # fmt: skip
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.time()
+    lonely = subprocess.run(
+        [sys.executable, "-m", "evorl_pop.cli", "train", *SMALL, "--out", str(tmp_path / "r"),
+         "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", "1",
+         "--heartbeat-timeout", "3"],
+        env=_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert time.time() - start < 60
+    assert lonely.returncode == 2, lonely.stderr[-2000:]
+    assert "No coordinator answered" in _last_line(lonely.stderr)
+    assert not (tmp_path / "r").exists()
+
+
+def test_zero_generations_leave_a_resumable_folder(tmp_path):
+    run, whole = tmp_path / "zero", tmp_path / "whole"
+    assert _train(run, "--generations", "0") == 0
+    assert ckpt_lib.load(run).generation == 0
+    assert cli.main(["resume", str(run), "--more", "4", "-q", "--no-figure"]) == 0
+    assert _train(whole, "--generations", "4") == 0
+    a, b = metrics_file.read(run), metrics_file.read(whole)
+    for name in ("generation", "fitness_best", "fitness_mean", "best_so_far"):
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_plot_of_a_file_that_is_not_metrics_names_it(tmp_path, capsys):
+    for name, data in (("notes.txt", b"hello\n"), ("image.png", b"\x89PNG\r\n\x1a\n\xff")):
+        path = tmp_path / name
+        path.write_bytes(data)
+        _one_line_error(capsys, ["plot", str(path), "--out", str(tmp_path / "f.png")], 2,
+                        str(path), "not an evorl-pop metrics CSV")  # fmt: skip
+
+
+# --- precision ---------------------------------------------------------------------------
+
+
+def test_resume_refuses_a_checkpoint_of_another_precision(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _train(run, "--generations", "2") == 0
+    assert ckpt_lib.load(run).precision == "float32"
+    _edit_checkpoint(run, lambda payload: payload.update(precision="float64"))
+    before = _snapshot(run)
+    _one_line_error(capsys, ["resume", str(run), "--more", "2", "-q"], 1, "float64", "float32")
+    assert _snapshot(run) == before
