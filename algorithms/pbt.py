@@ -33,6 +33,7 @@ Returns are maximised throughout.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import flax.struct
 import jax
@@ -133,6 +134,9 @@ class Config:
     td3: TD3Config = TD3Config(critic_hidden_sizes=(128, 128), batch_size=128)
 
     def __post_init__(self):
+        # A config file gives the searched hyperparameters as mappings.
+        search = tuple(Hyperparameter(**h) if isinstance(h, Mapping) else h for h in self.search)
+        object.__setattr__(self, "search", search)
         if self.population_size < 2:
             raise ValueError(
                 "PBT needs population_size >= 2 (a member to copy from), got "
