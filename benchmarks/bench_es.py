@@ -66,10 +66,12 @@ PENDULUM_JOB = {"hidden_sizes": (16, 16), "activation": "relu"}
 def engine_generations(pop, n_devices, gens, env="CartPole-v1", **task_kwargs):
     task_kwargs = task_kwargs or {"hidden_sizes": (32,)}
     task = ControlTask(env, **task_kwargs)
-    strategy, params = make_strategy("Open_ES", pop, task.num_dims, learning_rate=0.05, sigma_init=0.1)
+    strategy, params = make_strategy(
+        "Open_ES", pop, task.num_dims, learning_rate=0.05, sigma_init=0.1
+    )
     engine = ShardedES(strategy, task, make_mesh(n_devices), params)
     state = engine.init(jax.random.key(0))
-    return jax.jit(lambda s, k: engine.run(s, k, gens)[1]["fitness_mean"]), state
+    return jax.jit(lambda s, k: engine.run(s, k, gens)[1]["fitness_mean"]), state, engine
 
 
 def handwritten_generations(pop, gens):
@@ -130,7 +132,7 @@ def table(title, header, rows):
 
 def bench_overhead(args):
     key = jax.random.key(1)
-    engine, e_state = engine_generations(256, 1, args.gens)
+    engine, e_state, _ = engine_generations(256, 1, args.gens)
     hand, h_state = handwritten_generations(256, args.gens)
     # interleave to share the machine's noise
     t_engine = best_time(engine, e_state, key, reps=args.reps)
@@ -157,36 +159,63 @@ def alternate(fns, reps):
 
 
 def engine_vs_ceiling(args, env, pop, ceiling, **task_kwargs):
-    """Engine seconds per generation and ceiling seconds per rollout, same run."""
-    engine, state = engine_generations(pop, 1, args.gens, env, **task_kwargs)
+    """Seconds per engine generation, per ceiling rollout, per ask + tell alone; same run."""
+    engine, state, sharded = engine_generations(pop, 1, args.gens, env, **task_kwargs)
     run, params, key = ceiling(pop)
-    t_engine, t_ceiling = alternate(
-        [(engine, (state, jax.random.key(2))), (run, (params, key))], args.reps * 3
+    es, es_params = sharded.strategy, sharded.params
+
+    def ask_tell(state, key):  # the strategy's own work, with no evaluation
+        population, s = es.ask(key, state.strategy_state, es_params)
+        return es.tell(key, population, population[:, 0], s, es_params)[0].mean
+
+    t_engine, t_ceiling, t_ask_tell = alternate(
+        [
+            (engine, (state, jax.random.key(2))),
+            (run, (params, key)),
+            (jax.jit(ask_tell), (state, jax.random.key(3))),
+        ],
+        args.reps * 3,
     )
-    return t_engine / args.gens, t_ceiling
+    return t_engine / args.gens, t_ceiling, t_ask_tell
 
 
 def bench_ceiling(args):
     pop, steps = 256, ceilings.CARTPOLE_STEPS
-    t_gen, t_ceil = engine_vs_ceiling(args, "CartPole-v1", pop, ceilings.cartpole_rollout)
+    t_gen, t_ceil, t_es = engine_vs_ceiling(args, "CartPole-v1", pop, ceilings.cartpole_rollout)
     table(
         "2. ceiling: OpenES on CartPole-v1, 4-32-2 MLP, population 256, one device "
         "(engine: whole generations; the engine stops an episode's steps when it falls, "
         "the ceiling scans all 500)",
-        ["engine s/gen", "ceiling s/rollout", "ratio (goal <= 1.05)", "ceiling steps/s"],
-        [[f"{t_gen:.4f}", f"{t_ceil:.4f}", f"{t_gen / t_ceil:.3f}", f"{pop * steps / t_ceil:,.0f}"]],
+        ["engine s/gen", "ceiling s/rollout", "ratio (goal <= 1.05)", "ask+tell s", "ceiling st/s"],
+        [
+            [
+                f"{t_gen:.4f}",
+                f"{t_ceil:.4f}",
+                f"{t_gen / t_ceil:.3f}",
+                f"{t_es:.4f}",
+                f"{pop * steps / t_ceil:,.0f}",
+            ]
+        ],
     )
 
 
 def bench_pendulum(args):
     pop = 1024
-    t_gen, t_ceil = engine_vs_ceiling(
+    t_gen, t_ceil, t_es = engine_vs_ceiling(
         args, "Pendulum-v1", pop, ceilings.pendulum_rollout, **PENDULUM_JOB
     )
     table(
         "3. pendulum: OpenES on Pendulum-v1, 3-16-16-1 ReLU MLP, population 1024, one device",
-        ["engine s/gen", "ceiling s/rollout", "ratio (goal <= 1.05)"],
-        [[f"{t_gen:.4f}", f"{t_ceil:.4f}", f"{t_gen / t_ceil:.3f}"]],
+        ["engine s/gen", "ceiling s/rollout", "ratio (goal <= 1.05)", "ask+tell s", "(c+a+t)/c"],
+        [
+            [
+                f"{t_gen:.4f}",
+                f"{t_ceil:.4f}",
+                f"{t_gen / t_ceil:.3f}",
+                f"{t_es:.4f}",
+                f"{(t_ceil + t_es) / t_ceil:.3f}",
+            ]
+        ],
     )
 
 
@@ -237,7 +266,7 @@ def bench_scaling(args):
         return
     rows, times = [], {}
     for n in (1, 2):
-        run, state = engine_generations(2048, n, args.gens)
+        run, state, _ = engine_generations(2048, n, args.gens)
         times[n] = best_time(run, state, jax.random.key(3), reps=args.reps)
         rows.append([n, f"{times[n] / args.gens:.4f}", f"{times[1] / times[n]:.2f}x"])
     table(

@@ -22,7 +22,8 @@ import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-MISSING = [m for m in ("jax", "evosax", "gymnax", "flax", "optax") if not importlib.util.find_spec(m)]
+NEEDED = ("jax", "evosax", "gymnax", "flax", "optax")
+MISSING = [m for m in NEEDED if not importlib.util.find_spec(m)]
 if MISSING:
     sys.exit(f"gpu_bench: missing Python packages {MISSING}; put them on PYTHONPATH (wheels).")
 
