@@ -8,8 +8,9 @@ Prints six tables:
    hand-written evosax + vmap + jit loop on the same CartPole task (OpenES,
    population 256, 4-32-2 MLP, 500-step episodes).
 2. ceiling: engine generation time on that CartPole task against the rollout
-   ceiling of :mod:`ceilings` (the same population's 500 steps of
-   ``env.step_env`` + mask, no ask / tell), same run.
+   ceiling of :mod:`ceilings` (the engine's first population rolled out for 500
+   steps of ``env.step_env`` + mask, no ask / tell), same run, and the time of
+   the strategy's ask + tell alone.
 3. pendulum: the same on Pendulum-v1, population 1024, 3-16-16-1 ReLU MLP.
 4. devices: the Pendulum job through the CLI (``evorl-pop train``) with its
    default device count and with ``--devices 2``, against ``--devices 1``
@@ -161,8 +162,11 @@ def alternate(fns, reps):
 def engine_vs_ceiling(args, env, pop, ceiling, **task_kwargs):
     """Seconds per engine generation, per ceiling rollout, per ask + tell alone; same run."""
     engine, state, sharded = engine_generations(pop, 1, args.gens, env, **task_kwargs)
-    run, params, key = ceiling(pop)
     es, es_params = sharded.strategy, sharded.params
+    # the ceiling rolls out the engine's own first population (the same policies)
+    population = es.ask(jax.random.key(4), state.strategy_state, es_params)[0]
+    same = ceilings.from_flax(jax.vmap(sharded.task.unravel)(population))
+    run, params, key = ceiling(pop, params=same)
 
     def ask_tell(state, key):  # the strategy's own work, with no evaluation
         population, s = es.ask(key, state.strategy_state, es_params)

@@ -46,12 +46,24 @@ def _time(run, *args, reps: int, key_arg: int):
     return times[len(times) // 2], times[0]
 
 
-def cartpole_rollout(pop: int, autoreset: bool = False):
-    """``(run, params, key)``: ``run(params, key)`` returns ``pop`` CartPole returns."""
+def from_flax(params):
+    """``[(kernel, bias), ...]`` of a flax MLP's parameters (any leading axes)."""
+    layers = params["params"]
+    dense = [layers[f"Dense_{i}"] for i in range(len(layers))]
+    return [(d["kernel"], d["bias"]) for d in dense]
+
+
+def cartpole_rollout(pop: int, autoreset: bool = False, params=None):
+    """``(run, params, key)``: ``run(params, key)`` returns ``pop`` CartPole returns.
+
+    ``params`` (``[(w1, b1), (w2, b2)]`` with a leading population axis)
+    defaults to random policies.
+    """
     env, env_params = gymnax.make("CartPole-v1")
-    params = jax.vmap(lambda k: _dense(k, [(4, 32), (32, 2)], 0.5))(
-        jax.random.split(jax.random.key(0), pop)
-    )
+    if params is None:
+        params = jax.vmap(lambda k: _dense(k, [(4, 32), (32, 2)], 0.5))(
+            jax.random.split(jax.random.key(0), pop)
+        )
 
     def episode(p, key):
         key, k_reset = jax.random.split(key)
@@ -90,12 +102,17 @@ def pendulum_policy(p, obs):
     return 2.0 * jnp.tanh(h @ p[2][0] + p[2][1])
 
 
-def pendulum_rollout(pop: int):
-    """``(run, params, key)``: ``run(params, key)`` returns ``pop`` Pendulum returns."""
+def pendulum_rollout(pop: int, params=None):
+    """``(run, params, key)``: ``run(params, key)`` returns ``pop`` Pendulum returns.
+
+    ``params`` (three ``(w, b)`` layers with a leading population axis)
+    defaults to random policies.
+    """
     env, env_params = gymnax.make("Pendulum-v1")
-    params = jax.vmap(lambda k: _dense(k, [(3, 16), (16, 16), (16, 1)], 0.3))(
-        jax.random.split(jax.random.key(0), pop)
-    )
+    if params is None:
+        params = jax.vmap(lambda k: _dense(k, [(3, 16), (16, 16), (16, 1)], 0.3))(
+            jax.random.split(jax.random.key(0), pop)
+        )
 
     def episode(p, key):
         k_reset, k_steps = jax.random.split(key)
