@@ -32,6 +32,12 @@ import jax  # noqa: E402
 sys.path.insert(0, str(HERE))
 import ceilings  # noqa: E402
 
+import evorl_pop  # noqa: E402
+
+# Not installed (PYTHONPATH=. alone): `algorithms/` installs as evorl_pop.algorithms
+if importlib.util.find_spec("evorl_pop.algorithms") is None:
+    evorl_pop.__path__.append(str(HERE.parent))
+
 from evorl_pop import make_mesh  # noqa: E402
 from evorl_pop.algorithms.es import make_strategy  # noqa: E402
 from evorl_pop.engine import ShardedES  # noqa: E402
@@ -116,9 +122,15 @@ def main():
     if brax.exists():
         print(f"\n{brax.name} --pop 4096", flush=True)
         try:
-            subprocess.run(
-                [sys.executable, str(brax), "--pop", "4096"], timeout=args.brax_timeout, check=True
+            # the same import fix as above, then the script as __main__
+            boot = (
+                "import importlib.util, runpy, sys; import evorl_pop\n"
+                "if importlib.util.find_spec('evorl_pop.algorithms') is None:\n"
+                f"    evorl_pop.__path__.append({str(HERE.parent)!r})\n"
+                "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
             )
+            cmd = [sys.executable, "-c", boot, str(brax), "--pop", "4096"]
+            subprocess.run(cmd, timeout=args.brax_timeout, check=True)
         except (subprocess.SubprocessError, OSError) as e:
             print(f"{brax.name} failed: {e}", flush=True)
     else:
