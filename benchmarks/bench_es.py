@@ -1,29 +1,39 @@
 """ES engine performance, measured side by side in one run.
 
-    python benchmarks/bench_es.py [--only overhead,ceiling,scaling,memory] [--reps 5]
+    python benchmarks/bench_es.py [--only overhead,ceiling,pendulum,devices,scaling,memory]
 
-Prints four tables:
+Prints six tables:
 
 1. overhead: generation time of the engine on one device against a
    hand-written evosax + vmap + jit loop on the same CartPole task (OpenES,
    population 256, 4-32-2 MLP, 500-step episodes).
-2. ceiling: the engine's environment throughput (scanned steps/s, as the
-   reference counts them) against ``shared/bench/cartpole_ceiling.py``'s
-   ``env.step_env`` + mask ceiling for the same policy, same run.
-3. scaling: generation time at population 2048 on 1 and 2 devices.
-4. memory: compiled peak memory per device of one OpenES generation at
+2. ceiling: engine generation time on that CartPole task against the rollout
+   ceiling of :mod:`ceilings` (the engine's first population rolled out for 500
+   steps of ``env.step_env`` + mask, no ask / tell), same run, and the time of
+   the strategy's ask + tell alone.
+3. pendulum: the same on Pendulum-v1, population 1024, 3-16-16-1 ReLU MLP.
+4. devices: the Pendulum job through the CLI (``evorl-pop train``) with its
+   default device count and with ``--devices 2``, against ``--devices 1``
+   (per-generation time from the run's own ``metrics.csv``).
+5. scaling: generation time at population 2048 on 1 and 2 devices.
+6. memory: compiled peak memory per device of one OpenES generation at
    population 4096 and 100k parameters, low-communication against full-matrix.
 
-Every timing is the best of ``--reps`` repetitions of a jitted ``lax.scan`` of
-``--gens`` generations, after a warm-up call.
+In-process timings are the best (or median) of ``--reps`` calls of a jitted
+``lax.scan`` of ``--gens`` generations, after a warm-up call; engine and
+ceiling calls alternate so that both see the same load.
 """
 
 import argparse
+import csv
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+USER_XLA_FLAGS = os.environ.get("XLA_FLAGS")  # the CLI runs get the user's own
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 
 import jax  # noqa: E402
@@ -35,6 +45,8 @@ from evorl_pop.algorithms.es import make_strategy  # noqa: E402
 from evorl_pop.engine import ShardedES  # noqa: E402
 from evorl_pop.envs import make_env  # noqa: E402
 from evorl_pop.tasks import BlackBoxTask, ControlTask  # noqa: E402
+
+import ceilings  # noqa: E402  (benchmarks/ceilings.py, next to this file)
 
 STEPS = 500
 
@@ -49,14 +61,18 @@ def best_time(fn, *args, reps):
     return best
 
 
-def engine_generations(pop, n_devices, gens, strategy_name="Open_ES", **task_kwargs):
-    task = ControlTask("CartPole-v1", hidden_sizes=(32,), **task_kwargs)
+PENDULUM_JOB = {"hidden_sizes": (16, 16), "activation": "relu"}
+
+
+def engine_generations(pop, n_devices, gens, env="CartPole-v1", **task_kwargs):
+    task_kwargs = task_kwargs or {"hidden_sizes": (32,)}
+    task = ControlTask(env, **task_kwargs)
     strategy, params = make_strategy(
-        strategy_name, pop, task.num_dims, learning_rate=0.05, sigma_init=0.1
+        "Open_ES", pop, task.num_dims, learning_rate=0.05, sigma_init=0.1
     )
     engine = ShardedES(strategy, task, make_mesh(n_devices), params)
     state = engine.init(jax.random.key(0))
-    return jax.jit(lambda s, k: engine.run(s, k, gens)[1]["fitness_mean"]), state
+    return jax.jit(lambda s, k: engine.run(s, k, gens)[1]["fitness_mean"]), state, engine
 
 
 def handwritten_generations(pop, gens):
@@ -117,7 +133,7 @@ def table(title, header, rows):
 
 def bench_overhead(args):
     key = jax.random.key(1)
-    engine, e_state = engine_generations(256, 1, args.gens)
+    engine, e_state, _ = engine_generations(256, 1, args.gens)
     hand, h_state = handwritten_generations(256, args.gens)
     # interleave to share the machine's noise
     t_engine = best_time(engine, e_state, key, reps=args.reps)
@@ -130,33 +146,135 @@ def bench_overhead(args):
     )
 
 
-def bench_ceiling(args):
-    sys.path.insert(0, str(args.shared / "bench"))
-    from cartpole_ceiling import ceiling
+def alternate(fns, reps):
+    """Median seconds of each ``(fn, args)``, calls interleaved to share the load."""
+    for fn, fn_args in fns:
+        jax.block_until_ready(fn(*fn_args))  # compile and warm up
+    times = [[] for _ in fns]
+    for _ in range(reps):
+        for (fn, fn_args), ts in zip(fns, times, strict=True):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*fn_args))
+            ts.append(time.perf_counter() - t0)
+    return [sorted(ts)[len(ts) // 2] for ts in times]
 
-    pop = 256
-    engine, state = engine_generations(pop, 1, args.gens)
-    t = best_time(engine, state, jax.random.key(2), reps=args.reps)
-    ours = pop * STEPS * args.gens / t
-    ref = ceiling(pop, autoreset=False, reps=args.reps)
+
+def engine_vs_ceiling(args, env, pop, ceiling, **task_kwargs):
+    """Seconds per engine generation, per ceiling rollout, per ask + tell alone; same run."""
+    engine, state, sharded = engine_generations(pop, 1, args.gens, env, **task_kwargs)
+    es, es_params = sharded.strategy, sharded.params
+    # the ceiling rolls out the engine's own first population (the same policies)
+    population = es.ask(jax.random.key(4), state.strategy_state, es_params)[0]
+    same = ceilings.from_flax(jax.vmap(sharded.task.unravel)(population))
+    run, params, key = ceiling(pop, params=same)
+
+    def ask_tell(state, key):  # the strategy's own work, with no evaluation
+        population, s = es.ask(key, state.strategy_state, es_params)
+        return es.tell(key, population, population[:, 0], s, es_params)[0].mean
+
+    t_engine, t_ceiling, t_ask_tell = alternate(
+        [
+            (engine, (state, jax.random.key(2))),
+            (run, (params, key)),
+            (jax.jit(ask_tell), (state, jax.random.key(3))),
+        ],
+        args.reps * 3,
+    )
+    return t_engine / args.gens, t_ceiling, t_ask_tell
+
+
+def bench_ceiling(args):
+    pop, steps = 256, ceilings.CARTPOLE_STEPS
+    t_gen, t_ceil, t_es = engine_vs_ceiling(args, "CartPole-v1", pop, ceilings.cartpole_rollout)
     table(
-        "2. throughput: CartPole-v1, 4-32-2 MLP, population 256, one device (scanned steps/s)",
-        ["engine (whole generations)", "ceiling (rollouts only)", "ratio (goal >= 0.7)"],
-        [[f"{ours:,.0f}", f"{ref:,.0f}", f"{ours / ref:.3f}"]],
+        "2. ceiling: OpenES on CartPole-v1, 4-32-2 MLP, population 256, one device "
+        "(engine: whole generations; the engine stops an episode's steps when it falls, "
+        "the ceiling scans all 500)",
+        ["engine s/gen", "ceiling s/rollout", "ratio (goal <= 1.05)", "ask+tell s", "ceiling st/s"],
+        [
+            [
+                f"{t_gen:.4f}",
+                f"{t_ceil:.4f}",
+                f"{t_gen / t_ceil:.3f}",
+                f"{t_es:.4f}",
+                f"{pop * steps / t_ceil:,.0f}",
+            ]
+        ],
+    )
+
+
+def bench_pendulum(args):
+    pop = 1024
+    t_gen, t_ceil, t_es = engine_vs_ceiling(
+        args, "Pendulum-v1", pop, ceilings.pendulum_rollout, **PENDULUM_JOB
+    )
+    table(
+        "3. pendulum: OpenES on Pendulum-v1, 3-16-16-1 ReLU MLP, population 1024, one device",
+        ["engine s/gen", "ceiling s/rollout", "ratio (goal <= 1.05)", "ask+tell s", "(c+a+t)/c"],
+        [
+            [
+                f"{t_gen:.4f}",
+                f"{t_ceil:.4f}",
+                f"{t_gen / t_ceil:.3f}",
+                f"{t_es:.4f}",
+                f"{(t_ceil + t_es) / t_ceil:.3f}",
+            ]
+        ],
+    )
+
+
+def cli_seconds_per_generation(devices, generations=300, chunk=50):
+    """The Pendulum job through ``evorl-pop train``: seconds per generation.
+
+    Read from the run's ``metrics.csv`` between the end of the first chunk (after
+    compilation) and the last generation. ``devices=None`` is the CLI default.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    if USER_XLA_FLAGS is not None:
+        env["XLA_FLAGS"] = USER_XLA_FLAGS
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [
+            sys.executable, "-m", "evorl_pop.cli", "train", "--strategy", "Open_ES",
+            "--task", "Pendulum-v1", "--pop", "1024", "--generations", str(generations),
+            "--chunk", str(chunk), "--checkpoint-every", "0", "--set", "hidden_sizes=16,16",
+            "--set", "activation=relu", "--set", "episodes=1", "--set", "normalize_obs=false",
+            "--set", "eval_episodes=0", "-q", "--no-figure", "--out", out, "--overwrite",
+        ]  # fmt: skip
+        if devices is not None:
+            cmd += ["--devices", str(devices)]
+        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+        with open(Path(out) / "metrics.csv") as f:
+            wall = {int(r["generation"]): float(r["wall_time"]) for r in csv.DictReader(f)}
+    return (wall[generations] - wall[chunk]) / (generations - chunk)
+
+
+def bench_devices(args):
+    rows, times = [], {}
+    for _ in range(max(1, args.reps // 2)):  # alternate, keep each setting's best
+        for devices in (1, None, 2):
+            t = cli_seconds_per_generation(devices)
+            times[devices] = min(times.get(devices, float("inf")), t)
+    for devices, name in ((1, "--devices 1"), (None, "default"), (2, "--devices 2")):
+        rows.append([name, f"{times[devices]:.4f}", f"{times[devices] / times[1]:.2f}"])
+    table(
+        f"4. devices: the Pendulum job through evorl-pop train, {os.cpu_count()} cores "
+        "(s / generation; goal default / 1 device <= 0.6 on 2 cores)",
+        ["devices", "s/gen", "ratio to 1 device"],
+        rows,
     )
 
 
 def bench_scaling(args):
     if jax.device_count() < 2:
-        print("\n3. scaling: skipped, needs 2 devices")
+        print("\n5. scaling: skipped, needs 2 devices")
         return
     rows, times = [], {}
     for n in (1, 2):
-        run, state = engine_generations(2048, n, args.gens)
+        run, state, _ = engine_generations(2048, n, args.gens)
         times[n] = best_time(run, state, jax.random.key(3), reps=args.reps)
         rows.append([n, f"{times[n] / args.gens:.4f}", f"{times[1] / times[n]:.2f}x"])
     table(
-        "3. scaling: OpenES on CartPole-v1, population 2048 "
+        "5. scaling: OpenES on CartPole-v1, population 2048 "
         "(s / generation; goal 2 devices >= 1.7x)",
         ["devices", "s/gen", "speed-up"],
         rows,
@@ -177,7 +295,7 @@ def bench_memory(args):
         rows.append(["low-communication" if low else "full-matrix", f"{peak / 2**20:,.1f}"])
     ratio = float(rows[0][1].replace(",", "")) / float(rows[1][1].replace(",", ""))
     table(
-        f"4. memory: OpenES generation, population 4096 x 100k parameters, {n} devices "
+        f"6. memory: OpenES generation, population 4096 x 100k parameters, {n} devices "
         f"(MiB per device, compiled peak)",
         ["path", "MiB"],
         rows + [["full / low", f"{ratio:.1f}x"]],
@@ -186,15 +304,9 @@ def bench_memory(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="overhead,ceiling,scaling,memory")
+    parser.add_argument("--only", default="overhead,ceiling,pendulum,devices,scaling,memory")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--gens", type=int, default=5, help="generations per timed call")
-    parser.add_argument(
-        "--shared",
-        type=Path,
-        default=Path(__file__).resolve().parents[2] / "shared",
-        help="folder holding bench/cartpole_ceiling.py",
-    )
     args = parser.parse_args()
     print(
         f"jax {jax.__version__}, {jax.device_count()} {jax.default_backend()} devices, "
@@ -204,6 +316,8 @@ def main():
         {
             "overhead": bench_overhead,
             "ceiling": bench_ceiling,
+            "pendulum": bench_pendulum,
+            "devices": bench_devices,
             "scaling": bench_scaling,
             "memory": bench_memory,
         }[name](args)

@@ -6,9 +6,11 @@ An environment here is any object with
 * ``reset(key) -> (obs, state)``,
 * ``step(key, state, action) -> (obs, state, reward, done)`` without auto-reset.
 
-Rollouts run a fixed number of steps under ``lax.scan`` and stop counting
-reward after ``done`` with a mask: one reset per episode instead of an
-auto-reset computed at every step (about twice as fast on gymnax).
+One :func:`rollout` serves every caller (ES tasks, the hybrid algorithms'
+transition-collecting episodes, evaluation): one reset per episode instead of
+an auto-reset computed at every step (about twice as fast on gymnax), a mask
+after ``done``, and an early exit: scanned chunks of steps under a
+``lax.while_loop`` that stops once every episode of the batch has ended.
 :class:`GymnaxEnv` adapts every gymnax environment; another simulator (brax,
 a custom JAX env) plugs in by implementing the same three members.
 """
@@ -183,15 +185,41 @@ class ObsMoments:
 
 # --- rollouts ------------------------------------------------------------------
 
+EXIT_CHECK_STEPS = 25  # steps scanned between two "has every episode ended?" checks
+
 
 @flax.struct.dataclass
-class EpisodeStats:
-    """What one evaluation produced (summed over its episodes)."""
+class Transition:
+    """One environment step (leaves may carry leading batch axes)."""
 
-    episode_return: jax.Array  # mean return over the evaluation's episodes
-    steps: jax.Array  # int32: env steps taken before each episode ended, summed
-    episodes: jax.Array  # int32: episodes run
-    moments: ObsMoments  # raw observation sums, for the running normaliser
+    obs: jax.Array
+    action: jax.Array
+    reward: jax.Array  # float32
+    next_obs: jax.Array
+    terminal: jax.Array  # float32: 1.0 when the next state ends the episode for good
+
+
+@flax.struct.dataclass
+class Episode:
+    """One episode: its return, the steps it took, and what was asked for besides.
+
+    ``moments`` is ``None`` unless observations were normalised;
+    ``transitions`` and ``valid`` are ``None`` unless transitions were collected.
+    """
+
+    episode_return: jax.Array  # float32
+    steps: jax.Array  # int32: steps taken before the episode ended
+    moments: ObsMoments | None = None  # raw observation sums of those steps
+    transitions: Transition | None = None  # leaves shape=(num_steps, ...)
+    valid: jax.Array | None = None  # bool, shape=(num_steps,): step taken before the end
+
+
+def add_exploration_noise(env: Env, action: jax.Array, key: jax.Array, noise_std) -> jax.Array:
+    """Gaussian action noise, ``noise_std`` in units of half the action range, clipped."""
+    low = jnp.asarray(env.spec.action_low)
+    high = jnp.asarray(env.spec.action_high)
+    noise = noise_std * 0.5 * (high - low) * jax.random.normal(key, action.shape)
+    return jnp.clip(action + noise, low, high)
 
 
 def rollout(
@@ -201,53 +229,122 @@ def rollout(
     key: jax.Array,
     obs_norm: ObsNorm | None = None,
     num_steps: int | None = None,
-) -> EpisodeStats:
-    """Runs one episode of ``policy`` with a done-mask.
+    noise_std: float | jax.Array | None = None,
+    collect: bool = False,
+    check_every: int = EXIT_CHECK_STEPS,
+) -> Episode:
+    """Runs one episode of ``policy``, stopping once it has ended.
+
+    The steps run in scanned chunks of about ``check_every`` steps under a
+    ``lax.while_loop`` that stops after the chunk in which the episode ended
+    (under ``vmap``: in which every episode of the batch had ended). Steps after
+    the end add nothing to the return, the step count or the observation
+    moments, even if the environment returns NaN there.
 
     Args:
       env: an :class:`Env`.
       policy: ``(params, obs) -> action``.
       params: the policy parameters.
-      key: PRNG key for the reset and the environment's own noise.
+      key: PRNG key for the reset, the environment and the action noise.
       obs_norm: when given, observations are normalised before the policy
         sees them, and raw observation moments are returned.
-      num_steps: steps to scan (default: the episode limit).
+      num_steps: the episode is truncated after this many steps (default:
+        the environment's limit).
+      noise_std: when given (continuous actions), Gaussian exploration noise
+        of this std in units of half the action range; each step's key is then
+        split between the noise and the environment.
+      collect: also return every step's :class:`Transition` and ``valid`` mask.
+      check_every: steps between two checks for the end of the episode.
 
     Returns:
-      :class:`EpisodeStats` for this single episode.
+      An :class:`Episode`.
     """
-    num_steps = env.spec.max_steps if num_steps is None else num_steps
+    num_steps = env.spec.max_steps if num_steps is None else int(num_steps)
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be at least 1, got {num_steps}.")
+    num_chunks = -(-num_steps // max(1, min(check_every, num_steps)))
+    chunk = -(-num_steps // num_chunks)  # chunks of equal length covering num_steps
     key, reset_key = jax.random.split(key)
+    # split(key, n) keys are a prefix of split(key, m) for n <= m: padding the
+    # last chunk leaves the first num_steps keys as they are
+    step_keys = jax.random.split(key, num_chunks * chunk).reshape(num_chunks, chunk)
     obs, state = env.reset(reset_key)
-    track = obs_norm is not None
     # zeros derived from obs keep its sharding type (varying inside shard_map)
     zero = jnp.zeros_like(obs, dtype=jnp.float32)
-    moments = ObsMoments(zero.reshape(-1)[0], zero, zero)
+    scalar = zero.reshape(-1)[0]
+    track = obs_norm is not None
+    moments = ObsMoments(scalar, zero, zero) if track else None
 
-    def body(carry, step_key):
-        obs, state, ret, alive, moments = carry
+    def step(carry, xs):
+        obs, state, ret, steps, alive, moments = carry
+        t, step_key = xs
+        alive = alive & (t < num_steps)
         if track:
+            seen = jnp.where(alive, obs, 0.0)
             moments = ObsMoments(
-                moments.count + alive,
-                moments.total + alive * obs,
-                moments.total_sq + alive * obs**2,
+                moments.count + alive, moments.total + seen, moments.total_sq + seen**2
             )
             action = policy(params, obs_norm.normalize(obs))
         else:
             action = policy(params, obs)
-        obs, state, reward, done = env.step(step_key, state, action)
-        ret = ret + alive * reward
-        alive_next = alive * (1.0 - done.astype(jnp.float32))
-        return (obs, state, ret, alive_next, moments), alive
+        env_key = step_key
+        if noise_std is not None:
+            env_key, noise_key = jax.random.split(step_key)
+            action = add_exploration_noise(env, action, noise_key, noise_std)
+        next_obs, state, reward, done = env.step(env_key, state, action)
+        ret = ret + jnp.where(alive, reward, 0.0)
+        out = None
+        if collect:
+            # Reaching the time limit is a truncation: the next state still has a value.
+            terminal = done & (t + 1 < env.spec.max_steps)
+            transition = Transition(
+                obs=obs,
+                action=jnp.reshape(action, (env.spec.action_dim,)).astype(jnp.float32),
+                reward=reward,
+                next_obs=next_obs,
+                terminal=terminal.astype(jnp.float32),
+            )
+            out = (transition, alive)
+        return (next_obs, state, ret, steps + alive, alive & ~done, moments), out
 
-    init = (obs, state, moments.count, moments.count + 1.0, moments)
-    (_, _, ret, _, moments), alive = jax.lax.scan(body, init, jax.random.split(key, num_steps))
-    return EpisodeStats(
-        episode_return=ret,
-        steps=jnp.sum(alive).astype(jnp.int32),
-        episodes=jnp.int32(1),
-        moments=moments,
-    )
+    def run_chunk(i, carry):
+        return jax.lax.scan(step, carry, (i * chunk + jnp.arange(chunk), step_keys[i]))
+
+    count = jnp.zeros_like(scalar, jnp.int32)
+    init = (obs, state, scalar, count, jnp.ones_like(scalar, bool), moments)
+    buffers = None
+    if collect:  # each chunk's transitions go into buffers of the padded length
+        _, example = jax.eval_shape(run_chunk, 0, init)
+        buffers = jax.tree.map(lambda x: jnp.zeros((num_chunks, *x.shape), x.dtype), example)
+
+    def cond(loop):
+        i, carry, _ = loop
+        return (i < num_chunks) & carry[4]
+
+    def body(loop):
+        i, carry, buffers = loop
+        carry, out = run_chunk(i, carry)
+        if collect:
+            buffers = jax.tree.map(lambda b, x: b.at[i].set(x), buffers, out)
+        return i + 1, carry, buffers
+
+    _, final, buffers = jax.lax.while_loop(cond, body, (jnp.int32(0), init, buffers))
+    _, _, ret, steps, _, moments = final
+    transitions = valid = None
+    if collect:
+        flat = jax.tree.map(lambda b: b.reshape(-1, *b.shape[2:])[:num_steps], buffers)
+        transitions, valid = flat
+    return Episode(ret, steps, moments, transitions, valid)
+
+
+@flax.struct.dataclass
+class EpisodeStats:
+    """What one evaluation produced (summed over its episodes)."""
+
+    episode_return: jax.Array  # mean return over the evaluation's episodes
+    steps: jax.Array  # int32: env steps taken before each episode ended, summed
+    episodes: jax.Array  # int32: episodes run
+    moments: ObsMoments | None  # raw observation sums (when normalising), for the normaliser
 
 
 def evaluate_episodes(
@@ -257,14 +354,29 @@ def evaluate_episodes(
     key: jax.Array,
     num_episodes: int = 1,
     obs_norm: ObsNorm | None = None,
+    num_steps: int | None = None,
 ) -> EpisodeStats:
-    """Mean return of ``policy`` over ``num_episodes`` independent episodes."""
-    stats = jax.vmap(lambda k: rollout(env, policy, params, k, obs_norm))(
+    """Mean return of ``policy`` over ``num_episodes`` independent episodes.
+
+    Args:
+      env: an :class:`Env`.
+      policy: ``(params, obs) -> action``.
+      params: the policy parameters.
+      key: PRNG key; episode ``j`` uses ``split(key, num_episodes)[j]``.
+      num_episodes: episodes to run.
+      obs_norm: normalise observations with it and return raw moments.
+      num_steps: truncate each episode after this many steps (default: the
+        environment's limit).
+
+    Returns:
+      :class:`EpisodeStats` summed over the episodes.
+    """
+    episodes = jax.vmap(lambda k: rollout(env, policy, params, k, obs_norm, num_steps))(
         jax.random.split(key, num_episodes)
     )
     return EpisodeStats(
-        episode_return=stats.episode_return.mean(),
-        steps=stats.steps.sum(),
+        episode_return=episodes.episode_return.mean(),
+        steps=episodes.steps.sum(),
         episodes=jnp.int32(num_episodes),
-        moments=jax.tree.map(lambda x: x.sum(0), stats.moments),
+        moments=jax.tree.map(lambda x: x.sum(0), episodes.moments),
     )

@@ -147,10 +147,13 @@ class ControlTask:
             gathered from the whole population (merged across devices).
           policy_module: a custom flax module instead of the MLP; its output
             must fit the action space.
-          num_steps: steps per episode (default: the environment's limit).
+          num_steps: episodes are truncated after this many steps (default:
+            the environment's limit).
         """
         if episodes < 1:
             raise ValueError(f"episodes must be at least 1, got {episodes}.")
+        if num_steps is not None and num_steps < 1:
+            raise ValueError(f"num_steps (the episode length) must be at least 1, got {num_steps}.")
         self.env = make_env(env) if isinstance(env, str) else env
         self.spec = self.env.spec
         self.policy = make_policy(self.spec, hidden_sizes, activation, policy_module)
@@ -171,7 +174,7 @@ class ControlTask:
     def _episodes(self, solution, key, task_state, episodes) -> EpisodeStats:
         obs_norm = task_state if self.normalize_obs else None
         return evaluate_episodes(
-            self.env, self.policy, self.unravel(solution), key, episodes, obs_norm
+            self.env, self.policy, self.unravel(solution), key, episodes, obs_norm, self.num_steps
         )
 
     def evaluate(self, solution, key, task_state):

@@ -1,8 +1,9 @@
 """Rollouts that collect transitions, one policy or a sharded population.
 
-Each episode runs a fixed number of steps under ``lax.scan`` with
-``env.step`` (no auto-reset) and a done-mask: the steps after the episode
-ended are marked invalid and never reach the replay buffer or the return.
+Episodes run through :func:`evorl_pop.envs.rollout` (the one rollout path of
+the project) with ``collect=True``: the steps after the episode ended are
+marked invalid and never reach the replay buffer or the return, and a
+device's rollout stops once every episode in its slice has ended.
 
 A transition's ``terminal`` flag is set only when the environment ended the
 episode before its time limit: at the time limit the value of the next state
@@ -20,31 +21,10 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop import distributed as dist
-from evorl_pop.envs import Env
+from evorl_pop.envs import Env, Episode, Transition, rollout
 from evorl_pop.mesh import pad_to_multiple
 from evorl_pop.stats import summarize
 from evorl_pop.tasks import EvalInfo
-
-
-@flax.struct.dataclass
-class Transition:
-    """One environment step (leaves may carry leading batch axes)."""
-
-    obs: jax.Array
-    action: jax.Array
-    reward: jax.Array  # float32
-    next_obs: jax.Array
-    terminal: jax.Array  # float32: 1.0 when the next state ends the episode for good
-
-
-@flax.struct.dataclass
-class Episode:
-    """One episode: its return, and every step it took (valid ones marked)."""
-
-    episode_return: jax.Array  # float32
-    steps: jax.Array  # int32: steps before the episode ended
-    transitions: Transition  # leaves shape=(num_steps, ...)
-    valid: jax.Array  # bool, shape=(num_steps,): step taken before the episode ended
 
 
 def example_transition(env: Env) -> Transition:
@@ -57,14 +37,6 @@ def example_transition(env: Env) -> Transition:
         next_obs=obs,
         terminal=jnp.float32(0.0),
     )
-
-
-def add_exploration_noise(env: Env, action: jax.Array, key: jax.Array, noise_std) -> jax.Array:
-    """Gaussian action noise, ``noise_std`` in units of half the action range, clipped."""
-    low = jnp.asarray(env.spec.action_low)
-    high = jnp.asarray(env.spec.action_high)
-    noise = noise_std * 0.5 * (high - low) * jax.random.normal(key, action.shape)
-    return jnp.clip(action + noise, low, high)
 
 
 def collect_episode(
@@ -84,44 +56,13 @@ def collect_episode(
       key: PRNG key for the reset, the environment and the action noise.
       noise_std: std of Gaussian exploration noise in units of half the
         action range (0 for a noise-free episode).
-      num_steps: steps to scan (default: the episode limit).
+      num_steps: the episode's length limit (default: the environment's).
 
     Returns:
-      An :class:`Episode`.
+      An :class:`~evorl_pop.envs.Episode` with ``transitions`` and ``valid``
+      (leading axis ``num_steps``).
     """
-    num_steps = env.spec.max_steps if num_steps is None else num_steps
-    key, reset_key = jax.random.split(key)
-    obs, state = env.reset(reset_key)
-
-    def body(carry, xs):
-        obs, state, ret, alive = carry
-        t, step_key = xs
-        env_key, noise_key = jax.random.split(step_key)
-        action = policy(params, obs)
-        action = add_exploration_noise(env, action, noise_key, noise_std)
-        next_obs, state, reward, done = env.step(env_key, state, action)
-        # Reaching the time limit is a truncation: the next state still has a value.
-        terminal = done & (t + 1 < env.spec.max_steps)
-        transition = Transition(
-            obs=obs,
-            action=jnp.reshape(action, (env.spec.action_dim,)).astype(jnp.float32),
-            reward=reward,
-            next_obs=next_obs,
-            terminal=terminal.astype(jnp.float32),
-        )
-        ret = ret + alive * reward
-        next_alive = alive * (1.0 - done.astype(jnp.float32))
-        return (next_obs, state, ret, next_alive), (transition, alive > 0)
-
-    xs = (jnp.arange(num_steps), jax.random.split(key, num_steps))
-    init = (obs, state, jnp.float32(0.0), jnp.float32(1.0))
-    (_, _, ret, _), (transitions, valid) = jax.lax.scan(body, init, xs)
-    return Episode(
-        episode_return=ret,
-        steps=jnp.sum(valid).astype(jnp.int32),
-        transitions=transitions,
-        valid=valid,
-    )
+    return rollout(env, policy, params, key, None, num_steps, noise_std, collect=True)
 
 
 @flax.struct.dataclass
@@ -224,5 +165,5 @@ def evaluate(
 ) -> jax.Array:
     """Mean noise-free return of one policy over ``num_episodes`` episodes."""
     keys = jax.random.split(key, num_episodes)
-    episodes = jax.vmap(lambda k: collect_episode(env, policy, params, k, 0.0, num_steps))(keys)
+    episodes = jax.vmap(lambda k: rollout(env, policy, params, k, None, num_steps, 0.0))(keys)
     return jnp.mean(episodes.episode_return)

@@ -1,0 +1,159 @@
+"""The one rollout: against a plain gymnax loop, early exit, episode length, counters."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from evorl_pop import make_mesh
+from evorl_pop.algorithms.es import make_strategy
+from evorl_pop.engine import ShardedES
+from evorl_pop.envs import EnvSpec, rollout
+from evorl_pop.rl.rollout import collect_episode
+from evorl_pop.tasks import ControlTask, EvalInfo
+from evorl_pop.training import train_loop
+
+
+def plain_gymnax_returns(task, solutions, key, num_steps):
+    """Full-length scan of ``step_env`` with a done-mask, the task's key schedule."""
+    gymnax_env, env_params = task.env.env, task.env.params
+
+    def one(x, k):
+        params = task.unravel(x)
+        k = jax.random.split(k, 1)[0]  # evaluate_episodes: one episode
+        k, k_reset = jax.random.split(k)
+        obs, state = gymnax_env.reset_env(k_reset, env_params)
+
+        def body(carry, k_step):
+            obs, state, ret, alive = carry
+            obs, state, r, done, _ = gymnax_env.step_env(
+                k_step, state, task.policy(params, obs), env_params
+            )
+            return (obs, state, ret + alive * r, alive * (1.0 - done)), alive
+
+        init = (obs, state, 0.0, 1.0)
+        (_, _, ret, _), alive = jax.lax.scan(body, init, jax.random.split(k, num_steps))
+        return ret, alive.sum().astype(jnp.int32)
+
+    return jax.jit(jax.vmap(one))(solutions, jax.random.split(key, len(solutions)))
+
+
+@pytest.mark.parametrize("env, num_steps", [("CartPole-v1", None), ("Pendulum-v1", 30)])
+def test_rollout_equals_plain_gymnax_loop(env, num_steps):
+    task = ControlTask(env, hidden_sizes=(8,), num_steps=num_steps)
+    solutions = jax.vmap(task.init_solution)(jax.random.split(jax.random.key(0), 6))
+    key = jax.random.key(1)
+    scores, info = jax.jit(jax.vmap(lambda x, k: task.evaluate(x, k, ())))(
+        solutions, jax.random.split(key, 6)
+    )
+    ref_returns, ref_steps = plain_gymnax_returns(
+        task, solutions, key, num_steps or task.spec.max_steps
+    )
+    np.testing.assert_allclose(scores, ref_returns, rtol=1e-5)
+    np.testing.assert_array_equal(info.steps, ref_steps)
+    if num_steps is not None:  # Pendulum never ends early: truncated at num_steps
+        np.testing.assert_array_equal(info.steps, num_steps)
+    else:  # random CartPole policies fall early
+        assert int(np.max(ref_steps)) < task.spec.max_steps
+
+
+class _Fall:
+    """Reward 1 per step; falls after ``action`` steps; NaN reward and obs once fallen."""
+
+    spec = EnvSpec("Fall", (1,), False, 1, (0.0,), (1000.0,), 1000)
+
+    def __init__(self):
+        self.steps_run = 0
+
+    def _count(self, t):
+        self.steps_run += 1
+
+    def reset(self, key):
+        return jnp.zeros(1), jnp.int32(0)
+
+    def step(self, key, t, action):
+        jax.debug.callback(self._count, t)  # one call per episode and step actually run
+        t = t + 1
+        fallen = t > jnp.sum(action)
+        reward = jnp.where(fallen, jnp.nan, 1.0)
+        obs = jnp.where(fallen, jnp.nan, jnp.full(1, t, jnp.float32))
+        return obs, t, reward, t >= jnp.sum(action)
+
+
+def test_early_exit_stops_when_every_episode_has_ended():
+    env = _Fall()
+    lengths = jnp.array([3.0, 60.0])
+    out = jax.jit(
+        jax.vmap(lambda n, k: rollout(env, lambda p, o: jnp.full(1, p), n, k, check_every=25))
+    )(lengths, jax.random.split(jax.random.key(0), 2))
+    jax.effects_barrier()
+    np.testing.assert_array_equal(out.episode_return, [3.0, 60.0])  # no NaN after the fall
+    np.testing.assert_array_equal(out.steps, [3, 60])
+    # the batch stops after the chunk in which its last episode ended: 3 chunks
+    # of 25 steps for each of the 2 episodes, not 1,000 steps
+    assert env.steps_run == 2 * 3 * 25
+
+
+def test_collected_transitions_with_early_exit_and_truncation():
+    env = _Fall()
+    ep = jax.jit(
+        lambda k: collect_episode(env, lambda p, o: jnp.full(1, p), 40.0, k, 0.0, num_steps=60)
+    )(jax.random.key(0))
+    jax.effects_barrier()
+    assert ep.valid.shape == (60,) and ep.transitions.obs.shape == (60, 1)
+    np.testing.assert_array_equal(ep.valid, np.arange(60) < 40)
+    np.testing.assert_array_equal(ep.transitions.next_obs[:40, 0], np.arange(1, 41))
+    np.testing.assert_array_equal(ep.transitions.terminal[:40], np.arange(40) == 39)
+    assert float(ep.episode_return) == 40.0 and int(ep.steps) == 40
+    assert env.steps_run == 40  # chunks of 20 steps (60 split evenly): stops after two
+    # an episode the length limit cuts short is not terminal (its value is bootstrapped)
+    cut = collect_episode(env, lambda p, o: jnp.full(1, p), 500.0, jax.random.key(0), 0.0, 30)
+    assert bool(cut.valid.all()) and float(cut.transitions.terminal.sum()) == 0.0
+    assert int(cut.steps) == 30
+
+
+def test_episode_length_is_honoured_by_the_engine_on_any_device_count():
+    task = ControlTask("Pendulum-v1", hidden_sizes=(4,), num_steps=17)
+    strategy, params = make_strategy("Open_ES", 6, task.num_dims)
+    metrics = {}
+    for n in (1, 4):  # 6 members on 4 devices: padded to 8
+        engine = ShardedES(strategy, task, make_mesh(n), params)
+        state = engine.init(jax.random.key(0))
+        _, metrics[n] = jax.jit(lambda s, e=engine: e.run(s, jax.random.key(1), 2))(state)
+    np.testing.assert_array_equal(metrics[1]["env_steps"], [6 * 17, 6 * 17])
+    for k in ("env_steps", "fitness_mean", "fitness_best"):
+        np.testing.assert_allclose(metrics[4][k], metrics[1][k], rtol=1e-5)
+
+
+class _BigCount:
+    """A task whose every evaluation reports 2**22 environment steps."""
+
+    maximize = True
+    name = "big-count"
+    num_dims = 2
+
+    def init_solution(self, key):
+        return jnp.zeros(2)
+
+    def init_state(self):
+        return ()
+
+    def evaluate(self, solution, key, task_state):
+        return -jnp.sum(solution**2), EvalInfo(jnp.int32(2**22), jnp.int32(1))
+
+    def update_state(self, task_state, info_total):
+        return task_state
+
+
+def test_cumulative_env_steps_are_exact_past_2_to_the_31():
+    strategy, params = make_strategy("Open_ES", 256, 2)
+    engine = ShardedES(strategy, _BigCount(), make_mesh(2), params)
+    totals = []
+
+    def accumulate(state, metrics):  # as the run loop does: Python ints on the host
+        for steps in metrics["env_steps"]:
+            totals.append((totals[-1] if totals else 0) + int(steps))
+
+    state = engine.init(jax.random.key(0))
+    train_loop(engine, state, jax.random.key(1), 5, chunk=2, callback=accumulate, progress=False)
+    assert totals == [k * 2**30 for k in range(1, 6)]  # 5 * 2**30 > 2**32
