@@ -33,14 +33,15 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-from evosax.problems.bbob.bbob import BBOBProblem
 from evosax.problems.bbob.bbob_fns import bbob_fns
+from evosax.problems.bbob.meta_bbob import MetaBBOBProblem
 
 #: The 24 noiseless BBOB functions in suite order (f1 ... f24), by evosax's names.
 BBOB_FUNCTIONS: tuple[str, ...] = tuple(bbob_fns)
 #: Task names of the BBOB functions: ``bbob/<name>``.
 BBOB_PREFIX = "bbob/"
 MAX_INSTANCE = 2**31 - 1
+_NOISELESS = {"noise_model_names": "noiseless", "use_stabilization": True}
 
 
 def float_dtype():
@@ -78,14 +79,23 @@ def bbob_instance(function: str, num_dims: int, instance: int) -> BBOBInstance:
       A :class:`BBOBInstance`.
     """
     dtype = float_dtype()
-    return BBOBInstance(*(jnp.asarray(a, dtype) for a in _instance_data(function, num_dims, instance)))
+    return BBOBInstance(*(jnp.asarray(a, dtype) for a in _instance_data(num_dims, instance)))
 
 
-@functools.lru_cache(maxsize=256)
-def _instance_data(function: str, num_dims: int, instance: int) -> tuple[np.ndarray, ...]:
-    # concrete even when called while tracing (a task's init_state inside jit)
+@functools.lru_cache(maxsize=None)
+def _sampler(num_dims: int) -> MetaBBOBProblem:
+    # what BBOBProblem builds; the draw does not depend on the function, and
+    # one sampler per dimension compiles its draw once for every instance
+    return MetaBBOBProblem(["sphere"], num_dims, num_dims, _NOISELESS)
+
+
+@functools.lru_cache(maxsize=1024)
+def _instance_data(num_dims: int, instance: int) -> tuple[np.ndarray, ...]:
+    # as BBOBProblem(function, num_dims, seed=instance); concrete even when
+    # called while tracing (a task's init_state inside jit)
     with jax.ensure_compile_time_eval(), jax.enable_x64(False):
-        params = BBOBProblem(function, num_dims, seed=instance)._params
+        key_params, _ = jax.random.split(jax.random.key(instance))
+        params = _sampler(num_dims).sample_params(key_params)
         return tuple(np.asarray(a) for a in (params.x_opt, params.f_opt, params.R, params.Q))
 
 

@@ -552,6 +552,7 @@ def _cmd_list(args) -> int:
         status = "" if spec.available() else "  (not installed)"
         print(f"  {name:8s} {spec.description}{status}")
     from evorl_pop.algorithms.es import STRATEGIES
+    from evorl_pop.blackbox import bbob_task_names
     from evorl_pop.envs import ENV_FACTORIES
     from evorl_pop.tasks import BLACKBOX_FUNCTIONS
 
@@ -561,6 +562,8 @@ def _cmd_list(args) -> int:
     print(_wrap(sorted(ENV_FACTORIES)))
     print("black-box tasks (--task, with --set num_dims=N):")
     print(_wrap(sorted(BLACKBOX_FUNCTIONS)))
+    print("BBOB functions (--task, with --set num_dims=N --set instance=I):")
+    print(_wrap(bbob_task_names()))
     return 0
 
 
