@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from evorl_pop.blackbox import BBOB_PREFIX, float_dtype
+from evorl_pop.blackbox import BBOB_PREFIX, float_dtype, objective_errors
 from evorl_pop.engine import ESState, ShardedES
 from evorl_pop.tasks import make_task
 from evorl_pop.training import train_loop
@@ -233,8 +233,9 @@ class ES:
           ``(state, history)`` as :func:`evorl_pop.training.train_loop`.
         """
         init_key, run_key = jax.random.split(key)
-        state = self.init(init_key)
-        return train_loop(self, state, run_key, num_generations, chunk, **kwargs)
+        with objective_errors():
+            state = self.init(init_key)
+            return train_loop(self, state, run_key, num_generations, chunk, **kwargs)
 
 
 # --- black-box minimisation with restarts ------------------------------------------
@@ -554,15 +555,18 @@ class Minimizer:
                 break
             history = min(20_000, min(maxiter, budget_generations) // 5 + 1)
             run, _ = self._run_fn(lam, history)
-            gens, reason, run_best, precision = run(
-                jax.random.fold_in(runs_key, irun),
-                x0,
-                sigma,
-                task_state,
-                maxiter,
-                min(budget_generations, 2**31 - 1),
-                target,
-            )
+            with objective_errors():
+                gens, reason, run_best, precision = jax.device_get(
+                    run(
+                        jax.random.fold_in(runs_key, irun),
+                        x0,
+                        sigma,
+                        task_state,
+                        maxiter,
+                        min(budget_generations, 2**31 - 1),
+                        target,
+                    )
+                )
             evaluations = int(gens) * lam
             used += evaluations
             stop = STOP_REASONS[int(reason)]

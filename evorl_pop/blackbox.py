@@ -23,6 +23,7 @@ scores and instance data are float64.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -165,6 +166,24 @@ class ObjectiveError(RuntimeError):
     """A Python objective raised or returned something other than its scores."""
 
 
+@contextlib.contextmanager
+def objective_errors():
+    """Re-raises a failed Python objective as one :class:`ObjectiveError` line.
+
+    An exception inside ``jax.pure_callback`` reaches the caller as a
+    ``JaxRuntimeError`` carrying the whole host traceback; around a run, this
+    turns it back into the objective's own one-line message.
+    """
+    try:
+        yield
+    except jax.errors.JaxRuntimeError as err:
+        marker = f"{ObjectiveError.__name__}: "
+        lines = [line for line in str(err).splitlines() if marker in line]
+        if not lines:
+            raise
+        raise ObjectiveError(lines[-1].split(marker, 1)[1]) from None
+
+
 class PythonTask:
     """Minimise (or maximise) a Python function of a flat float vector.
 
@@ -263,6 +282,7 @@ __all__ = [
     "BBOBInstance",
     "BBOBTask",
     "ObjectiveError",
+    "objective_errors",
     "PythonTask",
     "bbob_instance",
     "bbob_task_names",
