@@ -310,6 +310,7 @@ class MinimizeResult:
       restarts: restarts used.
       f_minus_fopt: ``best - f*`` when the task knows ``f*``, else ``None``.
       runs: every run, in order.
+      x: the best solution found.
     """
 
     converged: bool
@@ -318,6 +319,7 @@ class MinimizeResult:
     restarts: int
     f_minus_fopt: float | None = None
     runs: tuple[RunRecord, ...] = ()
+    x: np.ndarray | None = None
 
 
 def default_max_generations(num_dims: int, population_size: int) -> int:
@@ -337,6 +339,10 @@ def _window_median(buffer, start, stop):
     ranked = jnp.sort(jnp.where(inside, buffer, jnp.inf))
     count = stop - start
     return 0.5 * (ranked[(count - 1) // 2] + ranked[count // 2])
+
+
+#: Compiled runs, shared by every :class:`Minimizer` of the same task and settings.
+_RUNS: dict[tuple, tuple] = {}
 
 
 class Minimizer:
@@ -366,13 +372,15 @@ class Minimizer:
         if self.task.maximize:
             raise ValueError(f"minimize needs a task to minimise, not {self.task.name!r}.")
         self.stop_rules = stop_rules
-        self._runs: dict[tuple[int, int], tuple] = {}
 
     def _run_fn(self, population_size: int, history: int):
         """The compiled run for ``population_size``, its long history ``history`` long."""
-        cache_key = (population_size, history)
-        if cache_key in self._runs:
-            return self._runs[cache_key]
+        cache_key = (
+            self.config, self.mesh, self.task, self.stop_rules, population_size, history,
+            jax.config.x64_enabled,
+        )
+        if cache_key in _RUNS:
+            return _RUNS[cache_key]
         config = dataclasses.replace(self.config, population_size=population_size)
         es = ES(config, mesh=self.mesh, task=self.task)
         rules, n, lam = self.stop_rules, self.task.num_dims, population_size
@@ -468,10 +476,13 @@ class Minimizer:
                 )
 
             c = jax.lax.while_loop(lambda c: c["reason"] == 0, body, carry)
-            return c["gen"], c["reason"], c["best"], c["best"] - fopt
+            best_x = es.engine.mean_solution(c["state"])
+            if hasattr(c["state"].strategy_state, "best_solution"):
+                best_x = c["state"].strategy_state.best_solution
+            return c["gen"], c["reason"], c["best"], c["best"] - fopt, best_x
 
         compiled = (jax.jit(run), es)
-        self._runs[cache_key] = compiled
+        _RUNS[cache_key] = compiled
         return compiled
 
     def minimize(
@@ -538,6 +549,7 @@ class Minimizer:
         runs: list[RunRecord] = []
         used, small, large, runs_with_small = 0, [], [], 0
         best, best_precision, converged, spent = np.inf, np.inf, False, None
+        best_x = np.asarray(x0)
         for irun in range(2**31):
             sigma, regime = sigma0, "first"
             lam, maxiter = lam0, maxiter0
@@ -553,10 +565,12 @@ class Minimizer:
             budget_generations = (budget - used) // lam
             if budget_generations < 1:
                 break
-            history = min(20_000, min(maxiter, budget_generations) // 5 + 1)
+            # static per population size and call: restarts and instances share the compiled run
+            longest = min(max_generations or default_max_generations(n, lam), budget // lam)
+            history = min(20_000, longest // 5 + 1)
             run, _ = self._run_fn(lam, history)
             with objective_errors():
-                gens, reason, run_best, precision = jax.device_get(
+                gens, reason, run_best, precision, run_x = jax.device_get(
                     run(
                         jax.random.fold_in(runs_key, irun),
                         x0,
@@ -572,7 +586,9 @@ class Minimizer:
             stop = STOP_REASONS[int(reason)]
             runs.append(RunRecord(lam, float(sigma), regime, evaluations, stop, float(run_best)))
             (large if regime == "large" else small).append(evaluations)
-            best, best_precision = min(best, float(run_best)), min(best_precision, float(precision))
+            if float(run_best) < best:
+                best, best_x = float(run_best), np.asarray(run_x)
+            best_precision = min(best_precision, float(precision))
             if stop == "target":
                 converged, spent = True, used
                 break
@@ -586,6 +602,7 @@ class Minimizer:
             restarts=max(len(runs) - 1, 0),
             f_minus_fopt=best_precision if has_fopt else None,
             runs=tuple(runs),
+            x=best_x,
         )
 
 
