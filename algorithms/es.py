@@ -345,6 +345,23 @@ def _window_median(buffer, start, stop):
 _RUNS: dict[tuple, tuple] = {}
 
 
+def _rescale_covariance(s):
+    """CMA-ES state with ``C``'s eigenvalues centred on 1, the distribution unchanged.
+
+    ``σ²C`` is all that CMA-ES samples from, so ``(σ, C, p_c) -> (σ√k, C/k,
+    p_c/√k)`` leaves every generation as it was (``p_σ`` is invariant), with
+    ``k = √(λ_max λ_min)`` of the last eigendecomposition. It keeps ``C`` where
+    evosax's absolute constants are negligible: ``ask`` adds ``1e-8 I`` to ``C``
+    and floors its eigenvalues at ``1e-8``, which once the scale of ``C`` has
+    drifted to ~1e-7 caps its condition number far below the 1e6 of an
+    ill-conditioned function (BBOB f12 stalled at f - f* ~ 1e-5 in 2-D).
+    """
+    if not all(hasattr(s, name) for name in ("C", "D", "p_c", "std")) or s.C.ndim != 2:
+        return s
+    k = jnp.max(s.D) * jnp.min(s.D)
+    return s.replace(C=s.C / k, std=s.std * jnp.sqrt(k), p_c=s.p_c / jnp.sqrt(k))
+
+
 class Minimizer:
     """Restarted runs of one black-box task, each compiled once per population size.
 
@@ -412,6 +429,7 @@ class Minimizer:
 
             def body(c):
                 state, m = es.engine.step(c["state"], jax.random.fold_in(run_key, c["gen"]))
+                state = state.replace(strategy_state=_rescale_covariance(state.strategy_state))
                 gen = c["gen"] + 1
                 f_best, f_worst = m["fitness_best"], m["fitness_worst"]
                 improved = f_best < c["best"]

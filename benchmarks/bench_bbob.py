@@ -208,6 +208,8 @@ def main():
     parser.add_argument("--instances", default="1,2,3")
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--quiet", action="store_true", help="no line per problem")
+    parser.add_argument("--no-table", action="store_true", help="only the float32 rows")
+    parser.add_argument("--no-float32", action="store_true", help="only the table")
     args = parser.parse_args()
     dims = [int(d) for d in args.dims.split(",")]
     functions = parse_functions(args.functions)
@@ -215,7 +217,9 @@ def main():
     log = (lambda _: None) if args.quiet else (lambda line: print(line, flush=True))
 
     t0 = time.perf_counter()
-    tables = {d: run_dimension(d, functions, instances, args.devices, log) for d in dims}
+    tables = {} if args.no_table else {
+        d: run_dimension(d, functions, instances, args.devices, log) for d in dims
+    }
     problems = len(functions) * len(instances)
     print(f"\nsolved to f - f* < 1e-8 of {problems} problems per dimension "
           "(median evaluations of the solved ones)")
@@ -229,7 +233,7 @@ def main():
             cells.append(f"{len(solved):>3} / {problems:<3} ({median:>7})")
         print(f"{d:>3}  " + "  ".join(f"{c:>20}" for c in cells))
     print("\nsolved per function (engine / pycma / engine BIPOP / pycma BIPOP), per dimension")
-    for function in functions:
+    for function in functions if tables else ():
         cells = []
         for d in dims:
             counts = [
@@ -239,6 +243,8 @@ def main():
         print(f"  f{function + 1:<2} {BBOB_FUNCTIONS[function]:<22} " + "   ".join(cells))
 
     d = max(dims)
+    if args.no_float32:
+        return
     print(
         f"\nfloat32 against float64, engine single run, d={d}: best f - f* as the run "
         "saw it / of its best x evaluated in float64 (stop, evaluations)"

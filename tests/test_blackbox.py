@@ -90,11 +90,11 @@ def test_ipop_doubles_the_population_within_one_budget():
 
 def test_bipop_alternates_regimes_as_hansen_2009():
     minimizer = _bipop_rastrigin()
-    result = minimizer.minimize(jax.random.key(1), target=1e-12, max_evaluations=6000,
+    result = minimizer.minimize(jax.random.key(1), target=1e-12, max_evaluations=3000,
                                 restarts=9, restart_strategy="bipop", x0=np.full(3, 3.0))
     runs = result.runs
     assert runs[0].regime == "first" and runs[0].population_size == 6
-    assert sum(r.evaluations for r in runs) == result.evaluations <= 6000
+    assert sum(r.evaluations for r in runs) == result.evaluations <= 3000
     small, large, num_large = runs[0].evaluations, 0, 0
     for run in runs[1:]:
         # small regime exactly when small runs used fewer evaluations than large ones
@@ -185,6 +185,6 @@ def test_one_compiled_run_serves_every_instance():
                                         x0=np.zeros(3), task_state=data)
             assert result.converged and result.best - float(data.f_opt) < 1e-8
             bests.append(result.best)
-    run = minimizer._run_fn(6, 1200 // 6 // 5 + 1)[0]  # the history of a 1200-evaluation budget
+        run = minimizer._run_fn(6, 1200 // 6 // 5 + 1)[0]  # the history of a 1200-evaluation budget
     assert run._cache_size() == 1
     assert len(set(bests)) == 3  # three different f*
