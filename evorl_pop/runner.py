@@ -84,6 +84,7 @@ def default_run_dir(config: RunConfig, root: str | os.PathLike = "runs") -> Path
         (getattr(cfg, n) for n in ("task", "env_name", "env") if getattr(cfg, n, None)), "run"
     )
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    task = str(task).replace("/", "-")  # bbob/<name> names one folder, not two
     base = Path(root) / f"{config.algorithm}-{task}-{config.seed}-{stamp}"
     path, n = base, 1
     while path.exists():
