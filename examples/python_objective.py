@@ -51,5 +51,5 @@ print(
     f"({'reached' if result.converged else 'missed'} 1e-10), x = {np.round(result.x, 6)}"
 )
 for run in result.runs:
-    print(f"  run: population {run.population_size}, {run.evaluations:,} evaluations, stop {run.stop}")
+    print(f"  run: λ = {run.population_size}, {run.evaluations:,} evaluations, stop {run.stop}")
 print(f"{len(calls)} calls of the objective, {np.mean(calls):.1f} candidates each on average")

@@ -48,8 +48,12 @@ def test_float64_state_population_and_fitness_after_a_generation(devices):
             assert metrics[name].dtype == jnp.float64, name
         # the generation itself is the 1-device one, to float64 rounding
         reference = ES(config, mesh=make_mesh(1))
-        ref_state, ref_metrics = jax.jit(reference.step)(reference.init(jax.random.key(0)), jax.random.key(1))
-        np.testing.assert_allclose(new_state.strategy_state.mean, ref_state.strategy_state.mean, rtol=1e-12)
+        ref_state, ref_metrics = jax.jit(reference.step)(
+            reference.init(jax.random.key(0)), jax.random.key(1)
+        )
+        np.testing.assert_allclose(
+            new_state.strategy_state.mean, ref_state.strategy_state.mean, rtol=1e-12
+        )
         np.testing.assert_allclose(metrics["fitness_best"], ref_metrics["fitness_best"], rtol=1e-12)
     assert not jax.config.x64_enabled and jnp.zeros(1).dtype == jnp.float32
 
@@ -133,9 +137,10 @@ def test_python_objective_gives_the_same_run_as_the_jax_task(batched):
 
 
 def test_bad_input_is_one_clear_line():
-    with pytest.raises(ValueError, match="Unknown BBOB function 'ellipsoid'. Did you mean 'ellipsoidal'"):
+    unknown = "Unknown BBOB function 'ellipsoid'. Did you mean 'ellipsoidal'"
+    with pytest.raises(ValueError, match=unknown):
         make_task("bbob/ellipsoid", num_dims=4)
-    with pytest.raises(ValueError, match=r"instance must be an integer in \[1, 2147483647\].*got 0"):
+    with pytest.raises(ValueError, match=r"instance must be an integer in \[1, 2147483647\].*0"):
         BBOBTask("sphere", num_dims=4, instance=0)
     with pytest.raises(ConfigError, match="Did you mean 'bbob/discus'"):
         validate_es_config(ESConfig(strategy="CMA_ES", task="bbob/discsu"))
@@ -145,7 +150,8 @@ def test_bad_input_is_one_clear_line():
     def two_values(x):
         return np.array([1.0, 2.0])
 
-    with pytest.raises(ValueError, match=r"objective 'two_values' returned shape \(2,\) from f\(x\)"):
+    wrong_shape = r"objective 'two_values' returned shape \(2,\) from f\(x\)"
+    with pytest.raises(ValueError, match=wrong_shape):
         PythonTask(two_values, num_dims=3)
     with pytest.raises(ValueError, match=r"objective 'short' returned shape \(2,\) from f\(X\)"):
         PythonTask(lambda X: np.zeros(len(X) + 1), num_dims=3, batched=True, name="short")
