@@ -640,8 +640,21 @@ def minimize(
     """Minimises a black-box task to ``target``, with IPOP or BIPOP restarts.
 
     Shorthand for ``Minimizer(config, mesh, task, stop_rules).minimize(...)``;
-    see :meth:`Minimizer.minimize` for the arguments. Reuse one
-    :class:`Minimizer` to run many instances or seeds without recompiling.
+    reuse one :class:`Minimizer` to run many instances or seeds without
+    recompiling.
+
+    Args:
+      config: the run configuration (its population is the first run's).
+      key: the PRNG key.
+      target: success once a generation's best ``f - f*`` is below it.
+      max_evaluations: one budget for all runs, never exceeded (``None``: none).
+      restarts: restarts with a larger population allowed.
+      restart_strategy: ``'ipop'`` or ``'bipop'``.
+      max_generations: generations per run (``None``: pycma's default).
+      x0: the starting point of every run (``None``: the task's).
+      mesh: the device mesh.
+      task: a ready task instead of ``config.task``.
+      stop_rules: the termination criteria of each run.
 
     Returns:
       A :class:`MinimizeResult`.
