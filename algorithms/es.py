@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from evorl_pop.blackbox import BBOB_PREFIX, float_dtype, objective_errors
 from evorl_pop.engine import ESState, ShardedES
 from evorl_pop.tasks import make_task
 from evorl_pop.training import train_loop
@@ -112,7 +113,7 @@ def make_strategy(
     params = strategy.default_params
     if sigma_init is not None:
         if hasattr(params, "std_init"):
-            params = params.replace(std_init=jnp.float32(sigma_init))
+            params = params.replace(std_init=jnp.asarray(sigma_init, float_dtype()))
         elif "std_schedule" in accepted:
             strategy = cls(
                 population_size=population_size,
@@ -132,7 +133,9 @@ class ESConfig:
     Attributes:
       strategy: evosax strategy name, see :data:`STRATEGIES`.
       task: black-box function (``sphere``, ``ellipsoid``, ``rosenbrock``,
-        ``rastrigin``) or environment name (``CartPole-v1``, ``Pendulum-v1``, ...).
+        ``rastrigin``), BBOB function (``bbob/ellipsoidal_rotated``, ...; see
+        :data:`evorl_pop.blackbox.BBOB_FUNCTIONS`) or environment name
+        (``CartPole-v1``, ``Pendulum-v1``, ...).
       population_size: candidates per generation.
       sigma_init: initial search width (``None``: see :data:`RECOMMENDED`).
       learning_rate: optimizer learning rate for gradient-style ES (``None``:
@@ -140,6 +143,7 @@ class ESConfig:
       optimizer: ``'adam'`` or ``'sgd'``.
       num_dims: black-box tasks: dimension.
       x0: black-box tasks: every coordinate of the starting point.
+      instance: BBOB tasks: the instance seed (shift, rotations, ``f_opt``), from 1.
       hidden_sizes: control tasks: MLP hidden layers.
       activation: control tasks: ``'tanh'``, ``'relu'`` or ``'elu'``.
       episodes: control tasks: episodes per candidate.
@@ -158,6 +162,7 @@ class ESConfig:
     optimizer: str = "adam"
     num_dims: int = 10
     x0: float = 3.0
+    instance: int = 1
     hidden_sizes: tuple[int, ...] = (32,)
     activation: str = "tanh"
     episodes: int = 1
@@ -171,6 +176,10 @@ class ESConfig:
 
         if self.task in BLACKBOX_FUNCTIONS:
             return make_task(self.task, num_dims=self.num_dims, x0=self.x0)
+        if self.task.startswith(BBOB_PREFIX):
+            return make_task(
+                self.task, num_dims=self.num_dims, x0=self.x0, instance=self.instance
+            )
         return make_task(
             self.task,
             hidden_sizes=tuple(self.hidden_sizes),
@@ -224,8 +233,69 @@ class ES:
           ``(state, history)`` as :func:`evorl_pop.training.train_loop`.
         """
         init_key, run_key = jax.random.split(key)
-        state = self.init(init_key)
-        return train_loop(self, state, run_key, num_generations, chunk, **kwargs)
+        with objective_errors():
+            state = self.init(init_key)
+            return train_loop(self, state, run_key, num_generations, chunk, **kwargs)
+
+
+# --- black-box minimisation with restarts ------------------------------------------
+
+#: Why a run ended; ``'running'`` never leaves :class:`Minimizer`.
+STOP_REASONS = (
+    "running",
+    "target",
+    "budget",
+    "maxiter",
+    "tolfun",
+    "tolfunhist",
+    "tolx",
+    "tolconditioncov",
+    "tolstagnation",
+)
+RESTART_STRATEGIES = ("ipop", "bipop")
+
+
+@dataclasses.dataclass(frozen=True)
+class StopRules:
+    """pycma's termination criteria of one run, with its option names and defaults.
+
+    Attributes:
+      tolfun: the generation's fitness range and the range of the best
+        fitness over the last ``10 + 30 n / λ`` generations are both below it.
+      tolfunhist: that history (at least 10 generations) has a range below it.
+      tolx: every ``σ·sqrt(C_ii)`` and ``σ·|p_c,i|`` is below it (CMA-ES family).
+      tolconditioncov: the condition number of ``C`` exceeds it.
+      tolstagnation: stop when the medians of the best and of the median
+        fitness (sampled every 5 generations) stop improving over about
+        ``100 + 100 n^1.5 / λ`` generations and the best is that old.
+    """
+
+    tolfun: float = 1e-11
+    tolfunhist: float = 1e-12
+    tolx: float = 1e-11
+    tolconditioncov: float = 1e14
+    tolstagnation: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRecord:
+    """One run of a restart sequence.
+
+    Attributes:
+      population_size: its population size λ.
+      sigma: its initial step size.
+      regime: ``'first'``, ``'large'`` (IPOP doubling) or ``'small'`` (BIPOP).
+      evaluations: the evaluations it used.
+      stop: why it ended, one of :data:`STOP_REASONS`.
+      best: its best fitness.
+    """
+
+    population_size: int
+    sigma: float
+    regime: str
+    evaluations: int
+    stop: str
+    best: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,68 +308,363 @@ class MinimizeResult:
         generation that reached the target (or in all, if none did).
       best: the best fitness found.
       restarts: restarts used.
+      f_minus_fopt: ``best - f*`` when the task knows ``f*``, else ``None``.
+      runs: every run, in order.
+      x: the best solution found.
     """
 
     converged: bool
     evaluations: int
     best: float
     restarts: int
+    f_minus_fopt: float | None = None
+    runs: tuple[RunRecord, ...] = ()
+    x: np.ndarray | None = None
+
+
+def default_max_generations(num_dims: int, population_size: int) -> int:
+    """pycma's default ``maxiter``: ``100 + 150 (n + 3)^2 / sqrt(λ)``."""
+    return int(np.ceil(100 + 150 * (num_dims + 3) ** 2 / population_size**0.5))
+
+
+def _shift_in(buffer, value):
+    """Newest-first history: ``value`` at index 0, the oldest entry dropped."""
+    return jnp.roll(buffer, 1).at[0].set(value)
+
+
+def _window_median(buffer, start, stop):
+    """Median of ``buffer[start:stop]`` for traced bounds (entries outside become +inf)."""
+    idx = jnp.arange(buffer.shape[0])
+    inside = (idx >= start) & (idx < stop)
+    ranked = jnp.sort(jnp.where(inside, buffer, jnp.inf))
+    count = stop - start
+    return 0.5 * (ranked[(count - 1) // 2] + ranked[count // 2])
+
+
+#: Compiled runs, shared by every :class:`Minimizer` of the same task and settings.
+_RUNS: dict[tuple, tuple] = {}
+
+
+def _rescale_covariance(s):
+    """CMA-ES state with ``C``'s eigenvalues centred on 1, the distribution unchanged.
+
+    ``σ²C`` is all that CMA-ES samples from, so ``(σ, C, p_c) -> (σ√k, C/k,
+    p_c/√k)`` leaves every generation as it was (``p_σ`` is invariant), with
+    ``k = √(λ_max λ_min)`` of the last eigendecomposition. It keeps ``C`` where
+    evosax's absolute constants are negligible: ``ask`` adds ``1e-8 I`` to ``C``
+    and floors its eigenvalues at ``1e-8``, which once the scale of ``C`` has
+    drifted to ~1e-7 caps its condition number far below the 1e6 of an
+    ill-conditioned function (BBOB f12 stalled at f - f* ~ 1e-5 in 2-D).
+    """
+    if not all(hasattr(s, name) for name in ("C", "D", "p_c", "std")) or s.C.ndim != 2:
+        return s
+    k = jnp.max(s.D) * jnp.min(s.D)
+    return s.replace(C=s.C / k, std=s.std * jnp.sqrt(k), p_c=s.p_c / jnp.sqrt(k))
+
+
+class Minimizer:
+    """Restarted runs of one black-box task, each compiled once per population size.
+
+    One run is a ``lax.while_loop`` of engine generations that stops at the
+    target, the evaluation budget, ``maxiter`` or one of :class:`StopRules`;
+    the starting point, step size, task state (e.g. a BBOB instance) and
+    limits are traced arguments, so every run with the same population size
+    reuses one compiled loop, on every instance.
+    """
+
+    def __init__(self, config: ESConfig, mesh=None, task=None, stop_rules: StopRules = StopRules()):
+        """Builds the minimiser.
+
+        Args:
+          config: the run configuration (a task to minimise; its
+            ``population_size`` is the first run's, its ``sigma_init`` the step size).
+          mesh: the device mesh (``None``: every device).
+          task: a ready task instead of ``config.task`` (e.g. a
+            :class:`~evorl_pop.blackbox.PythonTask`).
+          stop_rules: the termination criteria of each run.
+        """
+        self.config = config
+        self.mesh = mesh
+        self.task = config.make_task() if task is None else task
+        if self.task.maximize:
+            raise ValueError(f"minimize needs a task to minimise, not {self.task.name!r}.")
+        self.stop_rules = stop_rules
+
+    def _run_fn(self, population_size: int, history: int):
+        """The compiled run for ``population_size``, its long history ``history`` long."""
+        cache_key = (
+            self.config, self.mesh, self.task, self.stop_rules, population_size, history,
+            jax.config.x64_enabled,
+        )
+        if cache_key in _RUNS:
+            return _RUNS[cache_key]
+        config = dataclasses.replace(self.config, population_size=population_size)
+        es = ES(config, mesh=self.mesh, task=self.task)
+        rules, n, lam = self.stop_rules, self.task.num_dims, population_size
+        short = int(10 + 30 * n / lam)  # pycma keeps this many generations of the best
+        tolstagnation = int(100 + 100 * n**1.5 / lam)
+        optimal_value = getattr(self.task, "optimal_value", None)
+
+        def run(key, x0, sigma, task_state, max_generations, budget_generations, target):
+            init_key, run_key = jax.random.split(key)
+            state = es.engine.init(init_key, x0).replace(task_state=task_state)
+            s = state.strategy_state
+            if hasattr(s, "std"):
+                state = state.replace(strategy_state=s.replace(std=jnp.asarray(sigma, s.std.dtype)))
+            fopt = optimal_value(task_state) if optimal_value else 0.0
+            dtype = s.mean.dtype
+            empty = jnp.full((short,), jnp.inf, dtype)
+            carry = dict(
+                state=state,
+                gen=jnp.int32(0),
+                reason=jnp.int32(0),
+                best=jnp.asarray(jnp.inf, dtype),
+                best_gen=jnp.int32(0),
+                hist=empty,
+                hist_size=jnp.int32(0),
+                hist_best=jnp.full((history,), jnp.inf, dtype),
+                hist_median=jnp.full((history,), jnp.inf, dtype),
+                long_size=jnp.int32(0),
+            )
+
+            def body(c):
+                state, m = es.engine.step(c["state"], jax.random.fold_in(run_key, c["gen"]))
+                state = state.replace(strategy_state=_rescale_covariance(state.strategy_state))
+                gen = c["gen"] + 1
+                f_best, f_worst = m["fitness_best"], m["fitness_worst"]
+                improved = f_best < c["best"]
+                best = jnp.where(improved, f_best, c["best"])
+                best_gen = jnp.where(improved, gen, c["best_gen"])
+                hist = _shift_in(c["hist"], f_best)
+                hist_size = jnp.minimum(c["hist_size"] + 1, short)
+                sample = gen % 5 == 0
+                hist_best = jnp.where(sample, _shift_in(c["hist_best"], f_best), c["hist_best"])
+                hist_median = jnp.where(
+                    sample, _shift_in(c["hist_median"], m["fitness_median"]), c["hist_median"]
+                )
+                long_size = jnp.minimum(c["long_size"] + sample, history)
+                filled = jnp.arange(short) < hist_size
+                hist_range = jnp.max(jnp.where(filled, hist, -jnp.inf)) - jnp.min(
+                    jnp.where(filled, hist, jnp.inf)
+                )
+                s = state.strategy_state
+                checks = [
+                    f_best - fopt < target,
+                    gen >= budget_generations,
+                    gen >= max_generations,
+                    (f_worst - f_best < rules.tolfun) & (hist_range < rules.tolfun),
+                    (hist_size > 9) & (hist_range < rules.tolfunhist),
+                ]
+                if hasattr(s, "C") and hasattr(s, "p_c"):
+                    spread = s.std * jnp.sqrt(jnp.diag(s.C))
+                    checks.append(
+                        jnp.all(spread < rules.tolx) & jnp.all(s.std * jnp.abs(s.p_c) < rules.tolx)
+                    )
+                else:
+                    checks.append(False)
+                if hasattr(s, "D"):
+                    checks.append(jnp.max(s.D) > rules.tolconditioncov**0.5 * jnp.min(s.D))
+                else:
+                    checks.append(False)
+                if rules.tolstagnation:
+                    window = jnp.maximum(tolstagnation / 10, long_size / 10).astype(jnp.int32)
+                    older = lambda h: _window_median(h, window, 2 * window)  # noqa: E731
+                    newer = lambda h: _window_median(h, 0, window)  # noqa: E731
+                    checks.append(
+                        (gen > n * (5 + 100 / lam))
+                        & (gen - best_gen > tolstagnation / 2)
+                        & (long_size > 100)
+                        & (2 * window < long_size)
+                        & (newer(hist_median) >= older(hist_median))
+                        & (newer(hist_best) >= older(hist_best))
+                    )
+                fired = jnp.stack([jnp.asarray(x) for x in checks])
+                reason = jnp.where(jnp.any(fired), jnp.argmax(fired) + 1, 0).astype(jnp.int32)
+                return dict(
+                    state=state,
+                    gen=gen,
+                    reason=reason,
+                    best=best,
+                    best_gen=best_gen,
+                    hist=hist,
+                    hist_size=hist_size,
+                    hist_best=hist_best,
+                    hist_median=hist_median,
+                    long_size=long_size,
+                )
+
+            c = jax.lax.while_loop(lambda c: c["reason"] == 0, body, carry)
+            best_x = es.engine.mean_solution(c["state"])
+            if hasattr(c["state"].strategy_state, "best_solution"):
+                best_x = c["state"].strategy_state.best_solution
+            return c["gen"], c["reason"], c["best"], c["best"] - fopt, best_x
+
+        compiled = (jax.jit(run), es)
+        _RUNS[cache_key] = compiled
+        return compiled
+
+    def minimize(
+        self,
+        key: jax.Array,
+        target: float = 1e-8,
+        max_evaluations: int | None = None,
+        restarts: int = 0,
+        restart_strategy: str = "ipop",
+        max_generations: int | None = None,
+        x0=None,
+        task_state=None,
+    ) -> MinimizeResult:
+        """Runs, and restarts, until the target, the budget or the last restart.
+
+        Restarts as in pycma's ``cma.fmin``: IPOP-CMA-ES (Auger & Hansen 2005)
+        doubles the population at each restart; BIPOP-CMA-ES (Hansen 2009,
+        https://inria.hal.science/inria-00382093) interleaves those large runs
+        with small ones, λ = ⌊λ0 (λ_large / λ0)^(U²)⌋ (λ_large: the last large
+        run's population) and σ = σ0 · 0.01^U (U uniform in [0, 1]), each
+        started whenever the small runs have used fewer evaluations than the
+        large ones, and given at most half their total. The first run counts
+        as small. Every run starts at ``x0``.
+
+        Args:
+          key: the PRNG key.
+          target: success once a generation's best ``f - f*`` is below it
+            (``f`` itself when the task does not know ``f*``).
+          max_evaluations: one budget for all runs together, never exceeded
+            (``None``: no limit but ``max_generations`` per run).
+          restarts: restarts with a larger population allowed (BIPOP's small
+            runs do not count).
+          restart_strategy: ``'ipop'`` or ``'bipop'``.
+          max_generations: generations per run (``None``: pycma's default,
+            :func:`default_max_generations`).
+          x0: the starting point (``None``: the task's).
+          task_state: the task's state (``None``: the task's own; e.g. another
+            BBOB instance's data, without recompiling).
+
+        Returns:
+          A :class:`MinimizeResult`.
+        """
+        if restart_strategy not in RESTART_STRATEGIES:
+            raise ValueError(
+                f"restart_strategy must be one of {RESTART_STRATEGIES}, got {restart_strategy!r}."
+            )
+        if restarts < 0 or (max_evaluations is not None and max_evaluations < 1):
+            raise ValueError(
+                f"need restarts >= 0 and max_evaluations >= 1, got {restarts}, {max_evaluations}."
+            )
+        config, task, n = self.config, self.task, self.task.num_dims
+        lam0 = config.population_size
+        sigma0 = config.sigma_init
+        if sigma0 is None:
+            sigma0 = float(make_strategy(config.strategy, lam0, n)[1].std_init)
+        x0_key, runs_key = jax.random.split(key)
+        x0 = task.init_solution(x0_key) if x0 is None else x0
+        x0 = jnp.asarray(x0, float_dtype()).reshape(n)
+        task_state = task.init_state() if task_state is None else task_state
+        budget = max_evaluations if max_evaluations is not None else 2**62
+        rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel())
+        maxiter0 = max_generations or default_max_generations(n, lam0)
+
+        runs: list[RunRecord] = []
+        used, small, large, runs_with_small = 0, [], [], 0
+        best, best_precision, converged, spent = np.inf, np.inf, False, None
+        best_x = np.asarray(x0)
+        for irun in range(2**31):
+            sigma, regime = sigma0, "first"
+            lam, maxiter = lam0, maxiter0
+            if irun > 0 and restart_strategy == "bipop" and sum(small) < max(1, sum(large)):
+                regime, runs_with_small = "small", runs_with_small + 1
+                sigma = sigma0 * 0.01 ** rng.uniform()
+                lam = int(lam0 * (2.0 ** (irun - runs_with_small)) ** (rng.uniform() ** 2))
+                maxiter = min(maxiter0, int(np.ceil(0.5 * sum(large) / lam)))
+            elif irun > 0:
+                regime = "large"
+                lam = lam0 * 2 ** (irun - runs_with_small)
+                maxiter = max_generations or default_max_generations(n, lam)
+            budget_generations = (budget - used) // lam
+            if budget_generations < 1:
+                break
+            # static per population size and call: restarts and instances share the compiled run
+            longest = min(max_generations or default_max_generations(n, lam), budget // lam)
+            history = min(20_000, longest // 5 + 1)
+            run, _ = self._run_fn(lam, history)
+            with objective_errors():
+                gens, reason, run_best, precision, run_x = jax.device_get(
+                    run(
+                        jax.random.fold_in(runs_key, irun),
+                        x0,
+                        sigma,
+                        task_state,
+                        maxiter,
+                        min(budget_generations, 2**31 - 1),
+                        target,
+                    )
+                )
+            evaluations = int(gens) * lam
+            used += evaluations
+            stop = STOP_REASONS[int(reason)]
+            runs.append(RunRecord(lam, float(sigma), regime, evaluations, stop, float(run_best)))
+            (large if regime == "large" else small).append(evaluations)
+            if float(run_best) < best:
+                best, best_x = float(run_best), np.asarray(run_x)
+            best_precision = min(best_precision, float(precision))
+            if stop == "target":
+                converged, spent = True, used
+                break
+            if irun + 1 - runs_with_small > restarts:
+                break
+        has_fopt = hasattr(task, "optimal_value")
+        return MinimizeResult(
+            converged=converged,
+            evaluations=used if spent is None else spent,
+            best=best,
+            restarts=max(len(runs) - 1, 0),
+            f_minus_fopt=best_precision if has_fopt else None,
+            runs=tuple(runs),
+            x=best_x,
+        )
 
 
 def minimize(
     config: ESConfig,
     key: jax.Array,
     target: float = 1e-8,
-    max_generations: int = 2000,
-    restarts: int = 2,
-    stall_generations: int | None = None,
-    stall_tolerance: float = 1e-11,
+    max_evaluations: int | None = None,
+    restarts: int = 0,
+    restart_strategy: str = "ipop",
+    max_generations: int | None = None,
+    x0=None,
     mesh=None,
+    task=None,
+    stop_rules: StopRules = StopRules(),
 ) -> MinimizeResult:
-    """Minimises a black-box task to ``target``, restarting a stalled run.
+    """Minimises a black-box task to ``target``, with IPOP or BIPOP restarts.
 
-    A run stalls when its best fitness has changed by less than
-    ``stall_tolerance`` over ``stall_generations`` generations (pycma's
-    ``tolfun`` criterion; default ``10 + 30 * dims / popsize``) while still
-    above ``target`` (e.g. CMA-ES in Rosenbrock's local optimum). It then
-    restarts from the same starting point with a fresh key; the evaluations
-    of the stalled run, up to its detection, count.
+    Shorthand for ``Minimizer(config, mesh, task, stop_rules).minimize(...)``;
+    reuse one :class:`Minimizer` to run many instances or seeds without
+    recompiling.
 
     Args:
-      config: the run configuration (a black-box task).
+      config: the run configuration (its population is the first run's).
       key: the PRNG key.
-      target: stop at the first generation whose best fitness is below it.
-      max_generations: generations per run.
-      restarts: restarts allowed after stalls.
-      stall_generations: see above.
-      stall_tolerance: see above.
+      target: success once a generation's best ``f - f*`` is below it.
+      max_evaluations: one budget for all runs, never exceeded (``None``: none).
+      restarts: restarts with a larger population allowed.
+      restart_strategy: ``'ipop'`` or ``'bipop'``.
+      max_generations: generations per run (``None``: pycma's default).
+      x0: the starting point of every run (``None``: the task's).
       mesh: the device mesh.
+      task: a ready task instead of ``config.task``.
+      stop_rules: the termination criteria of each run.
 
     Returns:
       A :class:`MinimizeResult`.
     """
-    es = ES(config, mesh=mesh)
-    if es.task.maximize:
-        raise ValueError(f"minimize needs a black-box task to minimise, not {config.task!r}.")
-    window = stall_generations or int(10 + 30 * es.task.num_dims / config.population_size)
-
-    @jax.jit
-    def run(key):
-        init_key, run_key = jax.random.split(key)
-        _, metrics = es.engine.run(es.init(init_key), run_key, max_generations)
-        return metrics["fitness_best"]
-
-    evaluations, best = 0, float("inf")
-    for attempt in range(restarts + 1):
-        history = np.asarray(run(jax.random.fold_in(key, attempt)))
-        best = min(best, float(np.min(history)))
-        hit = np.flatnonzero(history < target)
-        if hit.size:
-            return MinimizeResult(
-                True, evaluations + int(hit[0] + 1) * config.population_size, best, attempt
-            )
-        so_far = np.minimum.accumulate(history)
-        flat = np.flatnonzero(so_far[:-window] - so_far[window:] < stall_tolerance)
-        stop = int(flat[0] + window + 1) if flat.size else max_generations
-        evaluations += stop * config.population_size
-    return MinimizeResult(False, evaluations, best, restarts)
+    return Minimizer(config, mesh, task, stop_rules).minimize(
+        key,
+        target=target,
+        max_evaluations=max_evaluations,
+        restarts=restarts,
+        restart_strategy=restart_strategy,
+        max_generations=max_generations,
+        x0=x0,
+    )

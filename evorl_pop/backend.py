@@ -145,7 +145,8 @@ def mesh_devices(config) -> int | None:
     population = getattr(algorithm, "population_size", None)
     if population is None:
         return limit
-    kind = "blackbox" if getattr(algorithm, "task", None) in BLACKBOX_FUNCTIONS else "env"
+    task = str(getattr(algorithm, "task", None))
+    kind = "blackbox" if task in BLACKBOX_FUNCTIONS or task.startswith("bbob/") else "env"
     return max(1, min(limit, population // MIN_PER_DEVICE[kind]))
 
 

@@ -355,6 +355,7 @@ def _cmd_list(args) -> int:
         status = f"  (not installed: pip install {missing})" if missing else ""
         print(f"  {spec.name:8s} {spec.description}{status}")
     from evorl_pop.algorithms.es import STRATEGIES  # imports JAX-using modules
+    from evorl_pop.blackbox import bbob_task_names
     from evorl_pop.envs import ENV_FACTORIES
     from evorl_pop.tasks import BLACKBOX_FUNCTIONS
 
@@ -362,6 +363,7 @@ def _cmd_list(args) -> int:
         ("strategies (es --strategy)", STRATEGIES),
         ("environments (--task)", ENV_FACTORIES),
         ("black-box tasks (--task, with --set num_dims=N)", BLACKBOX_FUNCTIONS),
+        ("BBOB functions (--task, with --set num_dims=N --set instance=I)", bbob_task_names()),
     ):
         print(f"{title}:")
         print(textwrap.fill(", ".join(sorted(names)), 88, initial_indent="  ",

@@ -392,11 +392,10 @@ def validate_es_config(config) -> None:
       ConfigError: an unknown strategy or task, or an impossible value.
     """
     from evorl_pop.algorithms.es import OPTIMIZERS, STRATEGIES
-    from evorl_pop.envs import ENV_FACTORIES
-    from evorl_pop.tasks import BLACKBOX_FUNCTIONS
+    from evorl_pop.tasks import task_names
 
     _choice("strategy", config.strategy, STRATEGIES)
-    _choice("task", config.task, [*BLACKBOX_FUNCTIONS, *ENV_FACTORIES])
+    _choice("task", config.task, task_names())
     _choice("optimizer", config.optimizer, OPTIMIZERS)
     _choice("activation", config.activation, ("tanh", "relu", "elu"))
     _choice("eval_mode", config.eval_mode, ("vmap", "map"))

@@ -33,6 +33,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop import multihost
+from evorl_pop.blackbox import float_dtype
 from evorl_pop.distributed import POP_AXIS_NAME, psum, shmap_map, shmap_vmap
 from evorl_pop.fitness import to_minimization, worst_for_nonfinite
 from evorl_pop.mesh import make_mesh, padded_size
@@ -183,7 +184,8 @@ class ShardedES:
         k_sol, k_init, k_pop, k_eval = jax.random.split(key, 4)
         if solution is None:
             solution = self.task.init_solution(k_sol)
-        solution = jnp.asarray(solution, jnp.float32).reshape(-1)
+        # float64 when JAX's 64-bit mode is on, float32 otherwise
+        solution = jnp.asarray(solution, float_dtype()).reshape(-1)
         task_state = self.task.init_state()
         if self.population_based:
             noise = jax.random.normal(k_pop, (self.population_size, solution.size))
@@ -242,12 +244,17 @@ class ShardedES:
             "fitness_mean": summary.mean,
             "fitness_worst": summary.worst,
             "fitness_std": summary.std,
+            "fitness_median": to_minimization(
+                jnp.median(self._fitness(summary)), self.task.maximize
+            ),
             "best_so_far": best_so_far,
             "num_nonfinite": summary.num_nonfinite,
             "evaluations": jnp.int32(self.population_size),
             "env_steps": summary.info.steps,
             "episodes": summary.info.episodes,
         }
+        if hasattr(self.task, "optimal_value"):
+            metrics["f_minus_fopt"] = best_so_far - self.task.optimal_value(task_state)
         if hasattr(s, "std"):
             metrics["sigma"] = jnp.mean(s.std)
         if self.eval_episodes > 0:

@@ -81,7 +81,7 @@ def default_run_dir(config: RunConfig, root: str | os.PathLike = "runs") -> Path
     Returns:
       The folder (created on the writing process only).
     """
-    task = getattr(config.algorithm_config, "task", None) or "run"
+    task = str(getattr(config.algorithm_config, "task", None) or "run").replace("/", "-")
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(root) / f"{config.algorithm}-{task}-{config.seed}-{stamp}"
     if not is_writer():

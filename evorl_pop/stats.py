@@ -52,7 +52,7 @@ def summarize(scores, info, mask, maximize: bool, axis_name: str | None = POP_AX
     num_nonfinite = psum(jnp.sum(mask & ~finite), axis_name)
     hi = pmax(jnp.max(jnp.where(finite, scores, -jnp.inf)), axis_name)
     lo = pmin(jnp.min(jnp.where(finite, scores, jnp.inf)), axis_name)
-    denom = jnp.maximum(count, 1).astype(jnp.float32)
+    denom = jnp.maximum(count, 1).astype(jnp.result_type(scores, jnp.float32))
     mean = psum(jnp.sum(jnp.where(finite, scores, 0.0)), axis_name) / denom
     var = psum(jnp.sum(jnp.where(finite, (scores - mean) ** 2, 0.0)), axis_name) / denom
     none_finite = count == 0

@@ -24,8 +24,10 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+from evosax.problems.bbob.bbob_fns import bbob_fns
 from jax.flatten_util import ravel_pytree
 
+from evorl_pop.blackbox import BBOB_PREFIX, BBOBTask, bbob_task_names, float_dtype
 from evorl_pop.envs import Env, EpisodeStats, ObsMoments, ObsNorm, evaluate_episodes, make_env
 from evorl_pop.networks import make_policy
 
@@ -43,7 +45,9 @@ class EvalInfo:
 
 
 def sphere(x):
-    return jnp.sum(x**2)
+    """BBOB's sphere (f1), unshifted: optimum 0 at the origin."""
+    # f1 takes no rotation (R, Q): none is built, so any dimension fits in memory
+    return bbob_fns["sphere"](x, jnp.zeros_like(x), None, None, x.shape[-1])[0]
 
 
 def ellipsoid(x, condition: float = 1e6):
@@ -103,7 +107,7 @@ class BlackBoxTask:
 
     def init_solution(self, key):
         del key
-        return jnp.full((self.num_dims,), self.x0, jnp.float32)
+        return jnp.full((self.num_dims,), self.x0, float_dtype())
 
     def init_state(self):
         return ()
@@ -112,6 +116,10 @@ class BlackBoxTask:
         del key, task_state
         value = BLACKBOX_FUNCTIONS[self.function](solution)
         return value, EvalInfo(steps=jnp.int32(0), episodes=jnp.int32(0))
+
+    def optimal_value(self, task_state):
+        del task_state
+        return jnp.zeros((), float_dtype())
 
     def update_state(self, task_state, info_total):
         return task_state
@@ -192,31 +200,45 @@ class ControlTask:
         return task_state.merge(info_total.moments)
 
 
+def task_names() -> list[str]:
+    """Every task name :func:`make_task` accepts: black-box functions, BBOB, environments."""
+    from evorl_pop.envs import ENV_FACTORIES
+
+    return [*BLACKBOX_FUNCTIONS, *bbob_task_names(), *ENV_FACTORIES]
+
+
 def make_task(name: str, **kwargs):
-    """A task by name: a black-box function name or an environment name.
+    """A task by name: a black-box function, a BBOB function or an environment.
 
     Args:
-      name: ``'sphere'``, ``'ellipsoid'``, ``'rosenbrock'``, ``'rastrigin'``, or
-        an environment such as ``'CartPole-v1'`` or ``'Pendulum-v1'``.
-      **kwargs: passed to :class:`BlackBoxTask` or :class:`ControlTask`.
+      name: ``'sphere'``, ``'ellipsoid'``, ``'rosenbrock'``, ``'rastrigin'``, a
+        BBOB function ``'bbob/<name>'`` (``'bbob/ellipsoidal_rotated'``, see
+        :data:`evorl_pop.blackbox.BBOB_FUNCTIONS`), or an environment such as
+        ``'CartPole-v1'`` or ``'Pendulum-v1'``.
+      **kwargs: passed to :class:`BlackBoxTask`, :class:`~evorl_pop.blackbox.BBOBTask`
+        (``num_dims``, ``instance``, ``x0``) or :class:`ControlTask`.
 
     Returns:
       The task.
     """
     if name in BLACKBOX_FUNCTIONS:
         return BlackBoxTask(function=name, **kwargs)
+    if name.startswith(BBOB_PREFIX):
+        return BBOBTask(function=name[len(BBOB_PREFIX) :], **kwargs)
     from evorl_pop.envs import ENV_FACTORIES
 
     if name in ENV_FACTORIES:
         return ControlTask(env=name, **kwargs)
-    raise _unknown("task", name, [*BLACKBOX_FUNCTIONS, *ENV_FACTORIES])
+    raise _unknown("task", name, task_names())
 
 
 __all__ = [
     "BLACKBOX_FUNCTIONS",
+    "BBOBTask",
     "BlackBoxTask",
     "ControlTask",
     "EvalInfo",
     "ObsMoments",
     "make_task",
+    "task_names",
 ]

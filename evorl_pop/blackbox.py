@@ -1,0 +1,290 @@
+"""Black-box tasks: the BBOB test suite and objectives written in Python.
+
+Two task kinds for :mod:`evorl_pop.tasks`, both minimised:
+
+* :class:`BBOBTask`: the 24 noiseless BBOB functions (Hansen et al. 2009,
+  https://inria.hal.science/inria-00362633) as evosax implements them
+  (``evosax.problems.bbob``), in any dimension, each instance seed with its own
+  shift ``x_opt``, rotations ``R, Q`` and optimal value ``f_opt``. The
+  instance data is the task state, so one compiled run serves every instance
+  (it is a traced argument, not a constant), and the metrics report
+  ``f_minus_fopt``, the best value so far minus ``f_opt``.
+* :class:`PythonTask`: a user's ``f(x: np.ndarray) -> float`` (or batched
+  ``f(X) -> np.ndarray``) called through ``jax.pure_callback`` from inside each
+  device's shard, so a non-JAX objective runs under the same engine, sharding,
+  logs and checkpoints::
+
+      evaluate ─► pure_callback (per device: its slice of the population)
+               ─► host: f(x) per row, or f(X) once ─► checked shape ─► scores
+
+Both run at the precision JAX runs at: with 64-bit mode on, candidates,
+scores and instance data are float64.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from evosax.problems.bbob.bbob_fns import bbob_fns
+from evosax.problems.bbob.meta_bbob import MetaBBOBProblem
+
+#: The 24 noiseless BBOB functions in suite order (f1 ... f24), by evosax's names.
+BBOB_FUNCTIONS: tuple[str, ...] = tuple(bbob_fns)
+#: Task names of the BBOB functions: ``bbob/<name>``.
+BBOB_PREFIX = "bbob/"
+MAX_INSTANCE = 2**31 - 1
+_NOISELESS = {"noise_model_names": "noiseless", "use_stabilization": True}
+
+
+def float_dtype():
+    """The default float type: float64 when JAX's 64-bit mode is on, else float32."""
+    return jnp.dtype(jnp.float64) if jax.config.x64_enabled else jnp.dtype(jnp.float32)
+
+
+def bbob_task_names() -> list[str]:
+    """``bbob/<name>`` for every BBOB function, in suite order."""
+    return [BBOB_PREFIX + name for name in BBOB_FUNCTIONS]
+
+
+@flax.struct.dataclass
+class BBOBInstance:
+    """One BBOB instance: where the optimum is, its value, the rotations."""
+
+    x_opt: jax.Array  # (num_dims,)
+    f_opt: jax.Array  # shape=()
+    R: jax.Array  # (num_dims, num_dims) rotation
+    Q: jax.Array  # (num_dims, num_dims) rotation
+
+
+def bbob_instance(function: str, num_dims: int, instance: int) -> BBOBInstance:
+    """The data of a BBOB instance, as evosax's ``BBOBProblem(seed=instance)`` draws it.
+
+    Drawn in float32 whatever the precision (then cast to the default float),
+    so a float32 and a float64 run of the same instance face the same problem.
+
+    Args:
+      function: a name in :data:`BBOB_FUNCTIONS`.
+      num_dims: the dimension.
+      instance: the instance seed, in ``[1, 2**31 - 1]``.
+
+    Returns:
+      A :class:`BBOBInstance`.
+    """
+    dtype = float_dtype()
+    return BBOBInstance(*(jnp.asarray(a, dtype) for a in _instance_data(num_dims, instance)))
+
+
+@functools.cache
+def _sampler(num_dims: int) -> MetaBBOBProblem:
+    # what BBOBProblem builds; the draw does not depend on the function, and
+    # one sampler per dimension compiles its draw once for every instance
+    return MetaBBOBProblem(["sphere"], num_dims, num_dims, _NOISELESS)
+
+
+@functools.lru_cache(maxsize=1024)
+def _instance_data(num_dims: int, instance: int) -> tuple[np.ndarray, ...]:
+    # as BBOBProblem(function, num_dims, seed=instance); concrete even when
+    # called while tracing (a task's init_state inside jit)
+    with jax.ensure_compile_time_eval(), jax.enable_x64(False):
+        key_params, _ = jax.random.split(jax.random.key(instance))
+        params = _sampler(num_dims).sample_params(key_params)
+        return tuple(np.asarray(a) for a in (params.x_opt, params.f_opt, params.R, params.Q))
+
+
+@dataclasses.dataclass(frozen=True)
+class BBOBTask:
+    """Minimise a noiseless BBOB function; ``f_opt`` is known, so is ``f - f_opt``.
+
+    Attributes:
+      function: a name in :data:`BBOB_FUNCTIONS` (``'ellipsoidal_rotated'``, ...).
+      num_dims: dimension of the search space.
+      instance: instance seed, ``1 .. 2**31 - 1`` (shift, rotations, ``f_opt``).
+      x0: every coordinate of the starting point; ``None``: uniform in
+        ``[-4, 4]^num_dims`` from the initialisation key.
+    """
+
+    function: str = "sphere"
+    num_dims: int = 10
+    instance: int = 1
+    x0: float | None = None
+    maximize = False
+
+    def __post_init__(self):
+        if self.function not in BBOB_FUNCTIONS:
+            close = difflib.get_close_matches(self.function, BBOB_FUNCTIONS, n=3)
+            hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise ValueError(
+                f"Unknown BBOB function {self.function!r}.{hint} "
+                f"Valid: {', '.join(BBOB_FUNCTIONS)}."
+            )
+        if self.num_dims < 2:
+            raise ValueError(f"num_dims must be at least 2, got {self.num_dims}.")
+        if not 1 <= self.instance <= MAX_INSTANCE:
+            raise ValueError(
+                f"BBOB instance must be an integer in [1, {MAX_INSTANCE}] (the seed of the "
+                f"shift, rotations and f_opt), got {self.instance}."
+            )
+
+    @property
+    def name(self) -> str:
+        return f"{BBOB_PREFIX}{self.function}-{self.num_dims}d-i{self.instance}"
+
+    def init_solution(self, key):
+        if self.x0 is None:
+            return jax.random.uniform(key, (self.num_dims,), float_dtype(), -4.0, 4.0)
+        return jnp.full((self.num_dims,), self.x0, float_dtype())
+
+    def init_state(self) -> BBOBInstance:
+        return bbob_instance(self.function, self.num_dims, self.instance)
+
+    def evaluate(self, solution, key, task_state: BBOBInstance):
+        del key
+        from evorl_pop.tasks import EvalInfo
+
+        s = task_state
+        value, penalty = bbob_fns[self.function](solution, s.x_opt, s.R, s.Q, self.num_dims)
+        return value + penalty + s.f_opt, EvalInfo(steps=jnp.int32(0), episodes=jnp.int32(0))
+
+    def optimal_value(self, task_state: BBOBInstance):
+        """``f_opt`` of the instance in ``task_state``."""
+        return task_state.f_opt
+
+    def update_state(self, task_state, info_total):
+        return task_state
+
+
+class ObjectiveError(RuntimeError):
+    """A Python objective raised or returned something other than its scores."""
+
+
+@contextlib.contextmanager
+def objective_errors():
+    """Re-raises a failed Python objective as one :class:`ObjectiveError` line.
+
+    An exception inside ``jax.pure_callback`` reaches the caller as a
+    ``JaxRuntimeError`` carrying the whole host traceback; around a run, this
+    turns it back into the objective's own one-line message.
+    """
+    try:
+        yield
+    except jax.errors.JaxRuntimeError as err:
+        marker = f"{ObjectiveError.__name__}: "
+        lines = [line for line in str(err).splitlines() if marker in line]
+        if not lines:
+            raise
+        raise ObjectiveError(lines[-1].split(marker, 1)[1]) from None
+
+
+class PythonTask:
+    """Minimise (or maximise) a Python function of a flat float vector.
+
+    ``f`` runs on the host of each device, through ``jax.pure_callback``,
+    on that device's slice of the population: once per candidate
+    (``f(x) -> float``) or once per slice (``batched=True``:
+    ``f(X) -> array of len(X)``). It is called once more at construction, at
+    the starting point, so a wrong return shape or an exception is reported
+    before any JAX code runs.
+    """
+
+    def __init__(
+        self,
+        f: Callable[[np.ndarray], Any],
+        num_dims: int,
+        x0: float | np.ndarray = 0.0,
+        batched: bool = False,
+        maximize: bool = False,
+        optimal_value: float | None = None,
+        name: str | None = None,
+    ):
+        """Builds the task.
+
+        Args:
+          f: the objective; takes float64 (64-bit mode) or float32 NumPy arrays.
+          num_dims: dimension of the search space.
+          x0: the starting point (a scalar fills every coordinate).
+          batched: ``f`` takes a ``(n, num_dims)`` matrix and returns ``n`` scores.
+          maximize: whether higher scores are better.
+          optimal_value: ``f*`` when known: the metrics then report ``f_minus_fopt``.
+          name: shown in errors and logs (default: ``f.__name__``).
+        """
+        if not callable(f):
+            raise ValueError(f"f must be a callable f(x) -> float, got {type(f).__name__}.")
+        if num_dims < 1:
+            raise ValueError(f"num_dims must be at least 1, got {num_dims}.")
+        self.f = f
+        self.num_dims = num_dims
+        self.batched = batched
+        self.maximize = maximize
+        self.name = name or getattr(f, "__name__", type(f).__name__)
+        self.x0 = np.broadcast_to(np.asarray(x0, np.float64), (num_dims,)).copy()
+        if optimal_value is not None:
+            self.optimal_value = lambda task_state: jnp.asarray(optimal_value, float_dtype())
+        try:
+            self._host(self.x0.astype(float_dtype()))
+        except ObjectiveError as err:
+            raise ValueError(str(err)) from None
+
+    def _host(self, x: np.ndarray) -> np.ndarray:
+        """Scores of ``x`` (shape ``(..., num_dims)``) from ``f``, shape ``x.shape[:-1]``."""
+        x = np.asarray(x)
+        rows = x.reshape(-1, self.num_dims)
+        form = "f(X)" if self.batched else "f(x)"
+        try:
+            out = self.f(rows) if self.batched else [self.f(r) for r in rows]
+            out = np.asarray(out, dtype=x.dtype)
+        except Exception as err:
+            raise ObjectiveError(
+                f"The objective {self.name!r} raised {type(err).__name__}: {err}"
+            ) from err
+        want = (len(rows),)
+        if out.shape != want:
+            got = out.shape if self.batched else out.shape[1:]
+            expected = f"an array of shape {want}" if self.batched else "one float"
+            raise ObjectiveError(
+                f"The objective {self.name!r} returned shape {got} from {form}; it must "
+                f"return {expected}"
+                + (" (or pass batched=True if it scores a matrix)." if not self.batched else ".")
+            )
+        return out.reshape(x.shape[:-1])
+
+    def init_solution(self, key):
+        del key
+        return jnp.asarray(self.x0, float_dtype())
+
+    def init_state(self):
+        return ()
+
+    def evaluate(self, solution, key, task_state):
+        del key, task_state
+        from evorl_pop.tasks import EvalInfo
+
+        result = jax.ShapeDtypeStruct(solution.shape[:-1], solution.dtype)
+        # expand_dims: under the engine's vmap, f sees a device's whole slice at once
+        value = jax.pure_callback(self._host, result, solution, vmap_method="expand_dims")
+        return value, EvalInfo(steps=jnp.int32(0), episodes=jnp.int32(0))
+
+    def update_state(self, task_state, info_total):
+        return task_state
+
+
+__all__ = [
+    "BBOB_FUNCTIONS",
+    "BBOB_PREFIX",
+    "BBOBInstance",
+    "BBOBTask",
+    "ObjectiveError",
+    "objective_errors",
+    "PythonTask",
+    "bbob_instance",
+    "bbob_task_names",
+    "float_dtype",
+]

@@ -1,0 +1,196 @@
+"""Black-box optimisation: BBOB tasks, float64 runs, restarts, Python objectives.
+
+float64 checks run under the scoped ``jax.enable_x64(True)``: the rest of the
+test process keeps JAX's default 32-bit mode.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from evosax.problems.bbob.bbob import BBOBProblem
+
+from evorl_pop import make_mesh
+from evorl_pop.algorithms.es import ES, ESConfig, Minimizer, minimize
+from evorl_pop.blackbox import BBOBTask, ObjectiveError, PythonTask, bbob_instance
+from evorl_pop.config import ConfigError, validate_es_config
+from evorl_pop.tasks import BlackBoxTask, make_task, task_names
+
+
+def _float_leaves(tree):
+    return [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)]
+
+
+def test_bbob_task_equals_evosax_problem():
+    problem = BBOBProblem("rastrigin_rotated", 3, seed=5)
+    x = jax.random.uniform(jax.random.key(0), (6, 3), minval=-5.0, maxval=5.0)
+    expected = problem.eval(jax.random.key(1), x, problem.init(jax.random.key(2)))[0]
+    task = make_task("bbob/rastrigin_rotated", num_dims=3, instance=5)
+    got = jax.vmap(lambda xi: task.evaluate(xi, None, task.init_state())[0])(x)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    assert float(task.init_state().f_opt) == float(problem.f_opt)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_float64_state_population_and_fitness_after_a_generation(devices):
+    with jax.enable_x64(True):
+        config = ESConfig(
+            strategy="CMA_ES", task="bbob/ellipsoidal_rotated", num_dims=3,
+            population_size=6, sigma_init=1.0, instance=2, eval_episodes=0,
+        )
+        es = ES(config, mesh=make_mesh(devices))
+        state = es.init(jax.random.key(0))
+        population, _ = es.strategy.ask(jax.random.key(1), state.strategy_state, es.engine.params)
+        new_state, metrics = jax.jit(es.step)(state, jax.random.key(1))
+        assert population.dtype == jnp.float64
+        assert {x.dtype for x in _float_leaves(new_state)} == {jnp.dtype(jnp.float64)}
+        for name in ("fitness_best", "fitness_mean", "fitness_median", "f_minus_fopt", "sigma"):
+            assert metrics[name].dtype == jnp.float64, name
+        # the generation itself is the 1-device one, to float64 rounding
+        reference = ES(config, mesh=make_mesh(1))
+        ref_state, ref_metrics = jax.jit(reference.step)(
+            reference.init(jax.random.key(0)), jax.random.key(1)
+        )
+        np.testing.assert_allclose(
+            new_state.strategy_state.mean, ref_state.strategy_state.mean, rtol=1e-12
+        )
+        np.testing.assert_allclose(metrics["fitness_best"], ref_metrics["fitness_best"], rtol=1e-12)
+    assert not jax.config.x64_enabled and jnp.zeros(1).dtype == jnp.float32
+
+
+def test_cmaes_float64_reaches_1e_8_on_a_shifted_rotated_ellipsoid():
+    # BBOB f10 (condition 1e6), instance 13: f* = 119.09...
+    with jax.enable_x64(True):
+        config = ESConfig(
+            strategy="CMA_ES", task="bbob/ellipsoidal_rotated", num_dims=10,
+            population_size=10, sigma_init=2.0, instance=13, eval_episodes=0,
+        )
+        result = minimize(config, jax.random.key(0), target=1e-8, max_evaluations=10_000,
+                          x0=np.linspace(-4.0, 4.0, 10), mesh=make_mesh(1))
+    assert 100.0 < result.best < 120.0
+    assert result.converged and 0.0 <= result.f_minus_fopt < 1e-8, result
+    assert result.evaluations <= 10_000
+
+
+def _bipop_rastrigin():
+    config = ESConfig(strategy="CMA_ES", task="bbob/rastrigin", num_dims=3,
+                      population_size=6, sigma_init=2.0, instance=1, eval_episodes=0)
+    return Minimizer(config, mesh=make_mesh(2))
+
+
+def test_ipop_doubles_the_population_within_one_budget():
+    minimizer = _bipop_rastrigin()
+    result = minimizer.minimize(jax.random.key(0), target=1e-8, max_evaluations=4000,
+                                restarts=9, restart_strategy="ipop", x0=np.full(3, 3.0))
+    sizes = [r.population_size for r in result.runs]
+    assert sizes == [6 * 2**k for k in range(len(sizes))]
+    assert len(sizes) >= 3, result.runs
+    assert sum(r.evaluations for r in result.runs) == result.evaluations <= 4000
+    assert all(r.evaluations % r.population_size == 0 for r in result.runs)
+    # every run but the last one stopped by a termination rule, not the budget
+    assert all(r.stop not in ("budget", "running") for r in result.runs[:-1])
+    assert result.runs[-1].stop in ("target", "budget") or result.converged
+
+
+def test_bipop_alternates_regimes_as_hansen_2009():
+    minimizer = _bipop_rastrigin()
+    result = minimizer.minimize(jax.random.key(1), target=1e-12, max_evaluations=3000,
+                                restarts=9, restart_strategy="bipop", x0=np.full(3, 3.0))
+    runs = result.runs
+    assert runs[0].regime == "first" and runs[0].population_size == 6
+    assert sum(r.evaluations for r in runs) == result.evaluations <= 3000
+    small, large, num_large = runs[0].evaluations, 0, 0
+    for run in runs[1:]:
+        # small regime exactly when small runs used fewer evaluations than large ones
+        assert run.regime == ("small" if small < max(1, large) else "large"), runs
+        if run.regime == "large":
+            num_large += 1
+            assert run.population_size == 6 * 2**num_large and run.sigma == 2.0
+            large += run.evaluations
+        else:
+            assert 6 <= run.population_size <= 6 * 2**num_large
+            assert 0.02 <= run.sigma <= 2.0
+            assert run.evaluations <= 0.5 * large + run.population_size
+            small += run.evaluations
+    assert {"small", "large"} <= {r.regime for r in runs}, runs
+
+
+def _sphere_sum(x):
+    return float(np.sum(np.square(x)))
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_python_objective_gives_the_same_run_as_the_jax_task(batched):
+    f = (lambda X: np.sum(np.square(X), axis=1)) if batched else _sphere_sum
+    config = ESConfig(strategy="CMA_ES", task="sphere", num_dims=5, population_size=9,
+                      sigma_init=0.5, x0=1.0, eval_episodes=1)
+    python_task = PythonTask(f, num_dims=5, x0=1.0, batched=batched, optimal_value=0.0)
+    histories = []
+    for task in (BlackBoxTask("sphere", num_dims=5, x0=1.0), python_task):
+        es = ES(config, mesh=make_mesh(2), task=task)
+        _, history = es.train(jax.random.key(3), num_generations=15, chunk=5, progress=False)
+        histories.append(history)
+    jax_run, python_run = histories
+    for name in ("fitness_best", "fitness_median", "eval_return", "f_minus_fopt", "sigma"):
+        np.testing.assert_allclose(python_run[name], jax_run[name], rtol=1e-5, err_msg=name)
+    assert python_run["fitness_best"][-1] < 0.1 * python_run["fitness_best"][0]
+
+
+def test_bad_input_is_one_clear_line():
+    unknown = "Unknown BBOB function 'ellipsoid'. Did you mean 'ellipsoidal'"
+    with pytest.raises(ValueError, match=unknown):
+        make_task("bbob/ellipsoid", num_dims=4)
+    with pytest.raises(ValueError, match=r"instance must be an integer in \[1, 2147483647\].*0"):
+        BBOBTask("sphere", num_dims=4, instance=0)
+    with pytest.raises(ConfigError, match="Did you mean 'bbob/discus'"):
+        validate_es_config(ESConfig(strategy="CMA_ES", task="bbob/discsu"))
+    validate_es_config(ESConfig(strategy="CMA_ES", task="bbob/discus"))
+    assert "bbob/lunacek" in task_names() and "CartPole-v1" in task_names()
+
+    def two_values(x):
+        return np.array([1.0, 2.0])
+
+    wrong_shape = r"objective 'two_values' returned shape \(2,\) from f\(x\)"
+    with pytest.raises(ValueError, match=wrong_shape):
+        PythonTask(two_values, num_dims=3)
+    with pytest.raises(ValueError, match=r"objective 'short' returned shape \(2,\) from f\(X\)"):
+        PythonTask(lambda X: np.zeros(len(X) + 1), num_dims=3, batched=True, name="short")
+
+    def broken(x):
+        raise FloatingPointError("overflow in the simulator")
+
+    with pytest.raises(ValueError, match="objective 'broken' raised FloatingPointError: overflow"):
+        PythonTask(broken, num_dims=3)
+
+
+def test_python_objective_failing_mid_run_is_one_clear_line():
+    def far_away(x):  # fine at x0, fails once the search strays
+        if np.abs(x).max() > 10:
+            raise ValueError("|x| > 10")
+        return float(np.sum(x**2))
+
+    task = PythonTask(far_away, num_dims=2, x0=0.0)
+    es = ES(ESConfig(strategy="CMA_ES", task="sphere", num_dims=2, population_size=4,
+                     sigma_init=100.0, eval_episodes=0), mesh=make_mesh(2), task=task)
+    with pytest.raises(ObjectiveError) as info:
+        es.train(jax.random.key(0), num_generations=5, progress=False)
+    assert str(info.value) == "The objective 'far_away' raised ValueError: |x| > 10"
+    # the process goes on computing
+    assert float(jnp.sum(jnp.ones(3))) == 3.0
+
+
+def test_one_compiled_run_serves_every_instance():
+    config = ESConfig(strategy="CMA_ES", task="bbob/sphere", num_dims=3, population_size=6,
+                      sigma_init=2.0, eval_episodes=0)
+    bests = []
+    with jax.enable_x64(True):
+        minimizer = Minimizer(config, mesh=make_mesh(1))
+        for instance in (1, 2, 3):
+            data = bbob_instance("sphere", 3, instance)
+            result = minimizer.minimize(jax.random.key(0), target=1e-8, max_evaluations=1200,
+                                        x0=np.zeros(3), task_state=data)
+            assert result.converged and result.best - float(data.f_opt) < 1e-8
+            bests.append(result.best)
+        run = minimizer._run_fn(6, 1200 // 6 // 5 + 1)[0]  # the history of a 1200-evaluation budget
+    assert run._cache_size() == 1
+    assert len(set(bests)) == 3  # three different f*
