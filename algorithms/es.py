@@ -23,6 +23,7 @@ import numpy as np
 import optax
 
 from evorl_pop.engine import ESState, ShardedES
+from evorl_pop.envs import BRAX_PREFIX
 from evorl_pop.tasks import make_task
 from evorl_pop.training import train_loop
 
@@ -140,8 +141,16 @@ class ESConfig:
       optimizer: ``'adam'`` or ``'sgd'``.
       num_dims: black-box tasks: dimension.
       x0: black-box tasks: every coordinate of the starting point.
-      hidden_sizes: control tasks: MLP hidden layers.
+      hidden_sizes: control tasks: MLP hidden layers (after the CNN's
+        convolutions for image observations).
       activation: control tasks: ``'tanh'``, ``'relu'`` or ``'elu'``.
+      policy: control tasks: ``'auto'`` (a CNN for image observations such as
+        MinAtar's, else an MLP on the flattened observation), ``'mlp'`` or ``'cnn'``.
+      episode_length: control tasks: steps after which an episode ends
+        (``None``: the environment's own limit; 1000 for brax).
+      backend: brax tasks: physics backend, ``'spring'`` (default: the
+        fastest), ``'positional'``, ``'generalized'`` (brax's default, the
+        most accurate) or ``'mjx'`` (where mujoco's MJX is installed).
       episodes: control tasks: episodes per candidate.
       normalize_obs: control tasks: running observation normalisation.
       eval_episodes: episodes to evaluate the strategy's mean each generation
@@ -160,6 +169,9 @@ class ESConfig:
     x0: float = 3.0
     hidden_sizes: tuple[int, ...] = (32,)
     activation: str = "tanh"
+    policy: str = "auto"
+    episode_length: int | None = None
+    backend: str = "spring"
     episodes: int = 1
     normalize_obs: bool = False
     eval_episodes: int = 8
@@ -177,6 +189,9 @@ class ESConfig:
             activation=self.activation,
             episodes=self.episodes,
             normalize_obs=self.normalize_obs,
+            episode_length=self.episode_length,
+            backend=self.backend if self.task.startswith(BRAX_PREFIX) else None,
+            policy=self.policy,
         )
 
 
