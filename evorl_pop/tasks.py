@@ -133,6 +133,7 @@ class ControlTask:
         episodes: int = 1,
         normalize_obs: bool = False,
         policy_module=None,
+        num_steps: int | None = None,
         episode_length: int | None = None,
         backend: str | None = None,
         policy: str = "auto",
@@ -150,6 +151,7 @@ class ControlTask:
             gathered from the whole population (merged across devices).
           policy_module: a custom flax module instead of the MLP; its output
             must fit the action space.
+          num_steps: steps per episode (default: the environment's limit).
           episode_length: steps after which an episode ends (``None``: the
             environment's own limit, 1000 for brax); ``env`` must be a name.
           backend: brax environments: the physics backend (``None``: spring).
@@ -173,6 +175,7 @@ class ControlTask:
         self.policy = make_policy(self.spec, hidden_sizes, activation, policy_module, policy)
         self.episodes = episodes
         self.normalize_obs = normalize_obs
+        self.num_steps = num_steps
         template = self.policy.init(jax.random.key(0))
         flat, self.unravel = ravel_pytree(template)
         self.num_dims = int(flat.size)
