@@ -115,6 +115,8 @@ class GymnaxEnv:
         if not self.spec.discrete:
             action = jnp.reshape(action, self._action_shape)
         obs, state, reward, done, _ = self.env.step_env(key, state, action, self.params)
+        # step_env reports natural ends only; the time limit is gymnax's is_truncated
+        done = done | self.env.is_truncated(state, self.params)
         return obs, state, reward.astype(jnp.float32), done
 
 
