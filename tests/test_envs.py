@@ -147,3 +147,33 @@ def test_policy_that_does_not_fit_the_observation():
 def test_unknown_brax_backend():
     with pytest.raises(ValueError, match=r"Unknown brax backend 'springy'.*'spring'"):
         ESConfig(task="brax/hopper", backend="springy").make_task()
+
+
+@pytest.mark.parametrize("algorithm", ["cemrl", "erl"])
+def test_hybrid_algorithms_run_on_a_brax_task(algorithm):
+    from evorl_pop.algorithms import cemrl, erl
+    from evorl_pop.rl import TD3Config
+
+    tiny = dict(
+        task="brax/inverted_pendulum",
+        population_size=4,
+        num_elites=2,
+        learning_starts=20,  # reached in the first generation
+        episode_steps=10,
+        eval_episodes=1,
+        td3=TD3Config(actor_hidden_sizes=(8,), critic_hidden_sizes=(16,), batch_size=8),
+    )
+    if algorithm == "cemrl":
+        algo = cemrl.CEMRL(cemrl.Config(num_rl_actors=2, updates_per_actor=2, **tiny))
+    else:
+        algo = erl.ERL(erl.Config(updates_per_generation=2, **tiny))
+    step = jax.jit(algo.step)
+    state = algo.init(jax.random.key(0))
+    history = []
+    for key in jax.random.split(jax.random.key(1), 2):
+        state, metrics = step(state, key)
+        history.append({k: np.asarray(v) for k, v in metrics.items() if np.ndim(v) == 0})
+    for metrics in history:
+        for k in ("fitness_best", "fitness_mean", "eval_return"):
+            assert np.isfinite(metrics[k]), (k, metrics[k])
+    assert history[0]["fitness_mean"] != history[1]["fitness_mean"]
