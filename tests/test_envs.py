@@ -122,8 +122,11 @@ def test_episode_length_is_honoured():
     assert make_env("CartPole-v1", episode_length=9).spec.max_steps == 9
     # gymnax environments end the episode themselves at the new limit
     stats = rollout(
-        make_env("Pendulum-v1", episode_length=5), lambda p, o: jnp.zeros(1), None,
-        jax.random.key(0), num_steps=20,
+        make_env("Pendulum-v1", episode_length=5),
+        lambda p, o: jnp.zeros(1),
+        None,
+        jax.random.key(0),
+        num_steps=20,
     )
     assert int(stats.steps) == 5
 
