@@ -40,7 +40,7 @@ def test_every_listed_environment_trains(name):
 
 
 def test_image_observations_get_a_cnn_and_others_a_flattened_mlp():
-    kinds = {name: type(ControlTask(name).policy.module) for name in GYMNAX}
+    kinds = {name: type(make_policy(make_env(name).spec).module) for name in GYMNAX}
     assert {n for n, k in kinds.items() if k is CNN} == {
         n for n in GYMNAX if n.endswith("-MinAtar") or n == "Pong-misc"
     }
