@@ -179,7 +179,8 @@ def test_hybrid_algorithms_run_on_a_brax_task(algorithm):
     for metrics in history:
         for k in ("fitness_best", "fitness_mean", "eval_return"):
             assert np.isfinite(metrics[k]), (k, metrics[k])
-        # one episode per actor, cut at episode_steps
-        assert metrics["episodes"] == 4 and 4 <= metrics["env_steps"] <= 40
-    # TD3 learned from the brax transitions in the second generation
-    assert np.isnan(history[0]["critic_loss"]) and np.isfinite(history[1]["critic_loss"])
+        # an episode per actor (ERL: and one of its learner), cut at episode_steps
+        episodes = metrics["episodes"]
+        assert episodes in (4, 5) and episodes <= metrics["env_steps"] <= 10 * episodes
+    # TD3 learned from the brax transitions by the second generation
+    assert np.isfinite(history[1]["critic_loss"]) and np.isfinite(history[1]["actor_loss"])
