@@ -1,6 +1,6 @@
 """OpenES on Breakout-MinAtar with the CNN policy (3x3 conv, 16 channels, dense 32).
 
-    python examples/openes_minatar.py [--generations 300] [--pop 128]
+    python examples/openes_minatar.py [--generations 500] [--pop 64]
 
 Writes runs/examples/openes-breakout and figures/openes_breakout.png. The
 10x10x4 observation goes through the default CNN (``policy='auto'``). A random
@@ -11,10 +11,10 @@ from _common import parse, train_and_plot
 
 
 def _arguments(parser):
-    parser.add_argument("--pop", type=int, default=128, help="population size")
+    parser.add_argument("--pop", type=int, default=64, help="population size")
 
 
-args = parse(__doc__.splitlines()[0], _arguments, generations=300)
+args = parse(__doc__.splitlines()[0], _arguments, generations=500)
 
 from evorl_pop.algorithms.es import ESConfig  # noqa: E402
 from evorl_pop.config import RunConfig  # noqa: E402
