@@ -24,6 +24,7 @@ import optax
 
 from evorl_pop.blackbox import BBOB_PREFIX, float_dtype, objective_errors
 from evorl_pop.engine import ESState, ShardedES
+from evorl_pop.envs import BRAX_PREFIX
 from evorl_pop.tasks import make_task
 from evorl_pop.training import train_loop
 
@@ -144,8 +145,16 @@ class ESConfig:
       num_dims: black-box tasks: dimension.
       x0: black-box tasks: every coordinate of the starting point.
       instance: BBOB tasks: the instance seed (shift, rotations, ``f_opt``), from 1.
-      hidden_sizes: control tasks: MLP hidden layers.
+      hidden_sizes: control tasks: MLP hidden layers (after the CNN's
+        convolutions for image observations).
       activation: control tasks: ``'tanh'``, ``'relu'`` or ``'elu'``.
+      policy: control tasks: ``'auto'`` (a CNN for image observations such as
+        MinAtar's, else an MLP on the flattened observation), ``'mlp'`` or ``'cnn'``.
+      episode_length: control tasks: steps after which an episode ends
+        (``None``: the environment's own limit; 1000 for brax).
+      backend: brax tasks: physics backend, ``'spring'`` (default: the
+        fastest), ``'positional'``, ``'generalized'`` (brax's default, the
+        most accurate) or ``'mjx'`` (where mujoco's MJX is installed).
       episodes: control tasks: episodes per candidate.
       normalize_obs: control tasks: running observation normalisation.
       eval_episodes: episodes to evaluate the strategy's mean each generation
@@ -165,6 +174,9 @@ class ESConfig:
     instance: int = 1
     hidden_sizes: tuple[int, ...] = (32,)
     activation: str = "tanh"
+    policy: str = "auto"
+    episode_length: int | None = None
+    backend: str = "spring"
     episodes: int = 1
     normalize_obs: bool = False
     eval_episodes: int = 8
@@ -186,6 +198,9 @@ class ESConfig:
             activation=self.activation,
             episodes=self.episodes,
             normalize_obs=self.normalize_obs,
+            episode_length=self.episode_length,
+            backend=self.backend if self.task.startswith(BRAX_PREFIX) else None,
+            policy=self.policy,
         )
 
 

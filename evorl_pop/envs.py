@@ -11,8 +11,11 @@ transition-collecting episodes, evaluation): one reset per episode instead of
 an auto-reset computed at every step (about twice as fast on gymnax), a mask
 after ``done``, and an early exit: scanned chunks of steps under a
 ``lax.while_loop`` that stops once every episode of the batch has ended.
-:class:`GymnaxEnv` adapts every gymnax environment; another simulator (brax,
-a custom JAX env) plugs in by implementing the same three members.
+:class:`GymnaxEnv` adapts the gymnax environments,
+:class:`~evorl_pop.envs_brax.BraxEnv` the brax ones (``brax/hopper``, ...);
+another simulator plugs in by implementing the same three members.
+``done`` is sticky in the sense rollouts rely on: once an episode has ended
+(termination or time limit, ``spec.max_steps``), later steps add nothing.
 """
 
 from __future__ import annotations
@@ -67,10 +70,24 @@ class Env(Protocol):
 
 
 class GymnaxEnv:
-    """A gymnax environment with its parameters bound, stepped without auto-reset."""
+    """A gymnax environment with its parameters bound, stepped without auto-reset.
 
-    def __init__(self, name: str, **env_kwargs):
+    Args:
+      name: a gymnax environment name.
+      episode_length: steps after which the episode ends (``None``: the
+        environment's own limit).
+      **env_kwargs: passed to ``gymnax.make``.
+    """
+
+    def __init__(self, name: str, episode_length: int | None = None, **env_kwargs):
         self.env, self.params = gymnax.make(name, **env_kwargs)
+        if episode_length is not None:
+            if episode_length < 1:
+                raise ValueError(f"episode_length must be at least 1, got {episode_length}.")
+            # gymnax environments end an episode at params.max_steps_in_episode
+            # (a float in some of them: keep its type)
+            limit = np.asarray(self.params.max_steps_in_episode).dtype.type(episode_length)
+            self.params = self.params.replace(max_steps_in_episode=limit)
         space = self.env.action_space(self.params)
         discrete = hasattr(space, "n")
         if discrete:
@@ -100,11 +117,50 @@ class GymnaxEnv:
         if not self.spec.discrete:
             action = jnp.reshape(action, self._action_shape)
         obs, state, reward, done, _ = self.env.step_env(key, state, action, self.params)
+        # step_env reports natural ends only; the time limit is gymnax's is_truncated
+        done = done | self.env.is_truncated(state, self.params)
         return obs, state, reward.astype(jnp.float32), done
 
 
+BRAX_PREFIX = "brax/"
+
+#: brax environments offered as tasks (``brax/<name>``).
+BRAX_ENVS = (
+    "ant",
+    "halfcheetah",
+    "hopper",
+    "humanoid",
+    "humanoidstandup",
+    "inverted_double_pendulum",
+    "inverted_pendulum",
+    "pusher",
+    "reacher",
+    "walker2d",
+)
+
+#: gymnax environments left out of :data:`ENV_FACTORIES`, with the reason.
+UNLISTED_GYMNAX = {
+    "MNISTBandit-bsuite": "downloads the MNIST data set when it is built",
+}
+
+
+def _brax_env(name: str, **kwargs):
+    from evorl_pop.envs_brax import BraxEnv  # brax is optional: imported on first use
+
+    # None means the default, as for gymnax environments
+    return BraxEnv(name, **{k: v for k, v in kwargs.items() if v is not None})
+
+
 ENV_FACTORIES: dict[str, Callable[..., Env]] = {
-    name: (lambda name=name, **kw: GymnaxEnv(name, **kw)) for name in gymnax.registered_envs
+    **{
+        name: (lambda name=name, **kw: GymnaxEnv(name, **kw))
+        for name in gymnax.registered_envs
+        if name not in UNLISTED_GYMNAX
+    },
+    **{
+        name: (lambda name=name, **kw: _brax_env(name.removeprefix(BRAX_PREFIX), **kw))
+        for name in (BRAX_PREFIX + env for env in BRAX_ENVS)
+    },
 }
 
 
@@ -112,9 +168,13 @@ def make_env(name: str, **env_kwargs) -> Env:
     """Builds an environment by registry name.
 
     Args:
-      name: a key of :data:`ENV_FACTORIES` (every gymnax environment, e.g.
-        ``'CartPole-v1'``, ``'Pendulum-v1'``, ``'MountainCarContinuous-v0'``).
-      **env_kwargs: passed to the environment's constructor.
+      name: a key of :data:`ENV_FACTORIES`: a gymnax environment (e.g.
+        ``'CartPole-v1'``, ``'Pendulum-v1'``, ``'Breakout-MinAtar'``) or a
+        brax one (``'brax/hopper'``, ``'brax/halfcheetah'``, ...).
+      **env_kwargs: passed to the environment's constructor; every
+        environment takes ``episode_length`` (``None``: its own limit, 1000
+        for brax), brax ones also ``backend`` (``'spring'``, ``'positional'``,
+        ``'generalized'``, ``'mjx'``).
 
     Returns:
       An :class:`Env`.
@@ -122,6 +182,8 @@ def make_env(name: str, **env_kwargs) -> Env:
     Raises:
       ValueError: for an unknown name, listing the valid ones.
     """
+    if name in UNLISTED_GYMNAX:
+        raise ValueError(f"{name!r} is not offered: it {UNLISTED_GYMNAX[name]}.")
     if name not in ENV_FACTORIES:
         close = difflib.get_close_matches(name, ENV_FACTORIES, n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""

@@ -1,4 +1,9 @@
-"""Flax networks: MLP policies for discrete and continuous actions, critics."""
+"""Flax networks: MLP and CNN policies for discrete and continuous actions, critics.
+
+The policy's torso follows the observation: images (rank 3, height x width x
+channels, e.g. MinAtar's 10x10xC) get a small CNN, everything else an MLP on
+the flattened observation (vectors, grids, scalar indices).
+"""
 
 from __future__ import annotations
 
@@ -17,19 +22,47 @@ ACTIVATIONS: dict[str, Callable] = {"tanh": jnp.tanh, "relu": nn.relu, "elu": nn
 
 
 class MLP(nn.Module):
-    """A plain MLP: hidden layers with an activation, a linear output."""
+    """A plain MLP: hidden layers with an activation, a linear output.
+
+    Attributes:
+      obs_rank: rank of one input; its axes are flattened (leading axes are
+        batch axes), so a 10x5 grid or a scalar index is a vector here.
+    """
 
     hidden_sizes: Sequence[int]
     out_dim: int
     activation: str = "tanh"
+    obs_rank: int = 1
 
     @nn.compact
     def __call__(self, x):
         act = ACTIVATIONS[self.activation]
-        x = jnp.reshape(x, (*x.shape[: x.ndim - 1], -1)) if x.ndim else x
+        x = jnp.reshape(x, (*x.shape[: x.ndim - self.obs_rank], -1)).astype(jnp.float32)
         for size in self.hidden_sizes:
             x = act(nn.Dense(size)(x))
         return nn.Dense(self.out_dim)(x)
+
+
+class CNN(nn.Module):
+    """The MinAtar torso (Young & Tian 2019): 3x3 convolutions, then an MLP.
+
+    Takes ``(..., height, width, channels)`` images; leading axes are batch axes.
+    """
+
+    hidden_sizes: Sequence[int]
+    out_dim: int
+    activation: str = "relu"
+    channels: Sequence[int] = (16,)
+
+    @nn.compact
+    def __call__(self, x):
+        act = ACTIVATIONS[self.activation]
+        batch = x.shape[:-3]
+        x = jnp.reshape(x, (-1, *x.shape[-3:])).astype(jnp.float32)
+        for width in self.channels:
+            x = act(nn.Conv(width, (3, 3), padding="VALID")(x))
+        x = MLP(self.hidden_sizes, self.out_dim, self.activation, obs_rank=3)(x)
+        return jnp.reshape(x, (*batch, self.out_dim))
 
 
 class Critic(nn.Module):
@@ -73,31 +106,50 @@ def output_to_action(out: jax.Array, spec: EnvSpec) -> jax.Array:
     return (high + low) / 2 + (high - low) / 2 * jnp.tanh(out)
 
 
+POLICIES = ("auto", "mlp", "cnn")
+
+
 def make_policy(
     spec: EnvSpec,
     hidden_sizes: Sequence[int] = (32,),
     activation: str = "tanh",
     module: nn.Module | None = None,
+    kind: str = "auto",
 ) -> Policy:
-    """An MLP policy for ``spec`` (or a custom module, checked against it).
+    """An MLP or CNN policy for ``spec`` (or a custom module, checked against it).
 
     Args:
       spec: the environment's :class:`~evorl_pop.envs.EnvSpec`.
-      hidden_sizes: hidden layer widths of the default MLP.
+      hidden_sizes: hidden layer widths of the MLP (after the convolutions
+        for the CNN).
       activation: ``'tanh'``, ``'relu'`` or ``'elu'``.
       module: a custom flax module mapping one observation to
         ``spec.action_dim`` outputs (logits, or pre-tanh actions).
+      kind: ``'cnn'`` (image observations only), ``'mlp'`` (any observation,
+        flattened) or ``'auto'`` (``'cnn'`` for rank-3 observations).
 
     Returns:
       A :class:`Policy`.
 
     Raises:
-      ValueError: when the module's output does not fit the action space.
+      ValueError: an unknown activation or kind, a CNN for observations that
+        are not images, or a module whose output does not fit the action space.
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"Unknown activation {activation!r}; choose from {sorted(ACTIVATIONS)}.")
+    if kind not in POLICIES:
+        raise ValueError(f"Unknown policy {kind!r}; choose from {POLICIES}.")
+    image = len(spec.obs_shape) == 3
+    if kind == "cnn" and not image:
+        raise ValueError(
+            f"policy='cnn' needs image observations (height, width, channels), but "
+            f"{spec.name} observes shape {spec.obs_shape}; use policy='mlp' or 'auto'."
+        )
     if module is None:
-        module = MLP(tuple(hidden_sizes), spec.action_dim, activation)
+        if kind == "cnn" or (kind == "auto" and image):
+            module = CNN(tuple(hidden_sizes), spec.action_dim, activation)
+        else:
+            module = MLP(tuple(hidden_sizes), spec.action_dim, activation, len(spec.obs_shape))
     policy = Policy(module, spec)
     out = jax.eval_shape(
         lambda k: module.apply(

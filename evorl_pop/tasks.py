@@ -126,7 +126,7 @@ class BlackBoxTask:
 
 
 class ControlTask:
-    """Neuroevolution of an MLP policy on an environment (gymnax by default).
+    """Neuroevolution of a policy network on an environment (gymnax or brax).
 
     The score of a candidate is its mean return over ``episodes`` episodes.
     """
@@ -142,13 +142,17 @@ class ControlTask:
         normalize_obs: bool = False,
         policy_module=None,
         num_steps: int | None = None,
+        episode_length: int | None = None,
+        backend: str | None = None,
+        policy: str = "auto",
     ):
         """Builds the task.
 
         Args:
           env: an environment name (see :func:`evorl_pop.envs.make_env`) or an
             :class:`~evorl_pop.envs.Env`.
-          hidden_sizes: hidden layers of the MLP policy.
+          hidden_sizes: hidden layers of the policy's MLP (after the CNN's
+            convolutions for image observations).
           activation: ``'tanh'``, ``'relu'`` or ``'elu'``.
           episodes: episodes per candidate evaluation (their mean is the score).
           normalize_obs: normalise observations with running statistics
@@ -157,14 +161,29 @@ class ControlTask:
             must fit the action space.
           num_steps: episodes are truncated after this many steps (default:
             the environment's limit).
+          episode_length: steps after which an episode ends (``None``: the
+            environment's own limit, 1000 for brax); ``env`` must be a name.
+          backend: brax environments: the physics backend (``None``: spring).
+          policy: ``'auto'`` (a CNN for image observations, else an MLP),
+            ``'mlp'`` or ``'cnn'``.
         """
         if episodes < 1:
             raise ValueError(f"episodes must be at least 1, got {episodes}.")
         if num_steps is not None and num_steps < 1:
             raise ValueError(f"num_steps (the episode length) must be at least 1, got {num_steps}.")
-        self.env = make_env(env) if isinstance(env, str) else env
+        if isinstance(env, str):
+            kwargs = {"episode_length": episode_length}
+            if backend is not None:
+                kwargs["backend"] = backend
+            env = make_env(env, **kwargs)
+        elif episode_length is not None or backend is not None:
+            raise ValueError(
+                "episode_length and backend apply to environment names; build the Env "
+                "with make_env(name, episode_length=..., backend=...) instead."
+            )
+        self.env = env
         self.spec = self.env.spec
-        self.policy = make_policy(self.spec, hidden_sizes, activation, policy_module)
+        self.policy = make_policy(self.spec, hidden_sizes, activation, policy_module, policy)
         self.episodes = episodes
         self.normalize_obs = normalize_obs
         self.num_steps = num_steps

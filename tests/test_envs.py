@@ -1,0 +1,189 @@
+"""Environments and policies: every listed environment trains, brax tasks,
+image observations, episode ends, and the errors for bad input."""
+
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from evorl_pop import make_mesh
+from evorl_pop.algorithms.es import ES, ESConfig
+from evorl_pop.envs import ENV_FACTORIES, UNLISTED_GYMNAX, make_env, rollout
+from evorl_pop.networks import CNN, MLP, make_policy
+from evorl_pop.tasks import ControlTask
+
+BRAX = sorted(name for name in ENV_FACTORIES if name.startswith("brax/"))
+GYMNAX = sorted(name for name in ENV_FACTORIES if not name.startswith("brax/"))
+
+# tiny and cheap: 2 generations of 8 candidates, 8-step episodes, no evaluation
+TINY = dict(population_size=8, hidden_sizes=(4,), episode_length=8, eval_episodes=0)
+
+
+def _train(config, n=1, generations=2):
+    es = ES(config, mesh=make_mesh(n))
+    state, history = es.train(jax.random.key(0), generations, chunk=generations, progress=False)
+    return es, state, {k: np.asarray(v) for k, v in history.items()}
+
+
+@pytest.mark.parametrize("name", GYMNAX + BRAX)
+def test_every_listed_environment_trains(name):
+    es, state, history = _train(ESConfig(task=name, **TINY))
+    assert np.all(np.isfinite(history["fitness_mean"]))
+    # every candidate ran one episode of at most episode_length steps, at least one step
+    np.testing.assert_array_equal(history["episodes"], [8, 8])
+    assert np.all((history["env_steps"] >= 8) & (history["env_steps"] <= 8 * 8))
+    assert int(state.generation) == 2
+    # the strategy moved its mean, unless every candidate scored the same
+    # (8 steps of CartPole: 8 for all)
+    if np.any(history["fitness_std"] > 0):
+        init = es.init(jax.random.split(jax.random.key(0))[0])
+        assert not np.allclose(state.strategy_state.mean, init.strategy_state.mean)
+
+
+def test_image_observations_get_a_cnn_and_others_a_flattened_mlp():
+    kinds = {name: type(make_policy(make_env(name).spec).module) for name in GYMNAX}
+    assert {n for n, k in kinds.items() if k is CNN} == {
+        n for n in GYMNAX if n.endswith("-MinAtar") or n == "Pong-misc"
+    }
+    # a 10x5 grid is flattened: the MLP on it equals the MLP on the flat vector
+    spec = make_env("Catch-bsuite").spec
+    grid_policy = make_policy(spec, (8,))
+    params = grid_policy.init(jax.random.key(1))
+    obs = jax.random.normal(jax.random.key(2), spec.obs_shape)
+    flat = MLP((8,), spec.action_dim, obs_rank=1).apply(params, obs.reshape(-1))
+    np.testing.assert_allclose(grid_policy.module.apply(params, obs), flat, rtol=1e-6)
+    # a batch of observations gives the batch of single outputs
+    batch = jnp.stack([obs, obs + 1.0])
+    np.testing.assert_allclose(
+        grid_policy.module.apply(params, batch)[1],
+        grid_policy.module.apply(params, obs + 1.0),
+        rtol=1e-6,
+    )
+
+
+def test_unlisted_environment_says_why():
+    assert "MNISTBandit-bsuite" in UNLISTED_GYMNAX
+    with pytest.raises(ValueError, match=r"'MNISTBandit-bsuite' is not offered: it downloads"):
+        make_env("MNISTBandit-bsuite")
+
+
+@pytest.mark.parametrize(
+    "task, extra",
+    [("brax/hopper", dict(normalize_obs=True)), ("Breakout-MinAtar", dict(episode_length=20))],
+)
+def test_brax_and_minatar_are_device_count_invariant(task, extra):
+    config = ESConfig(task=task, **{**TINY, **extra})
+    _, one, h1 = _train(config, n=1)
+    _, two, h2 = _train(config, n=2)
+    for k in ("fitness_best", "fitness_mean", "fitness_worst", "env_steps", "episodes"):
+        np.testing.assert_allclose(h2[k], h1[k], rtol=1e-5)
+    np.testing.assert_allclose(two.strategy_state.mean, one.strategy_state.mean, atol=1e-6)
+    if config.normalize_obs:  # the normaliser saw every observation once, on any device count
+        assert float(one.task_state.count) == float(h1["env_steps"].sum())
+        np.testing.assert_allclose(two.task_state.mean, one.task_state.mean, atol=1e-5)
+
+
+def test_fallen_brax_body_stops_accumulating_reward_and_steps():
+    """inverted_pendulum pushed hard one way falls within a few steps; after the
+    fall the rollout adds neither reward nor steps, and the env stays frozen."""
+    env = make_env("brax/inverted_pendulum", episode_length=100)
+    push = lambda params, obs: jnp.ones(env.spec.action_dim)  # noqa: E731
+    stats = jax.jit(lambda key: rollout(env, push, None, key))(jax.random.key(3))
+
+    # reference: raw brax steps until brax's own done
+    raw = env.env
+    step = jax.jit(raw.step)
+    state = jax.jit(raw.reset)(jax.random.key(3))
+    total, steps = 0.0, 0
+    while steps < 100:
+        state = step(state, jnp.ones(env.spec.action_dim))
+        total += float(state.reward)
+        steps += 1
+        if state.done:
+            break
+    assert steps < 50, "the pushed pendulum should fall early"
+    assert int(stats.steps) == steps
+    np.testing.assert_allclose(float(stats.episode_return), total, rtol=1e-5)
+
+    # stepping the wrapper past the end: done stays set, no reward, same observation
+    obs, wstate = env.reset(jax.random.key(3))
+    wstep = jax.jit(env.step)
+    for _ in range(steps + 3):
+        last_obs = obs
+        obs, wstate, reward, done = wstep(None, wstate, jnp.ones(env.spec.action_dim))
+    assert bool(done) and float(reward) == 0.0
+    np.testing.assert_array_equal(obs, last_obs)
+
+
+def test_episode_length_is_honoured():
+    env = make_env("brax/reacher", episode_length=7)  # reacher never terminates early
+    assert env.spec.max_steps == 7
+    stats = rollout(env, lambda p, o: jnp.zeros(2), None, jax.random.key(0))
+    assert int(stats.steps) == 7
+    assert make_env("CartPole-v1", episode_length=9).spec.max_steps == 9
+    # gymnax environments end the episode themselves at the new limit
+    stats = rollout(
+        make_env("Pendulum-v1", episode_length=5),
+        lambda p, o: jnp.zeros(1),
+        None,
+        jax.random.key(0),
+        num_steps=20,
+    )
+    assert int(stats.steps) == 5
+
+
+def test_brax_name_without_brax_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "brax", None)
+    monkeypatch.setitem(sys.modules, "brax.envs", None)
+    with pytest.raises(ValueError, match=r"brax tasks need brax.*pip install -e '\.\[brax\]'"):
+        ESConfig(task="brax/hopper").make_task()
+
+
+def test_policy_that_does_not_fit_the_observation():
+    with pytest.raises(ValueError, match=r"policy='cnn' needs image observations.*policy='mlp'"):
+        ESConfig(task="CartPole-v1", policy="cnn").make_task()
+    with pytest.raises(ValueError, match=r"Unknown policy 'conv'"):
+        ESConfig(task="Breakout-MinAtar", policy="conv").make_task()
+    # an MLP on an image is allowed (flattened)
+    assert type(ControlTask("Breakout-MinAtar", policy="mlp").policy.module) is MLP
+
+
+def test_unknown_brax_backend():
+    with pytest.raises(ValueError, match=r"Unknown brax backend 'springy'.*'spring'"):
+        ESConfig(task="brax/hopper", backend="springy").make_task()
+
+
+@pytest.mark.parametrize("algorithm", ["cemrl", "erl"])
+def test_hybrid_algorithms_run_on_a_brax_task(algorithm):
+    from evorl_pop.algorithms import cemrl, erl
+    from evorl_pop.rl import TD3Config
+
+    tiny = dict(
+        task="brax/inverted_pendulum",
+        population_size=4,
+        num_elites=2,
+        learning_starts=20,  # reached in the first generation
+        episode_steps=10,
+        eval_episodes=1,
+        td3=TD3Config(actor_hidden_sizes=(8,), critic_hidden_sizes=(16,), batch_size=8),
+    )
+    if algorithm == "cemrl":
+        algo = cemrl.CEMRL(cemrl.Config(num_rl_actors=2, updates_per_actor=2, **tiny))
+    else:
+        algo = erl.ERL(erl.Config(updates_per_generation=2, **tiny))
+    step = jax.jit(algo.step)
+    state = algo.init(jax.random.key(0))
+    history = []
+    for key in jax.random.split(jax.random.key(1), 2):
+        state, metrics = step(state, key)
+        history.append({k: np.asarray(v) for k, v in metrics.items() if np.ndim(v) == 0})
+    for metrics in history:
+        for k in ("fitness_best", "fitness_mean", "eval_return"):
+            assert np.isfinite(metrics[k]), (k, metrics[k])
+        # an episode per actor (ERL: and one of its learner), cut at episode_steps
+        episodes = metrics["episodes"]
+        assert episodes in (4, 5) and episodes <= metrics["env_steps"] <= 10 * episodes
+    # TD3 learned from the brax transitions by the second generation
+    assert np.isfinite(history[1]["critic_loss"]) and np.isfinite(history[1]["actor_loss"])
