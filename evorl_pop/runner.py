@@ -186,8 +186,8 @@ def train(
         raise
     with training.deferred_interrupts() as stop, rundir.hold(run_dir, True, config, overwrite):
         multihost.barrier("evorl_pop.train.folder")  # no process starts before the folder is ready
-        session = training.Session(run_dir, config, run_key)
-        session.state = _init_state(algorithm, init_key, mesh)
+        state = _init_state(algorithm, init_key, mesh)
+        session = training.Session(run_dir, config, run_key, state)
         return _run(session, algorithm, mesh, f"new run in {run_dir}", progress, figure, stop)
 
 
@@ -276,8 +276,7 @@ def resume(
         with rundir.writing(run_dir):
             columns, rows = multihost.share(repair)
         ckpt = dataclasses.replace(ckpt, metrics_columns=columns, metrics_rows=rows)
-        session = training.Session(run_dir, config, ckpt_lib.restore_key(ckpt), ckpt)
-        session.state = state
+        session = training.Session(run_dir, config, ckpt_lib.restore_key(ckpt), state, ckpt)
         if changed:
             session.note = f"config changed (--force): {'; '.join(changed)}"
         what = f"resume from generation {ckpt.generation}"
