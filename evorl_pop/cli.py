@@ -17,30 +17,25 @@ from evorl_pop import __version__, backend, launcher, registry
 from evorl_pop import config as config_lib
 from evorl_pop.config import ConfigError
 
-# (summary, description, examples) of each command.
+# (summary, more description, examples) of each command.
 COMMANDS = {
-    "train": ("start a run in a new run folder", "Start a run: config.yaml, metrics.csv, "
-        "checkpoint.msgpack, train.log and fitness.png go into the run folder. Default: OpenES "
-        "on CartPole-v1, population 256, 40 generations.", """
+    "train": ("start a run in a new run folder", " (default: OpenES on CartPole-v1, 40 "
+              "generations), writing config.yaml, metrics.csv, checkpoint.msgpack, train.log and "
+              "fitness.png", """
   evorl-pop train --strategy CMA_ES --task sphere --set num_dims=20 --generations 200
-  evorl-pop train --config my_run.yaml --set population_size=1024 --devices 2
-  evorl-pop train --print-config > my_run.yaml      write the defaults, edit, then --config"""),
-    "resume": ("continue a run from its last checkpoint", "Continue a run from its checkpoint, "
-        "bit for bit as an uninterrupted run (on the same devices). A config that differs from "
-        "the checkpoint's, other than generations, chunk, checkpoint interval and devices, is "
-        "refused unless --force.", """
-  evorl-pop resume RUN --more 100                   100 generations beyond the checkpoint
-  evorl-pop resume RUN --set learning_rate=0.01 --force"""),
-    "plot": ("draw fitness curves of one or more runs", "Draw best / mean / worst fitness; runs "
-        "that differ only in the seed are drawn as their mean with a band.", """
+  evorl-pop train --print-config > my_run.yaml; evorl-pop train --config my_run.yaml"""),
+    "resume": ("continue a run from its last checkpoint", ", bit for bit (on the same devices); "
+               "a config that differs in more than generations, chunk, checkpoint-every and "
+               "devices needs --force", """
+  evorl-pop resume RUN --more 100 --set learning_rate=0.01 --force"""),
+    "plot": ("draw fitness curves of one or more runs", "; runs that differ only in the seed are "
+             "drawn as their mean with a band", """
   evorl-pop plot runs/seed0 runs/seed1 --band std --out seeds.png --x steps --svg"""),
-    "launch": ("run train or resume as several processes on this machine", "Start N processes "
-        "of one run (jax.distributed over loopback); their output gets a [pI] prefix; when one "
-        "fails the others are stopped; the process ids go to RUN/launch.json or --pid-file.", """
-  evorl-pop launch -n 2 --devices-per-process 2 -- train --pop 2048 --out runs/two
-  evorl-pop launch -n 4 --gpus-per-process 1 -- resume runs/two"""),
-    "list": ("list algorithms, strategies, environments and black-box tasks", "List "
-        "algorithms, ES strategies, environments and black-box functions.", None),
+    "launch": ("run train or resume as several processes on this machine", " (jax.distributed "
+               "over loopback); when one fails the others are stopped; the process ids go to "
+               "RUN/launch.json or --pid-file", """
+  evorl-pop launch -n 2 --devices-per-process 2 -- train --pop 2048 --out runs/two"""),
+    "list": ("list algorithms, strategies, environments and black-box tasks", "", None),
 }  # fmt: skip
 
 
@@ -71,17 +66,17 @@ def _add(p, options, exclusive: bool = False) -> None:
         p.add_argument(*flags.split(), help=help, **kwargs)
 
 
+# fmt: off
 N, DIR, FILE = {"metavar": "N"}, {"metavar": "DIR"}, {"metavar": "FILE"}
 FLAG = {"action": "store_true"}
-# fmt: off
+N0, N1, K1 = {"type": _int(0), **N}, {"type": _int(1), **N}, {"type": _int(1), "metavar": "K"}
 TRAIN = [
     ("--algorithm -a", "see 'evorl-pop list' (default: es)", {"metavar": "NAME"}),
     ("--strategy", "ES strategy, e.g. Open_ES, CMA_ES, SNES", {"metavar": "NAME"}),
     ("--task -t", "environment or black-box function (default: CartPole-v1)", {"metavar": "NAME"}),
-    ("--population-size --pop -p", "candidates per generation (default: 256)",
-     {"type": int, "dest": "population_size", **N}),
-    ("--generations -g", "generations to run (default: 40)", {"type": _int(0), **N}),
-    ("--seed -s", "random seed (default: 0)", {"type": _int(0), **N}),
+    ("--population-size --pop -p", "default: 256", {"type": int, "dest": "population_size", **N}),
+    ("--generations -g", "generations to run (default: 40)", N0),
+    ("--seed -s", "random seed (default: 0)", N0),
     ("--precision", "default: float32", {"choices": ("float32", "float64")}),
     ("--out -o", "the run folder (default: RUNS_ROOT/<algorithm>-<task>-<seed>-<time>)", DIR),
     ("--runs-root", "default: runs", {"default": "runs", **DIR}),
@@ -92,15 +87,14 @@ SETTINGS = [
     ("--set", "override a setting, applied last: generations=100, hidden_sizes=64,64, "
      "td3.batch_size=64, sigma_init=null",
      {"dest": "overrides", "action": "append", "default": [], "metavar": "KEY=VALUE"}),
-    ("--chunk", "generations per compiled chunk (default: 5)", {"type": _int(1), **N}),
-    ("--checkpoint-every", "generations between checkpoints; 0: only at the end (default: 10)",
-     {"type": _int(0), **N}),
+    ("--chunk", "generations per compiled chunk (default: 5)", N1),
+    ("--checkpoint-every", "generations between checkpoints; 0: at the end (default: 10)", N0),
     ("-q --quiet", "no progress bar and no summary", FLAG),
     ("--no-figure", "do not draw fitness.png at the end", FLAG),
 ]
 PROCESSES = [
     ("--coordinator", "address of process 0's coordinator", {"metavar": "HOST:PORT"}),
-    ("--num-processes", "processes in the run", {"type": _int(1), **N}),
+    ("--num-processes", "processes in the run", N1),
     ("--process-id", "this process's index", {"type": _int(0), "metavar": "I"}),
     ("--heartbeat-timeout", "seconds until a silent process counts as dead (default: 30)",
      {"type": _int(1), "metavar": "S"}),
@@ -117,11 +111,9 @@ PLOT = [
 ]
 LAUNCH = [
     ("-n --nproc --num-processes", "number of processes (default: 2)",
-     {"dest": "nproc", "type": _int(1), "default": 2, **N}),
-    ("--devices-per-process", "CPU devices of each process (default: 1)",
-     {"type": _int(1), "metavar": "K"}),
-    ("--gpus-per-process", "give process I the GPUs I*K..I*K+K-1 (JAX_LOCAL_DEVICE_IDS)",
-     {"type": _int(1), "metavar": "K"}),
+     {"dest": "nproc", "default": 2, **N1}),
+    ("--devices-per-process", "CPU devices of each process (default: 1)", K1),
+    ("--gpus-per-process", "give process I the GPUs I*K..I*K+K-1", K1),
     ("--port", "coordinator port (default: free)", {"type": _int(1), "metavar": "P"}),
     ("--grace-period", "seconds from SIGTERM to SIGKILL (default: 10)",
      {"type": float, "default": 10.0, "metavar": "S"}),
@@ -142,19 +134,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"evorl-pop {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     p = {}
-    for name, (summary, description, examples) in COMMANDS.items():
+    for name, (summary, more, examples) in COMMANDS.items():
         p[name] = sub.add_parser(
             name,
             help=summary,
-            description=textwrap.fill(description, 88),
+            description=textwrap.fill(summary[0].upper() + summary[1:] + more + ".", 88),
             epilog=f"examples:{examples}" if examples else None,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
     _add(p["train"], TRAIN)
     p["resume"].add_argument("run", metavar="RUN", help="the run folder")
     # fmt: off
-    _add(p["resume"], [("--generations -g", "new total", {"type": _int(0), **N}),
-                       ("--more", "N beyond the checkpoint", {"type": _int(0), **N})], True)
+    _add(p["resume"], [("--generations -g", "new total", N0),
+                       ("--more", "N beyond the checkpoint", N0)], True)
     _add(p["resume"], [("--force", "continue with a changed config", FLAG)])
     for name, resume in (("train", False), ("resume", True)):
         merged = " merged over the run's config.yaml" if resume else ""
