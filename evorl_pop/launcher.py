@@ -99,22 +99,15 @@ def launch(
       command: the ``evorl-pop`` arguments, ``train ...`` or ``resume ...``.
       num_processes: how many processes.
       devices_per_process: CPU devices each simulates (``None``: ``XLA_FLAGS`` as it is).
-      port: the coordinator's port (``None``: a free one).
-      host: the coordinator's address.
-      gpus_per_process: give process ``i`` the GPUs ``i*k .. i*k+k-1``
-        (``None``: every process sees every device).
+      port: the coordinator's port on ``host`` (``None``: a free one).
+      gpus_per_process: give process ``i`` the GPUs ``i*k .. i*k+k-1`` (``None``: all).
       grace_period: seconds between SIGTERM (or the passed-on SIGINT) and SIGKILL.
-      pid_file: where to write the record of the processes as JSON (``None``: nowhere).
-      python: the interpreter to run them with.
-      out: where the children's stdout goes (``None``: ``sys.stdout``).
-      err: where their stderr and the launcher's messages go (``None``: ``sys.stderr``).
+      pid_file: where to write the record of the processes as JSON.
+      out, err: where the children's stdout / stderr and the launcher's messages go.
 
     Returns:
       0 when every process succeeded; else the failed process's exit code
       (128 + the signal number when it was killed), 130 after Ctrl-C.
-
-    Raises:
-      LaunchError: no command, a reserved option, or n < 1.
     """
     out, err = out or sys.stdout, err or sys.stderr
     command = list(command)[1:] if list(command)[:1] == ["--"] else list(command)
@@ -157,14 +150,10 @@ def launch(
         ))  # fmt: skip
         say(f"process {i}: pid {children[i].pid}")
     if pid_file is not None:
-        record = {
-            "coordinator": coordinator,
-            "num_processes": num_processes,
-            "devices_per_process": devices_per_process,
-            "launcher_pid": os.getpid(),
-            "command": command,
-            "processes": [{"process_id": i, "pid": c.pid} for i, c in enumerate(children)],
-        }
+        processes = [{"process_id": i, "pid": c.pid} for i, c in enumerate(children)]
+        record = dict(coordinator=coordinator, num_processes=num_processes, command=command,
+                      devices_per_process=devices_per_process, launcher_pid=os.getpid(),
+                      processes=processes)  # fmt: skip
         try:
             Path(pid_file).parent.mkdir(parents=True, exist_ok=True)
             write_atomic(pid_file, (json.dumps(record, indent=2) + "\n").encode())
@@ -200,11 +189,11 @@ def launch(
     def on_sigterm(signum, frame):
         raise _Stop()
 
+    # Ctrl-C must reach the launcher even when it was started with SIGINT ignored.
+    handlers = {signal.SIGTERM: on_sigterm, signal.SIGINT: signal.default_int_handler}
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_sigterm)
-        # Ctrl-C must reach the launcher even when it was started with SIGINT ignored.
-        previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+        previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
     status = 0
     try:
         remaining = num_processes
