@@ -61,13 +61,10 @@ def _aggregate(runs, metric: str, x: str, band: str):
         start = max(m["env_steps"][0] for _, m in runs)
         xs = np.linspace(start, end, 200)
         ys = np.stack([np.interp(xs, m["env_steps"], m[metric]) for _, m in runs])
-    mean = np.nanmean(ys, axis=0)
+    mean, std = np.nanmean(ys, axis=0), np.nanstd(ys, axis=0)
     if band == "std":
-        std = np.nanstd(ys, axis=0)
-        lo, hi = mean - std, mean + std
-    else:
-        lo, hi = np.nanmin(ys, axis=0), np.nanmax(ys, axis=0)
-    return xs, mean, lo, hi
+        return xs, mean, mean - std, mean + std
+    return xs, mean, np.nanmin(ys, axis=0), np.nanmax(ys, axis=0)
 
 
 def plot_runs(
@@ -161,22 +158,18 @@ def plot_runs(
         ax.set_yscale("log")
     ax.set(xlabel=xlabel, ylabel="fitness")
     if title is None:
-        title = "Fitness" + (
-            " (mean over runs, band: " + ("min-max" if band == "minmax" else "±1 std") + ")"
-            if any(len(g) > 1 for g in groups.values())
-            else ""
-        )
+        title = "Fitness"
+        if any(len(g) > 1 for g in groups.values()):
+            title += f" (mean over runs, band: {'min-max' if band == 'minmax' else '±1 std'})"
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    written = [out]
-    fig.savefig(out)
-    if svg:
-        written.append(out.with_suffix(".svg"))
-        fig.savefig(written[-1])
+    written = [out, out.with_suffix(".svg")] if svg else [out]
+    for path in written:
+        fig.savefig(path)
     plt.close(fig)
     return written
 

@@ -125,8 +125,21 @@ def hold(run_dir: Path, new: bool, config: RunConfig | None = None, overwrite: b
                 f"{str(run_dir)!r} is in use by another evorl-pop process (pid {pid}); wait "
                 "for it to end (or stop it) before writing to this run folder, or choose another."
             ) from None
-        if new:
-            _clear(run_dir, overwrite)  # a refusal leaves even the lock file as it was
+        # A refusal leaves even the lock file as it was.
+        present = [n for n in (*RECORDS, LOG_FILENAME, FIGURE_FILENAME) if (run_dir / n).exists()]
+        if new and present and not overwrite and any(n in RECORDS for n in present):
+            raise RunError(
+                f"{str(run_dir)!r} holds a run already ({', '.join(present)}). Continue it with "
+                f"`evorl-pop resume {run_dir}`, or pass --overwrite to start afresh there."
+            )
+        if new and present and not overwrite:
+            raise RunError(
+                f"{str(run_dir)!r} holds files a run writes ({', '.join(present)}); pass "
+                "--overwrite to replace them, or choose another folder."
+            )
+        for name in present if new else ():
+            path = run_dir / name
+            path.unlink() if path.is_file() else shutil.rmtree(path)
         handle.seek(0)
         handle.truncate()
         handle.write(f"{os.getpid()}\n")
@@ -141,23 +154,6 @@ def hold(run_dir: Path, new: bool, config: RunConfig | None = None, overwrite: b
     finally:
         if handle is not None:
             handle.close()  # releases the lock
-
-
-def _clear(run_dir: Path, overwrite: bool) -> None:
-    present = [n for n in (*RECORDS, LOG_FILENAME, FIGURE_FILENAME) if (run_dir / n).exists()]
-    if present and not overwrite:
-        if any(n in RECORDS for n in present):
-            raise RunError(
-                f"{str(run_dir)!r} holds a run already ({', '.join(present)}). Continue it with "
-                f"`evorl-pop resume {run_dir}`, or pass --overwrite to start afresh there."
-            )
-        raise RunError(
-            f"{str(run_dir)!r} holds files a run writes ({', '.join(present)}); pass "
-            "--overwrite to replace them, or choose another folder."
-        )
-    for name in present:
-        path = run_dir / name
-        path.unlink() if path.is_file() else shutil.rmtree(path)
 
 
 @contextlib.contextmanager
