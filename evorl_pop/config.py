@@ -82,17 +82,13 @@ def _check_scalars(data: Mapping, cls, prefix: str = "") -> None:
     """Refuses what OmegaConf would convert silently: ``'10'`` or ``True`` for an int, ..."""
     hints = typing.get_type_hints(cls)
     for key, value in data.items():
-        hint, name = hints.get(key), f"{prefix}{key}"
-        if hint is None or hint is Any:
-            continue
-        if dataclasses.is_dataclass(hint):
-            if isinstance(value, Mapping):
-                _check_scalars(value, hint, f"{name}.")
-        elif typing.get_origin(hint) is tuple:
-            if isinstance(value, list | tuple):
-                for i, item in enumerate(value):
-                    _check_scalar(item, typing.get_args(hint)[0], f"{name}[{i}]")
-        else:
+        hint, name = hints.get(key, Any), f"{prefix}{key}"
+        if dataclasses.is_dataclass(hint) and isinstance(value, Mapping):
+            _check_scalars(value, hint, f"{name}.")
+        elif typing.get_origin(hint) is tuple and isinstance(value, list | tuple):
+            for i, item in enumerate(value):
+                _check_scalar(item, typing.get_args(hint)[0], f"{name}[{i}]")
+        elif not dataclasses.is_dataclass(hint) and typing.get_origin(hint) is not tuple:
             _check_scalar(value, hint, name)
 
 
