@@ -1,13 +1,10 @@
 """Run configuration: frozen dataclasses as the schema, OmegaConf for the rest.
 
-A run is a :class:`RunConfig`: the algorithm's registry name, run settings and
-the algorithm's own frozen config dataclass under ``algorithm_config`` (e.g.
-:class:`evorl_pop.algorithms.es.ESConfig`); ``evorl-pop train --print-config``
-shows the YAML layout. OmegaConf merges files and ``key=value`` overrides onto
-the algorithm's default config instance, checks types and keys, and writes
-YAML (TOML files are read too). On top, a string is never taken for a number,
-and impossible values are refused: every problem is a :class:`ConfigError`
-before anything runs. Algorithm modules are imported only to build their configs.
+A :class:`RunConfig` holds run settings and the algorithm's own frozen config
+under ``algorithm_config`` (``evorl-pop train --print-config`` shows the YAML).
+OmegaConf merges files and ``key=value`` overrides onto the algorithm's
+defaults, checks types and keys, and writes YAML; on top, a string is never
+taken for a number and impossible values are refused, all as :class:`ConfigError`.
 """
 
 from __future__ import annotations

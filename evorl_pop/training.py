@@ -1,12 +1,10 @@
 """The training loop: compiled chunks of generations, and what a run records between them.
 
-:func:`train_loop` runs generations in jitted ``lax.scan`` chunks; generation
-``g`` uses ``fold_in(key, g)``, so splitting a run into chunks, or stopping
-and resuming it, gives the result of running it in one piece.
-:class:`Session` is what a run folder gets between chunks: metrics rows,
-warnings, and checkpoints by the run's checkpoint policy. Ctrl-C is deferred
-to the end of the current chunk (:func:`deferred_interrupts`): a compilation
-is never torn down halfway, and every process stops after the same chunk.
+:func:`train_loop` runs jitted ``lax.scan`` chunks; generation ``g`` uses
+``fold_in(key, g)``, so a run split into chunks, or stopped and resumed, gives
+the result of one piece. :class:`Session` records metrics, warnings and
+checkpoints between chunks. Ctrl-C is deferred to the end of a chunk
+(:func:`deferred_interrupts`), so that every process stops after the same one.
 """
 
 from __future__ import annotations
