@@ -87,10 +87,8 @@ def initialize(
       shutdown_timeout: seconds a finishing process waits for the others.
 
     Returns:
-      Whether ``jax.distributed`` was initialised (here or before).
-
-    Raises:
-      ValueError: incomplete settings, a bad address, or no coordinator in time.
+      Whether ``jax.distributed`` was initialised (here or before); ValueError
+      for incomplete settings, a bad address, or no coordinator in time.
     """
     if jax_distributed.global_state.client is not None:
         return True

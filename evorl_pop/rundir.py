@@ -96,13 +96,9 @@ def hold(run_dir: Path, new: bool, config: RunConfig | None = None, overwrite: b
       run_dir: the run folder.
       new: start a new run there (create the folder; refuse one holding files
         of a run unless ``overwrite``, then write ``config``); else continue
-        the run that is there (it must hold a checkpoint).
+        the run that is there (it must hold a checkpoint, else CheckpointError).
       config: a new run's config.
       overwrite: replace the files of an earlier run.
-
-    Raises:
-      RunError: the folder is in use, missing, cannot be written, or holds a run.
-      CheckpointError: continuing a folder without a checkpoint.
     """
     handle = None
 
