@@ -142,14 +142,8 @@ def restore_key(ckpt: Checkpoint) -> jax.Array:
 def restore_state(template: Any, ckpt: Checkpoint):
     """Puts a checkpoint's state into the structure, dtypes and shardings of ``template``.
 
-    The resumed computation then sees exactly the inputs of an uninterrupted run.
-
-    Args:
-      template: a freshly initialised state of the same algorithm and config.
-      ckpt: the checkpoint.
-
-    Returns:
-      The restored state.
+    ``template`` is a freshly initialised state of the same algorithm and config,
+    so the resumed computation sees exactly the inputs of an uninterrupted run.
 
     Raises:
       CheckpointError: another precision, or a state that does not fit ``template``.

@@ -51,14 +51,9 @@ def format_rows(rows, columns) -> str:
 
 
 def read(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Reads a metrics file (or a run folder's), without a last line cut short.
+    """A metrics file's (or a run folder's) columns as int64 or float64 NumPy arrays.
 
-    Returns:
-      Column name to a NumPy array (int64 for integer columns, float64 else).
-
-    Raises:
-      FileNotFoundError: no metrics file there.
-      ValueError: the file is not a metrics CSV.
+    A last line cut short is left out; a file that is not a metrics CSV is a ValueError.
     """
     path = Path(path) / FILENAME if Path(path).is_dir() else Path(path)
     try:

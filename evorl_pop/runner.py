@@ -162,7 +162,7 @@ def train(
     overwrite: bool = False,
     figure: bool = True,
 ) -> RunResult:
-    """Starts a run in a new run folder.
+    """Starts a run of ``config`` in a new run folder.
 
     Args:
       config: the validated run config.
@@ -170,10 +170,6 @@ def train(
       progress: show a progress bar.
       overwrite: replace the records of an earlier run in ``run_dir``.
       figure: draw ``fitness.png`` at the end.
-
-    Raises:
-      RunError: ``run_dir`` holds a run already (and not ``overwrite``), is in
-        use, or cannot be written; or the run cannot fit the devices.
     """
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
     # Process 0's name (a timestamp) is everyone's.
