@@ -61,8 +61,9 @@ def _aggregate(runs, metric: str, x: str, band: str):
         start = max(m["env_steps"][0] for _, m in runs)
         xs = np.linspace(start, end, 200)
         ys = np.stack([np.interp(xs, m["env_steps"], m[metric]) for _, m in runs])
-    mean, std = np.nanmean(ys, axis=0), np.nanstd(ys, axis=0)
+    mean = np.nanmean(ys, axis=0)
     if band == "std":
+        std = np.nanstd(ys, axis=0)
         return xs, mean, mean - std, mean + std
     return xs, mean, np.nanmin(ys, axis=0), np.nanmax(ys, axis=0)
 
