@@ -1,12 +1,10 @@
 """``evorl-pop launch``: several processes of one run on this machine.
 
-In the spirit of ``torchrun``: ``n`` processes of ``python -m evorl_pop.cli
-COMMAND ... --coordinator 127.0.0.1:PORT --num-processes n --process-id i``,
-each with its own CPU device count (``XLA_FLAGS``) or share of the GPUs
-(``JAX_LOCAL_DEVICE_IDS``) and gloo CPU collectives, their output forwarded
-as ``[p0] ...``. They are one job: when one fails the others are stopped
-(SIGTERM, then SIGKILL after a grace period); Ctrl-C is passed on to every
-process, which checkpoint and stop.
+In the spirit of ``torchrun``: ``n`` processes of ``evorl-pop COMMAND ...
+--coordinator 127.0.0.1:PORT --num-processes n --process-id i``, each with its
+own CPU devices or GPUs, output forwarded as ``[p0] ...``. They are one job:
+when one fails the others are stopped (SIGTERM, then SIGKILL after a grace
+period); Ctrl-C is passed on to every process, which checkpoint and stop.
 """
 
 from __future__ import annotations

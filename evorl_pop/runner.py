@@ -213,10 +213,8 @@ def resume(
       overrides: ``key=value`` strings, as for ``train``.
       config_file: a YAML / TOML file overriding ``config.yaml``.
       force: continue even if the config differs from the checkpoint's.
-      devices: devices on the population axis (another count agrees with an
-        uninterrupted run to float tolerance, not bit for bit).
-      chunk: generations per compiled chunk.
-      checkpoint_every: the checkpoint interval.
+      devices, chunk, checkpoint_every: new run settings (another device count
+        agrees with an uninterrupted run to float tolerance, not bit for bit).
       progress: show a progress bar.
       figure: redraw ``fitness.png`` at the end.
 
