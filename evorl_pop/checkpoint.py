@@ -1,16 +1,12 @@
 """Checkpoints: everything needed to continue a run, written atomically.
 
-A checkpoint holds the algorithm state on the host (the full value, gathered
-across processes, never one device's shard), the run key, the run config,
-the generation reached, the host-side counters, the floating-point precision
-of the state and the metrics rows up to the checkpoint (so a damaged
-``metrics.csv`` is repaired on resume). On disk it is::
+The state is held on the host (its full value, gathered across processes),
+with the run key, config, counters, precision and the metrics rows up to the
+checkpoint (so a damaged ``metrics.csv`` is repaired on resume). On disk::
 
     MAGIC (16 bytes) | SHA-256 of the payload (32 bytes) | msgpack payload
 
-written through a temporary file and ``os.replace``, so a process killed
-mid-write leaves the previous checkpoint intact, and damage is detected by
-the checksum rather than restored.
+so damage is detected by the checksum rather than restored.
 """
 
 from __future__ import annotations
@@ -28,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from evorl_pop import config as config_lib
-from evorl_pop.multihost import put, to_host
+from evorl_pop.multihost import is_key, put, to_host
 
 MAGIC = b"evorl-pop-ckpt\x00\x01"
 FORMAT_VERSION = 1
@@ -41,33 +37,19 @@ class CheckpointError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
-    """The contents of a checkpoint file.
+    """The contents of a checkpoint file."""
 
-    Attributes:
-      state: the algorithm state as a nested dict of NumPy arrays
-        (``flax.serialization.to_state_dict``); see :func:`restore_state`.
-      key: the run key's raw data (``jax.random.key_data``).
-      key_impl: the name of the key's PRNG implementation.
-      config: the run config as a plain mapping (``config.yaml``'s layout).
-      generation: generations completed.
-      env_steps: environment steps so far (a Python int, no overflow).
-      wall_time: seconds of training so far, across resumes.
-      metrics_columns: the column names of the run's metrics file.
-      metrics_rows: the metrics file's rows up to ``generation`` (CSV text
-        without header; ``None`` in checkpoints written before it was kept).
-      precision: ``'float32'`` or ``'float64'``, the state's float type.
-    """
-
-    state: dict
-    key: np.ndarray
+    state: dict  # the state as nested dicts of NumPy arrays (flax to_state_dict)
+    key: np.ndarray  # the run key's raw data, of PRNG implementation `key_impl`
     key_impl: str
-    config: dict
-    generation: int
-    env_steps: int
-    wall_time: float
+    config: dict  # the run config, config.yaml's layout
+    generation: int  # generations completed
+    env_steps: int  # a Python int: no overflow
+    wall_time: float  # seconds of training, across resumes
     metrics_columns: tuple[str, ...] = ()
+    # metrics.csv's rows up to `generation`, without header (None: older checkpoints)
     metrics_rows: str | None = None
-    precision: str = "float32"
+    precision: str = "float32"  # the state's float type
 
 
 def precision(state) -> str:
@@ -82,13 +64,7 @@ def precision(state) -> str:
 
 
 def save(path: str | os.PathLike, ckpt: Checkpoint) -> None:
-    """Writes a checkpoint atomically.
-
-    Args:
-      path: the checkpoint file (usually ``RUN/checkpoint.msgpack``).
-      ckpt: its contents, the state already on the host (every process calls
-        :func:`evorl_pop.multihost.tree_to_host` on a state that spans processes).
-    """
+    """Writes a checkpoint, its state already on the host, atomically to ``path``."""
     payload = {f.name: getattr(ckpt, f.name) for f in dataclasses.fields(ckpt)}
     payload.update(
         format=FORMAT_VERSION,
@@ -105,11 +81,7 @@ def _file(path: str | os.PathLike) -> Path:
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
-    """The raw bytes of a checkpoint file (or of a run folder's), unchecked.
-
-    Raises:
-      CheckpointError: the file is missing or unreadable.
-    """
+    """The raw bytes of a checkpoint file (or of a run folder's); CheckpointError if unreadable."""
     path = _file(path)
     try:
         return path.read_bytes()
@@ -125,27 +97,15 @@ def read_bytes(path: str | os.PathLike) -> bytes:
 
 
 def load(path: str | os.PathLike) -> Checkpoint:
-    """Reads and verifies a checkpoint file (or a run folder's).
-
-    Raises:
-      CheckpointError: the file is missing, truncated, damaged or of an
-        unknown format; the message says which.
-    """
+    """Reads and verifies a checkpoint file (or a run folder's); see :func:`parse`."""
     return parse(read_bytes(path), _file(path))
 
 
 def parse(data: bytes, path: str | os.PathLike = FILENAME) -> Checkpoint:
-    """Verifies and decodes the bytes of a checkpoint file.
-
-    Args:
-      data: the file's bytes (e.g. read by process 0 and shared).
-      path: where they came from, for error messages.
-
-    Returns:
-      A :class:`Checkpoint`.
+    """Verifies and decodes a checkpoint file's bytes (``path``: for messages).
 
     Raises:
-      CheckpointError: truncated, damaged or of an unknown format.
+      CheckpointError: missing, truncated, damaged or of an unknown format.
     """
     path = str(path)
     digest, body = data[len(MAGIC) : len(MAGIC) + 32], data[len(MAGIC) + 32 :]
@@ -180,22 +140,13 @@ def restore_key(ckpt: Checkpoint) -> jax.Array:
 
 
 def restore_state(template: Any, ckpt: Checkpoint):
-    """Puts a checkpoint's state into the structure and placement of ``template``.
+    """Puts a checkpoint's state into the structure, dtypes and shardings of ``template``.
 
-    Each restored leaf must have the template leaf's shape and dtype and gets
-    its sharding, so the resumed computation sees exactly the inputs of an
-    uninterrupted run.
-
-    Args:
-      template: a freshly initialised state of the same algorithm and config.
-      ckpt: the checkpoint.
-
-    Returns:
-      The restored state.
+    ``template`` is a freshly initialised state of the same algorithm and config,
+    so the resumed computation sees exactly the inputs of an uninterrupted run.
 
     Raises:
-      CheckpointError: another precision, or a state that does not fit the
-        template (a changed config that alters its structure, shapes or dtypes).
+      CheckpointError: another precision, or a state that does not fit ``template``.
     """
     expected = precision(template)
     if ckpt.precision != expected:
@@ -205,16 +156,12 @@ def restore_state(template: Any, ckpt: Checkpoint):
             "setting), or start a new run."
         )
 
-    def is_key(x):
-        return isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
-
     host_template = jax.tree.map(lambda x: to_host(x) if is_key(x) else x, template)
+    unfit = "The checkpoint's state does not fit this algorithm and config:"
     try:
         restored = flax.serialization.from_state_dict(host_template, ckpt.state)
     except (KeyError, ValueError, TypeError) as err:
-        raise CheckpointError(
-            f"The checkpoint's state does not fit this algorithm and config: {err}"
-        ) from None
+        raise CheckpointError(f"{unfit} {err}") from None
 
     def place(saved, like, original):
         saved = np.asarray(saved)
@@ -222,8 +169,8 @@ def restore_state(template: Any, ckpt: Checkpoint):
         shape, dtype = np.shape(like), np.dtype(getattr(like, "dtype", np.asarray(like).dtype))
         if saved.shape != shape or saved.dtype != dtype:
             raise CheckpointError(
-                "The checkpoint's state does not fit this algorithm and config: an array "
-                f"of {saved.shape} {saved.dtype} where {shape} {dtype} was expected."
+                f"{unfit} an array of {saved.shape} {saved.dtype} where {shape} {dtype} was "
+                "expected."
             )
         if not isinstance(original, jax.Array):
             return saved

@@ -1,17 +1,15 @@
 """Run configuration: frozen dataclasses as the schema, OmegaConf for the rest.
 
-A run is a :class:`RunConfig`: the algorithm's registry name, run settings and
-the algorithm's own frozen config dataclass under ``algorithm_config`` (e.g.
-:class:`evorl_pop.algorithms.es.ESConfig`); ``evorl-pop train --print-config``
-shows the YAML layout. OmegaConf merges files and ``key=value`` overrides onto
-the algorithm's default config instance, checks types and keys, and writes
-YAML (TOML files are read too). On top, a string is never taken for a number,
-and impossible values are refused: every problem is a :class:`ConfigError`
-before anything runs. Algorithm modules are imported only to build their configs.
+A :class:`RunConfig` holds run settings and the algorithm's own frozen config
+under ``algorithm_config`` (``evorl-pop train --print-config`` shows the YAML).
+OmegaConf merges files and ``key=value`` overrides onto the algorithm's
+defaults, checks types and keys, and writes YAML; on top, a string is never
+taken for a number and impossible values are refused, all as :class:`ConfigError`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import os
@@ -36,31 +34,17 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """One run: which algorithm, how to run it, and the algorithm's config.
+    """One run: which algorithm, how to run it, and the algorithm's config."""
 
-    Attributes:
-      algorithm: a registry name (``evorl-pop list``), ``'es'`` by default.
-      seed: the run's seed; ``jax.random.key(seed)`` is split into an init
-        key and the run key that every generation folds its index into.
-      generations: total generations of the run.
-      chunk: generations per compiled ``lax.scan`` chunk; metrics are written
-        and checkpoints taken between chunks.
-      checkpoint_every: take a checkpoint once at least this many generations
-        have passed since the last one (and always at the end); ``0``: only at the end.
-      devices: devices on the population axis: a count, ``None`` (all of
-        them) or ``'auto'`` (see :func:`evorl_pop.backend.mesh_devices`).
-      precision: ``'float32'`` or ``'float64'`` (JAX's 64-bit mode).
-      algorithm_config: the algorithm's frozen config dataclass (``None``: its defaults).
-    """
-
-    algorithm: str = "es"
-    seed: int = 0
-    generations: int = 40
-    chunk: int = 5
+    algorithm: str = "es"  # a registry name (`evorl-pop list`)
+    seed: int = 0  # split into an init key and the run key generations fold their index into
+    generations: int = 40  # in total
+    chunk: int = 5  # generations per compiled lax.scan; metrics and checkpoints between chunks
+    # a checkpoint once this many generations have passed since the last (and at the end)
     checkpoint_every: int = 10
-    devices: int | str | None = "auto"
-    precision: str = "float32"
-    algorithm_config: Any = None
+    devices: int | str | None = "auto"  # a count, None (all) or auto: backend.mesh_devices
+    precision: str = "float32"  # or float64: JAX's 64-bit mode
+    algorithm_config: Any = None  # the algorithm's frozen config dataclass (None: defaults)
 
     def __post_init__(self):
         if self.algorithm_config is None:
@@ -82,8 +66,7 @@ def _spec(name: str) -> registry.AlgorithmSpec:
 
 
 def _flatten(data: Mapping, prefix: str = "") -> dict:
-    """``{'a': {'b': 1}}`` as ``{'a.b': 1}``."""
-    out = {}
+    out = {}  # {'a': {'b': 1}} as {'a.b': 1}
     for key, value in data.items():
         if isinstance(value, Mapping):
             out.update(_flatten(value, f"{prefix}{key}."))
@@ -93,23 +76,16 @@ def _flatten(data: Mapping, prefix: str = "") -> dict:
 
 
 def _check_scalars(data: Mapping, cls, prefix: str = "") -> None:
-    """Refuses what OmegaConf would convert silently: ``'10'`` or ``True`` for an int, ...
-
-    Unknown keys and the shapes of lists and nested configs are left to OmegaConf.
-    """
+    """Refuses what OmegaConf would convert silently: ``'10'`` or ``True`` for an int, ..."""
     hints = typing.get_type_hints(cls)
     for key, value in data.items():
-        hint, name = hints.get(key), f"{prefix}{key}"
-        if hint is None or hint is Any:
-            continue
-        if dataclasses.is_dataclass(hint):
-            if isinstance(value, Mapping):
-                _check_scalars(value, hint, f"{name}.")
-        elif typing.get_origin(hint) is tuple:
-            if isinstance(value, list | tuple):
-                for i, item in enumerate(value):
-                    _check_scalar(item, typing.get_args(hint)[0], f"{name}[{i}]")
-        else:
+        hint, name = hints.get(key, Any), f"{prefix}{key}"
+        if dataclasses.is_dataclass(hint) and isinstance(value, Mapping):
+            _check_scalars(value, hint, f"{name}.")
+        elif typing.get_origin(hint) is tuple and isinstance(value, list | tuple):
+            for i, item in enumerate(value):
+                _check_scalar(item, typing.get_args(hint)[0], f"{name}[{i}]")
+        elif not dataclasses.is_dataclass(hint) and typing.get_origin(hint) is not tuple:
             _check_scalar(value, hint, name)
 
 
@@ -141,7 +117,7 @@ def _key_error(err: ConfigKeyError, algorithm: str) -> ConfigError:
 
 
 def from_dict(data: Mapping, check: bool = True) -> RunConfig:
-    """Builds a run config from a mapping (``config.yaml``'s layout).
+    """Builds a run config from a mapping in ``config.yaml``'s layout.
 
     Missing keys keep the algorithm's own defaults: ``td3: {batch_size: 64}``
     keeps the rest of that algorithm's TD3 settings, not ``TD3Config()``'s.
@@ -149,9 +125,6 @@ def from_dict(data: Mapping, check: bool = True) -> RunConfig:
     Args:
       data: run settings plus an ``algorithm_config`` mapping.
       check: also check the values (see :func:`validate`).
-
-    Returns:
-      A :class:`RunConfig`.
 
     Raises:
       ConfigError: an unknown key (with the nearest valid one), a wrong type or value.
@@ -199,16 +172,9 @@ def _override_layer(overrides: Iterable[str]) -> dict:
 
 
 def merge(sources: Iterable = (), overrides: Iterable[str] = ()) -> dict:
-    """Merges config files, mappings and overrides in order, unchecked.
+    """The plain mapping of YAML / TOML files or mappings, then ``key=value`` overrides, unchecked.
 
     A source that names another algorithm drops the algorithm config before it.
-
-    Args:
-      sources: YAML / TOML file paths or mappings.
-      overrides: ``key=value`` strings, applied last.
-
-    Returns:
-      The merged plain mapping.
     """
     merged = OmegaConf.create()
     for source in [*sources, _override_layer(overrides)]:
@@ -220,7 +186,7 @@ def merge(sources: Iterable = (), overrides: Iterable[str] = ()) -> dict:
 
 
 def resolve_config(sources: Iterable = (), overrides: Iterable[str] = ()) -> RunConfig:
-    """The run config of files and mappings merged in order, then overrides.
+    """The validated run config of files and mappings merged in order, then overrides.
 
     An override's key is a run setting, ``algorithm``, or an algorithm field,
     bare (``population_size``, ``td3.batch_size``) or under ``algorithm_config.``;
@@ -230,9 +196,6 @@ def resolve_config(sources: Iterable = (), overrides: Iterable[str] = ()) -> Run
       sources: YAML / TOML file paths or mappings (e.g. a checkpoint's config).
       overrides: ``key=value`` strings.
 
-    Returns:
-      The validated :class:`RunConfig`.
-
     Raises:
       ConfigError: an unreadable file, a malformed override, an unknown key, a wrong value.
     """
@@ -240,19 +203,12 @@ def resolve_config(sources: Iterable = (), overrides: Iterable[str] = ()) -> Run
 
 
 def load(path: str | os.PathLike) -> RunConfig:
-    """Reads a run config file (``resolve_config([path])``)."""
+    """``resolve_config([path])``."""
     return resolve_config([path])
 
 
 def read_mapping(path: str | os.PathLike, text: str | None = None) -> dict:
-    """Reads a YAML (or ``.toml``) config file into a plain mapping, unchecked.
-
-    Args:
-      path: the file.
-      text: its contents, when already read.
-
-    Returns:
-      The mapping.
+    """A YAML (or ``.toml``) config file (or its ``text``) as a plain mapping, unchecked.
 
     Raises:
       ConfigError: the file is missing or does not parse.
@@ -284,15 +240,7 @@ def dumps(config: RunConfig) -> str:
 
 
 def differences(old: RunConfig, new: RunConfig) -> list[str]:
-    """The settings that differ, other than those a resume may change.
-
-    Args:
-      old: e.g. the checkpoint's config.
-      new: the config to continue with.
-
-    Returns:
-      Lines ``'key: old -> new'``, algorithm fields without their prefix.
-    """
+    """Lines ``'key: old -> new'`` of the settings that differ, but those a resume may change."""
     a, b = _flatten(to_dict(old)), _flatten(to_dict(new))
     return [
         f"{key.removeprefix('algorithm_config.')}: {a.get(key)!r} -> {b.get(key)!r}"
@@ -309,14 +257,8 @@ def save(config: RunConfig, path: str | os.PathLike) -> None:
 
 
 def write_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Writes ``data`` to ``path`` through a temporary file and ``os.replace``.
-
-    A reader (or a process killed mid-write) sees the old file or the new one, never a mix.
-
-    Args:
-      path: the destination.
-      data: the bytes to write.
-    """
+    """Writes ``data`` to ``path`` so that a reader (or a process killed mid-write)
+    sees the old file or the new one, never a mix."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -326,32 +268,22 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
-    try:  # make the rename itself durable
+    with contextlib.suppress(OSError):  # make the rename itself durable
         dir_fd = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-    except OSError:
-        pass
 
 
 def validate(config: RunConfig) -> None:
-    """Checks that a run config can run.
+    """Checks that a run config can run; ConfigError names an impossible value and why.
 
-    Run settings are checked here; the algorithm config by the validator its
-    registry entry names, and by its own ``validate()`` method if it has one.
-
-    Args:
-      config: the config.
-
-    Raises:
-      ConfigError: an impossible value, saying which and why.
+    The algorithm config is checked by its registry entry's validator and its
+    own ``validate()`` method, if any.
     """
     for name, least in (("generations", 0), ("chunk", 1), ("checkpoint_every", 0), ("seed", 0)):
         if getattr(config, name) < least:
@@ -364,13 +296,10 @@ def validate(config: RunConfig) -> None:
     try:
         if spec.validator is not None:
             spec.validator(config.algorithm_config)
-        own = getattr(config.algorithm_config, "validate", None)
-        if callable(own):
+        if callable(own := getattr(config.algorithm_config, "validate", None)):
             own()
-    except ConfigError:
-        raise
     except ValueError as err:
-        raise ConfigError(str(err)) from None
+        raise err if isinstance(err, ConfigError) else ConfigError(str(err)) from None
 
 
 def _choice(name: str, value: str, valid) -> None:
@@ -383,14 +312,7 @@ def _choice(name: str, value: str, valid) -> None:
 
 
 def validate_es_config(config) -> None:
-    """Checks an :class:`~evorl_pop.algorithms.es.ESConfig`.
-
-    Args:
-      config: the ES config.
-
-    Raises:
-      ConfigError: an unknown strategy or task, or an impossible value.
-    """
+    """Checks an :class:`~evorl_pop.algorithms.es.ESConfig`; ConfigError if it cannot run."""
     from evorl_pop.algorithms.es import OPTIMIZERS, STRATEGIES
     from evorl_pop.tasks import task_names
 

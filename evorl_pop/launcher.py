@@ -1,18 +1,10 @@
 """``evorl-pop launch``: several processes of one run on this machine.
 
-In the spirit of ``torchrun``: it starts ``n`` processes of
-``python -m evorl_pop.cli COMMAND ... --coordinator 127.0.0.1:PORT
---num-processes n --process-id i``, each with its own device count
-(``XLA_FLAGS=--xla_force_host_platform_device_count=k`` for CPU devices, or
-``JAX_LOCAL_DEVICE_IDS`` for a share of the GPUs) and gloo CPU collectives,
-forwards their output line by line as ``[p0] ...`` / ``[p1] ...``, and treats
-them as one job: when one fails (a non-zero exit or a signal) the others are
-stopped (SIGTERM, then SIGKILL after a grace period) and the launcher exits
-non-zero, naming the process that failed. Ctrl-C (SIGINT) is passed on to
-every process, which checkpoint and stop; SIGTERM stops them all.
-
-The children's process ids are printed (``[launch] process i: pid P``) and
-written as JSON to ``pid_file`` (``evorl-pop launch``: ``RUN/launch.json``).
+In the spirit of ``torchrun``: ``n`` processes of ``evorl-pop COMMAND ...
+--coordinator 127.0.0.1:PORT --num-processes n --process-id i``, each with its
+own CPU devices or GPUs, output forwarded as ``[p0] ...``. They are one job:
+when one fails the others are stopped (SIGTERM, then SIGKILL after a grace
+period); Ctrl-C is passed on to every process, which checkpoint and stop.
 """
 
 from __future__ import annotations
@@ -44,41 +36,21 @@ class LaunchError(ValueError):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` (an address to bind) right now."""
+    """A TCP port that is free on ``host`` right now."""
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def _child_env(index: int, devices_per_process: int | None, gpus_per_process: int | None):
-    env = dict(os.environ)
-    if devices_per_process is not None:
-        env["XLA_FLAGS"] = backend.with_host_devices(env.get("XLA_FLAGS", ""), devices_per_process)
-    if gpus_per_process is not None:
-        first = index * gpus_per_process
-        env["JAX_LOCAL_DEVICE_IDS"] = ",".join(
-            str(i) for i in range(first, first + gpus_per_process)
-        )
-    env.setdefault("JAX_CPU_COLLECTIVES_IMPLEMENTATION", "gloo")
-    env["PYTHONUNBUFFERED"] = "1"  # lines reach the launcher as they are written
-    return env
 
 
 def _child_setup() -> None:  # pragma: no cover - runs in the child before exec
     # A launcher started in the background inherits an ignored SIGINT; the
     # children must still turn the Ctrl-C it passes on into KeyboardInterrupt.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    if not sys.platform.startswith("linux"):
-        return
-    # Linux: the child gets SIGTERM if the launcher itself is killed (even by
-    # SIGKILL), so no process of the run outlives it.
-    try:
+    # Linux: SIGTERM when the launcher dies (even by SIGKILL), so no process outlives it.
+    with contextlib.suppress(Exception):
         import ctypes
 
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _forward(stream, out, prefix: str, lock: threading.Lock) -> None:
@@ -86,22 +58,20 @@ def _forward(stream, out, prefix: str, lock: threading.Lock) -> None:
     for raw in iter(stream.readline, b""):
         text = raw.decode(errors="replace").rstrip("\n")
         # A progress bar rewrites its line with '\r': show each update as a line.
-        pieces = [p for p in text.split("\r") if p.strip()] or ([text] if text else [""])
+        pieces = [p for p in text.split("\r") if p.strip()] or [text]
         with lock:
-            for piece in pieces:
-                out.write(f"{prefix}{piece}\n")
+            out.write("".join(f"{prefix}{piece}\n" for piece in pieces))
             out.flush()
     stream.close()
 
 
 def describe_exit(returncode: int) -> str:
     """``'exit code 3'`` or ``'signal SIGKILL'`` for a ``Popen.returncode`` (negative: a signal)."""
-    if returncode < 0:
-        try:
-            return f"signal {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"signal {-returncode}"
-    return f"exit code {returncode}"
+    if returncode >= 0:
+        return f"exit code {returncode}"
+    with contextlib.suppress(ValueError):
+        return f"signal {signal.Signals(-returncode).name}"
+    return f"signal {-returncode}"
 
 
 class _Stop(Exception):
@@ -124,35 +94,21 @@ def launch(
     """Runs ``num_processes`` processes of one ``evorl-pop`` command on this machine.
 
     Args:
-      command: the ``evorl-pop`` arguments, e.g. ``['train', '--pop', '64']``
-        (``train`` or ``resume``).
+      command: the ``evorl-pop`` arguments, ``train ...`` or ``resume ...``.
       num_processes: how many processes.
-      devices_per_process: CPU devices each process simulates
-        (``None``: leave ``XLA_FLAGS`` as it is).
-      port: the coordinator's port (``None``: a free one).
-      host: the coordinator's address; this machine's loopback by default.
-      gpus_per_process: give process ``i`` the GPUs ``i*k .. i*k+k-1``
-        (``JAX_LOCAL_DEVICE_IDS``); ``None``: every process sees every device.
-      grace_period: seconds between SIGTERM (or the passed-on SIGINT) and SIGKILL
-        when the processes are stopped.
-      pid_file: where to write the record of the processes (JSON); ``None``: nowhere.
-      python: the interpreter to run the processes with.
-      out: where the children's stdout goes (``None``: ``sys.stdout``).
-      err: where the children's stderr and the launcher's messages go
-        (``None``: ``sys.stderr``).
+      devices_per_process: CPU devices each simulates (``None``: ``XLA_FLAGS`` as it is).
+      port: the coordinator's port on ``host`` (``None``: a free one).
+      gpus_per_process: give process ``i`` the GPUs ``i*k .. i*k+k-1`` (``None``: all).
+      grace_period: seconds between SIGTERM (or the passed-on SIGINT) and SIGKILL.
+      pid_file: where to write the record of the processes as JSON.
+      out, err: where the children's stdout / stderr and the launcher's messages go.
 
     Returns:
       0 when every process succeeded; else the failed process's exit code
       (128 + the signal number when it was killed), 130 after Ctrl-C.
-
-    Raises:
-      LaunchError: an impossible request (no command, a reserved option, n < 1).
     """
-    out = sys.stdout if out is None else out
-    err = sys.stderr if err is None else err
-    command = list(command)
-    if command and command[0] == "--":
-        command = command[1:]
+    out, err = out or sys.stdout, err or sys.stderr
+    command = list(command)[1:] if list(command)[:1] == ["--"] else list(command)
     if not command or command[0] not in ("train", "resume"):
         raise LaunchError(
             "launch runs 'train' or 'resume': evorl-pop launch -n 2 -- train [OPTIONS], "
@@ -163,8 +119,7 @@ def launch(
             raise LaunchError(f"{arg.split('=', 1)[0]} is set by launch itself; leave it out.")
     if num_processes < 1:
         raise LaunchError(f"-n must be >= 1, got {num_processes}.")
-    port = free_port(host) if port is None else port
-    coordinator = f"{host}:{port}"
+    coordinator = f"{host}:{free_port(host) if port is None else port}"
     lock = threading.Lock()
 
     def say(message: str) -> None:
@@ -174,54 +129,47 @@ def launch(
 
     children: list[subprocess.Popen] = []
     for i in range(num_processes):
-        argv = [
-            python, "-m", "evorl_pop.cli", *command,
-            "--coordinator", coordinator,
-            "--num-processes", str(num_processes),
-            "--process-id", str(i),
-        ]  # fmt: skip
-        children.append(
-            subprocess.Popen(
-                argv,
-                env=_child_env(i, devices_per_process, gpus_per_process),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                stdin=subprocess.DEVNULL,
-                # Own process groups: a terminal's Ctrl-C reaches the launcher
-                # only, which passes it on once to each process.
-                start_new_session=True,
-                preexec_fn=_child_setup,
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # lines reach the launcher as written
+        env.setdefault("JAX_CPU_COLLECTIVES_IMPLEMENTATION", "gloo")
+        if devices_per_process is not None:
+            env["XLA_FLAGS"] = backend.with_host_devices(
+                env.get("XLA_FLAGS", ""), devices_per_process
             )
-        )
-    record = {
-        "coordinator": coordinator,
-        "num_processes": num_processes,
-        "devices_per_process": devices_per_process,
-        "launcher_pid": os.getpid(),
-        "command": command,
-        "processes": [{"process_id": i, "pid": c.pid} for i, c in enumerate(children)],
-    }
-    for i, child in enumerate(children):
-        say(f"process {i}: pid {child.pid}")
+        if gpus_per_process is not None:
+            ids = range(i * gpus_per_process, (i + 1) * gpus_per_process)
+            env["JAX_LOCAL_DEVICE_IDS"] = ",".join(map(str, ids))
+        argv = [python, "-m", "evorl_pop.cli", *command, "--coordinator", coordinator,
+                "--num-processes", str(num_processes), "--process-id", str(i)]  # fmt: skip
+        # Own process groups: a terminal's Ctrl-C reaches the launcher only, which
+        # passes it on once to each process.
+        children.append(subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_child_setup,
+        ))  # fmt: skip
+        say(f"process {i}: pid {children[i].pid}")
     if pid_file is not None:
-        record_path = Path(pid_file)
+        processes = [{"process_id": i, "pid": c.pid} for i, c in enumerate(children)]
+        record = dict(coordinator=coordinator, num_processes=num_processes, command=command,
+                      devices_per_process=devices_per_process, launcher_pid=os.getpid(),
+                      processes=processes)  # fmt: skip
         try:
-            record_path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(record_path, (json.dumps(record, indent=2) + "\n").encode())
+            Path(pid_file).parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(pid_file, (json.dumps(record, indent=2) + "\n").encode())
         except OSError as error:
-            say(f"cannot write {record_path}: {error.strerror}")
+            say(f"cannot write {pid_file}: {error.strerror}")
 
-    readers = []
-    for i, child in enumerate(children):
-        for stream, sink in ((child.stdout, out), (child.stderr, err)):
-            t = threading.Thread(
-                target=_forward, args=(stream, sink, f"[p{i}] ", lock), daemon=True
-            )
-            t.start()
-            readers.append(t)
     exits: queue.Queue = queue.Queue()
-    for i, child in enumerate(children):
-        threading.Thread(target=lambda i=i, c=child: exits.put((i, c.wait())), daemon=True).start()
+    readers = [
+        threading.Thread(target=_forward, args=(s, sink, f"[p{i}] ", lock), daemon=True)
+        for i, c in enumerate(children)
+        for s, sink in ((c.stdout, out), (c.stderr, err))
+    ]
+    waiters = [
+        threading.Thread(target=lambda i=i, c=c: exits.put((i, c.wait())), daemon=True)
+        for i, c in enumerate(children)
+    ]
+    for t in readers + waiters:
+        t.start()
 
     def stop(first_signal: int) -> None:
         """Sends ``first_signal`` to every running process, SIGKILL after the grace period."""
@@ -239,28 +187,27 @@ def launch(
     def on_sigterm(signum, frame):
         raise _Stop()
 
+    # Ctrl-C must reach the launcher even when it was started with SIGINT ignored.
+    handlers = {signal.SIGTERM: on_sigterm, signal.SIGINT: signal.default_int_handler}
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_sigterm)
-        # Ctrl-C must reach the launcher even when it was started with SIGINT ignored.
-        previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+        previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
     status = 0
     try:
         remaining = num_processes
         while remaining:
-            try:
+            try:  # a timeout lets the signal handlers run
                 i, code = exits.get(timeout=0.2)
             except queue.Empty:
                 continue
             remaining -= 1
             if code != 0:
-                say(
-                    f"process {i} (pid {children[i].pid}) failed with {describe_exit(code)}; "
-                    f"stopping the other process(es)"
-                )
+                what = describe_exit(code)
+                say(f"process {i} (pid {children[i].pid}) failed with {what}; "
+                    "stopping the other process(es)")  # fmt: skip
                 stop(signal.SIGTERM)
                 status = 128 - code if code < 0 else code
-                say(f"error: process {i} failed ({describe_exit(code)})")
+                say(f"error: process {i} failed ({what})")
                 break
     except KeyboardInterrupt:
         say("interrupted: passing Ctrl-C on to every process")

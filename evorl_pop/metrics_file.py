@@ -1,30 +1,26 @@
 """Per-generation metrics as a CSV file that is never half-written.
 
-One row per generation. Rows are appended between compiled chunks with a
-single ``os.write`` per chunk on a file opened with ``O_APPEND``, so a
-process killed at any moment leaves only whole lines (at worst a last line
-without its newline, which readers and :func:`truncate` drop). Floats are
-written with ``repr`` so they read back bit for bit.
+Rows are appended between chunks with one ``os.write`` on a file opened with
+``O_APPEND``, so a killed process leaves only whole lines (at worst a last
+line without its newline, which readers and :func:`truncate` drop). Floats
+are written with ``repr`` so they read back bit for bit.
 
-Columns: ``generation`` (1-based: the row of the g-th generation),
-``env_steps`` (cumulative, summed on the host in Python ints),
-``wall_time`` (cumulative seconds), then the fitness statistics, then the
-algorithm's other metrics by name, with its per-generation ``env_steps``
-renamed ``env_steps_gen`` (a metric named ``generation`` repeats the first
-column and is left out).
+Columns: ``generation`` (1-based), ``env_steps`` (cumulative, summed on the
+host in Python ints), ``wall_time`` (cumulative seconds), the fitness
+statistics, then the algorithm's other metrics by name, its per-generation
+``env_steps`` renamed ``env_steps_gen``.
 """
 
 from __future__ import annotations
 
 import csv
-import io
 import math
 import os
 from pathlib import Path
 
 import numpy as np
 
-from evorl_pop import config as config_lib
+from evorl_pop.config import write_atomic
 
 FILENAME = "metrics.csv"
 LEADING = ("generation", "env_steps", "wall_time")
@@ -32,18 +28,15 @@ _FIRST = ("fitness_best", "fitness_mean", "fitness_worst", "fitness_std", "best_
 
 
 def columns_for(metric_names) -> tuple[str, ...]:
-    """The CSV columns for an algorithm's metric names.
-
-    Args:
-      metric_names: the keys of the algorithm's metrics dict, in order.
-
-    Returns:
-      The column names.
-    """
+    """The CSV columns for an algorithm's metric names, in order."""
     names = ["env_steps_gen" if n == "env_steps" else n for n in metric_names]
     names = [n for n in names if n not in LEADING]
     first = [n for n in _FIRST if n in names]
     return (*LEADING, *first, *sorted(n for n in names if n not in first))
+
+
+def _whole_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines(keepends=True) if line.endswith("\n")]
 
 
 def _format(value) -> str:
@@ -52,30 +45,19 @@ def _format(value) -> str:
     return "nan" if math.isnan(value) else repr(float(value))
 
 
+def format_rows(rows, columns) -> str:
+    """Rows (mappings from column name to a scalar) as CSV lines; a missing column is empty."""
+    return "".join(",".join(_format(r[c]) if c in r else "" for c in columns) + "\n" for r in rows)
+
+
 def read(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Reads a metrics file.
+    """A metrics file's (or a run folder's) columns as int64 or float64 NumPy arrays.
 
-    A last line without its newline (a write cut short) is ignored.
-
-    Args:
-      path: a metrics CSV, or a run folder holding one.
-
-    Returns:
-      Column name to a NumPy array (int64 for integer columns, float64 else).
-
-    Raises:
-      FileNotFoundError: no metrics file there.
-      ValueError: the file is not a metrics CSV.
+    A last line cut short is left out; a file that is not a metrics CSV is a ValueError.
     """
-    path = Path(path)
-    if path.is_dir():
-        path = path / FILENAME
+    path = Path(path) / FILENAME if Path(path).is_dir() else Path(path)
     try:
-        lines = path.read_text().splitlines(keepends=True)
-        if lines and not lines[-1].endswith("\n"):
-            lines = lines[:-1]
-        rows = list(csv.reader(io.StringIO("".join(lines))))
-        header, body = (rows[0], rows[1:]) if rows else ([], [])
+        header, *body = list(csv.reader(_whole_lines(path.read_text()))) or [[]]
         if header and header[0] != LEADING[0] or any(len(r) != len(header) for r in body):
             raise ValueError("not the columns of a metrics file")
         out = {}
@@ -93,61 +75,32 @@ def read(path: str | os.PathLike) -> dict[str, np.ndarray]:
     return out
 
 
-def format_rows(rows, columns) -> str:
-    """Rows as CSV lines in the order of ``columns``.
-
-    Args:
-      rows: mappings from column name to a scalar; a missing column is written empty.
-      columns: the column names.
-
-    Returns:
-      The lines, each ending in a newline.
-    """
-    return "".join(",".join(_format(r[c]) if c in r else "" for c in columns) + "\n" for r in rows)
+def _write_if_changed(path: Path, data: str) -> None:
+    if not (path.exists() and path.read_text() == data):
+        write_atomic(path, data.encode())
 
 
 def restore(path: str | os.PathLike, columns, rows: str) -> None:
-    """Makes the file hold exactly a header and ``rows`` (atomically, only if it differs).
+    """Makes the file hold exactly a header of ``columns`` and ``rows`` (atomically).
 
-    A resumed run restores its metrics this way from its checkpoint: rows
-    past the checkpoint are dropped, lost or cut rows and a cut header are
-    written back.
-
-    Args:
-      path: the metrics file.
-      columns: the column names.
-      rows: the CSV lines (see :func:`format_rows`).
+    A resumed run so drops rows past its checkpoint and writes back lost or cut ones.
     """
-    path = Path(path)
-    data = (",".join(columns) + "\n" + rows).encode()
-    if not (path.exists() and path.read_bytes() == data):
-        config_lib.write_atomic(path, data)
+    _write_if_changed(Path(path), ",".join(columns) + "\n" + rows)
 
 
 def truncate(path: str | os.PathLike, generation: int) -> tuple[str, ...] | None:
-    """Keeps only the rows up to ``generation`` (atomically), for a resumed run.
-
-    Rows written after the checkpoint the run resumes from are dropped, so
-    no generation is ever listed twice; so is a last line cut short.
-
-    Args:
-      path: the metrics file.
-      generation: the last generation to keep (the checkpoint's).
+    """Keeps only the rows up to ``generation`` (atomically), and no line cut short.
 
     Returns:
       The header's columns, or ``None`` when there is no file (or no header).
     """
     path = Path(path)
-    text = path.read_text() if path.exists() else ""
-    lines = [line for line in text.splitlines(keepends=True) if line.endswith("\n")]
+    lines = _whole_lines(path.read_text() if path.exists() else "")
     if not lines:
         return None
-    keep = lines[:1] + [
-        line for line in lines[1:] if line.split(",", 1)[0].isdigit()
-        and int(line.split(",", 1)[0]) <= generation
-    ]  # fmt: skip
-    if "".join(keep) != text:
-        config_lib.write_atomic(path, "".join(keep).encode())
+    numbered = [(line.split(",", 1)[0], line) for line in lines[1:]]
+    keep = lines[:1] + [line for g, line in numbered if g.isdigit() and int(g) <= generation]
+    _write_if_changed(path, "".join(keep))
     return tuple(next(csv.reader(lines[:1])))
 
 
@@ -155,15 +108,10 @@ class MetricsWriter:
     """Appends whole rows of per-generation metrics to a CSV file."""
 
     def __init__(self, path: str | os.PathLike, columns):
-        """Opens the file, writing the header when it is missing or empty.
-
-        Args:
-          path: the metrics file.
-          columns: its column names (see :func:`columns_for`).
-        """
+        """Opens ``path`` for rows of ``columns``; writes the header if it is missing or empty."""
         self.path, self.columns = Path(path), tuple(columns)
         if not self.path.exists() or self.path.stat().st_size == 0:
-            config_lib.write_atomic(self.path, (",".join(self.columns) + "\n").encode())
+            write_atomic(self.path, (",".join(self.columns) + "\n").encode())
 
     def append(self, rows) -> None:
         """Appends rows (see :func:`format_rows`) in one write."""

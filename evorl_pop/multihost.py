@@ -3,8 +3,8 @@
 Every process runs the same program on the global mesh. Arrays that span
 processes are read through :func:`to_host`; what only process 0 does (read a
 run folder, take its lock, write a file) reaches the others through
-:func:`share`, results and exceptions alike, as typed Python values. With one
-process every function here is a plain local call.
+:func:`share`, results and exceptions alike. With one process every function
+here is a plain local call.
 """
 
 from __future__ import annotations
@@ -17,29 +17,17 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import clusters
+from jax._src import distributed as jax_distributed
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 #: Environment variables read when the command-line options are absent.
-ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
-ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
-ENV_PROCESS_ID = "JAX_PROCESS_ID"
-#: Seconds without heartbeats after which a process counts as dead (JAX: 100);
-#: also how long a process waits for the coordinator at start-up (at least 20 s,
-#: the time a loaded machine may take to start the others).
-DEFAULT_HEARTBEAT_TIMEOUT = 30
-#: Seconds a finishing process waits for the others at shutdown (JAX: 300).
-DEFAULT_SHUTDOWN_TIMEOUT = 60
+ENV = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
 
 
 def detect_cluster() -> str | None:
-    """The cluster environment (SLURM, Open MPI, ...) JAX detects unasked, if any.
-
-    Returns:
-      The environment's class name (e.g. ``'SlurmCluster'``), or ``None``.
-    """
-    from jax._src import clusters
-
+    """The class name of the cluster environment (SLURM, Open MPI, ...) JAX detects, if any."""
     for env in clusters.ClusterEnv._cluster_types:
         try:
             if not getattr(env, "opt_in_only_method", False) and env.is_env_present():
@@ -47,14 +35,6 @@ def detect_cluster() -> str | None:
         except Exception:  # a detector that needs a missing package, e.g. kubernetes
             pass
     return None
-
-
-def _int_env(name: str) -> int | None:
-    text = os.environ.get(name, "").strip()
-    try:
-        return int(text) if text else None
-    except ValueError:
-        raise ValueError(f"{name}={text!r} is not an integer.") from None
 
 
 def _reach(address: str, process_id: int, timeout: float) -> None:
@@ -89,51 +69,47 @@ def initialize(
     coordinator: str | None = None,
     num_processes: int | None = None,
     process_id: int | None = None,
-    heartbeat_timeout: int = DEFAULT_HEARTBEAT_TIMEOUT,
-    shutdown_timeout: int = DEFAULT_SHUTDOWN_TIMEOUT,
-    initialization_timeout: int | None = None,
+    heartbeat_timeout: int = 30,
+    shutdown_timeout: int = 60,
 ) -> bool:
     """Joins a multi-process run when one is asked for; must precede any JAX computation.
 
-    The settings come from the arguments, else from ``JAX_COORDINATOR_ADDRESS``
-    / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``; with none of them, JAX fills
-    them in only inside a detected cluster job. CPU collectives use gloo.
+    Missing settings come from ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES``
+    / ``JAX_PROCESS_ID``, else from a cluster job JAX detects. CPU collectives use gloo.
 
     Args:
       coordinator: ``HOST:PORT`` of process 0's coordinator service.
       num_processes: processes in the run.
       process_id: this process's index, ``0 .. num_processes - 1``.
-      heartbeat_timeout: seconds after which a silent process counts as dead.
+      heartbeat_timeout: seconds after which a silent process counts as dead; also
+        how long to wait for the coordinator at start-up (at least 20 s, the time a
+        loaded machine may take to start the others).
       shutdown_timeout: seconds a finishing process waits for the others.
-      initialization_timeout: seconds to wait for the coordinator and every
-        process (default: ``heartbeat_timeout``, at least 20).
 
     Returns:
-      Whether ``jax.distributed`` was initialised (here or before).
-
-    Raises:
-      ValueError: incomplete settings, a bad address, or no coordinator in time.
+      Whether ``jax.distributed`` was initialised (here or before); ValueError
+      for incomplete settings, a bad address, or no coordinator in time.
     """
-    from jax._src import distributed as jax_distributed
-
     if jax_distributed.global_state.client is not None:
         return True
-    coordinator = coordinator or os.environ.get(ENV_COORDINATOR) or None
-    if num_processes is None:
-        num_processes = _int_env(ENV_NUM_PROCESSES)
-    if process_id is None:
-        process_id = _int_env(ENV_PROCESS_ID)
-    explicit = (coordinator, num_processes, process_id)
+    explicit = [coordinator, num_processes, process_id]
+    for i, name in enumerate(ENV):
+        text = os.environ.get(name, "").strip()
+        if explicit[i] is None and text:
+            try:
+                explicit[i] = text if i == 0 else int(text)
+            except ValueError:
+                raise ValueError(f"{name}={text!r} is not an integer.") from None
+    coordinator, num_processes, process_id = explicit
     cluster = detect_cluster() if None in explicit else None
-    if all(v is None for v in explicit) and cluster is None:
+    if cluster is None and all(v is None for v in explicit):
         return False  # a single process: nothing to join
-    if None in explicit and cluster is None:
+    if cluster is None and None in explicit:
         names = ("--coordinator", "--num-processes", "--process-id")
         missing = [n for n, v in zip(names, explicit, strict=True) if v is None]
         raise ValueError(
-            f"A multi-process run needs {', '.join(missing)} as well (or {ENV_COORDINATOR} / "
-            f"{ENV_NUM_PROCESSES} / {ENV_PROCESS_ID}); no cluster environment (SLURM, Open "
-            "MPI, ...) was detected to fill them in."
+            f"A multi-process run needs {', '.join(missing)} as well (or {' / '.join(ENV)}); no "
+            "cluster environment (SLURM, Open MPI, ...) was detected to fill them in."
         )
     if num_processes is not None and num_processes < 1:
         raise ValueError(f"--num-processes must be >= 1, got {num_processes}.")
@@ -141,7 +117,7 @@ def initialize(
         raise ValueError(f"--process-id must be in 0..{num_processes - 1}, got {process_id}.")
     if num_processes == 1 and cluster is None:
         return False  # one process needs no coordinator
-    timeout = initialization_timeout or max(heartbeat_timeout, 20)
+    timeout = max(heartbeat_timeout, 20)
     if coordinator is not None and process_id is not None:
         _reach(coordinator, process_id, timeout)
     if jax.config.jax_cpu_collectives_implementation in (None, "none"):
@@ -157,22 +133,20 @@ def initialize(
     return True
 
 
+def is_key(x) -> bool:
+    """Whether ``x`` is a typed PRNG key array."""
+    return isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
 def _key_data(x):
-    return jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+    return jax.random.key_data(x) if is_key(x) else x
 
 
 def to_host(x) -> np.ndarray:
-    """One array's full value as NumPy, also when it spans several processes.
+    """One array's full value as NumPy (typed keys as their key data), across processes too.
 
-    A replicated array is read from this process's copy; one sharded across
-    processes is gathered, a collective every process must call in the same
-    order. Typed PRNG keys become their raw key data.
-
-    Args:
-      x: a ``jax.Array``, NumPy array or scalar.
-
-    Returns:
-      A NumPy array.
+    An array sharded across processes is gathered: a collective every process
+    must call in the same order.
     """
     if not isinstance(x, jax.Array):
         return np.asarray(x)
@@ -198,47 +172,25 @@ def needs_collective(tree) -> bool:
     )
 
 
-def broadcast_bytes(data: bytes | None) -> bytes:
-    """Process 0's bytes, on every process (every process must call it).
-
-    Args:
-      data: the bytes on process 0; ignored elsewhere.
-
-    Returns:
-      Process 0's bytes.
-    """
-    if jax.process_count() == 1:
-        return bytes(data or b"")
-    source = jax.process_index() == 0
-    length = np.asarray(len(data) if source and data else 0, np.int64)
-    length = int(multihost_utils.broadcast_one_to_all(length))
-    buffer = np.zeros(max(length, 1), np.uint8)
-    if source and length:
-        buffer[:length] = np.frombuffer(data, np.uint8)
-    return np.asarray(multihost_utils.broadcast_one_to_all(buffer)[:length]).tobytes()
-
-
 def share(fn):
     """Runs ``fn()`` on process 0 only; its result, or the exception it raised, on every process.
 
     Exceptions travel pickled, so each process raises the same type with the
     same message. Every process must call it.
-
-    Args:
-      fn: a function without arguments; its result must pickle.
-
-    Returns:
-      ``fn()``'s result.
     """
     if jax.process_count() == 1:
         return fn()
-    outcome = None
+    data = b""
     if jax.process_index() == 0:
         try:
-            outcome = (fn(), None)
+            data = pickle.dumps((fn(), None))
         except Exception as err:
-            outcome = (None, err)
-    result, error = pickle.loads(broadcast_bytes(pickle.dumps(outcome)))
+            data = pickle.dumps((None, err))
+    length = int(multihost_utils.broadcast_one_to_all(np.asarray(len(data), np.int64)))
+    buffer = np.zeros(length, np.uint8)
+    buffer[: len(data)] = np.frombuffer(data, np.uint8)
+    data = np.asarray(multihost_utils.broadcast_one_to_all(buffer)).tobytes()
+    result, error = pickle.loads(data)
     if error is not None:
         raise error
     return result
@@ -262,33 +214,15 @@ def put(x, sharding):
 
     Each process builds its shards from its own copy (``device_put`` would
     compare the copies, and NaN never compares equal); typed keys travel as raw data.
-
-    Args:
-      x: an array (or a typed key array), the same value in every process.
-      sharding: the target sharding.
-
-    Returns:
-      A ``jax.Array`` with that sharding.
     """
     if jax.process_count() == 1 or (isinstance(x, jax.Array) and not x.is_fully_addressable):
         return jax.device_put(x, sharding)
-    impl = None
-    if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
-        impl = jax.random.key_impl(x)
-    host = np.asarray(_key_data(x) if impl is not None else x)
+    host = np.asarray(_key_data(x))
     out = jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
-    return out if impl is None else jax.random.wrap_key_data(out, impl=impl)
+    return jax.random.wrap_key_data(out, impl=jax.random.key_impl(x)) if is_key(x) else out
 
 
 def replicate(tree, mesh):
-    """:func:`put` of every array leaf, replicated (``P()``) over ``mesh``.
-
-    Args:
-      tree: a pytree of arrays, the same value in every process.
-      mesh: the (global) mesh.
-
-    Returns:
-      The tree with every array leaf replicated over ``mesh``.
-    """
+    """:func:`put` of every array leaf of ``tree``, replicated (``P()``) over ``mesh``."""
     replicated = NamedSharding(mesh, PartitionSpec())
     return jax.tree.map(lambda x: put(x, replicated), tree)

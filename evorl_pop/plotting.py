@@ -17,26 +17,17 @@ import numpy as np
 import yaml
 
 from evorl_pop import metrics_file
+from evorl_pop.config import read_mapping
 
 METRICS = {"best": "fitness_best", "mean": "fitness_mean", "worst": "fitness_worst"}
 _STYLES = {"fitness_best": "-", "fitness_mean": "--", "fitness_worst": ":"}
 # Settings that do not make two runs different experiments.
 _NOT_GROUPING = ("seed", "generations", "chunk", "checkpoint_every", "devices")
+_MEMBER_COLUMN = re.compile(r"member(\d+)_(.+)")
 
 
 def load_run(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:
-    """Reads a run folder (or a bare metrics CSV).
-
-    Args:
-      path: a run folder with ``metrics.csv`` (and ``config.yaml``), or a CSV file.
-
-    Returns:
-      ``(config, metrics)``: the config as a plain mapping (empty without a
-      ``config.yaml``) and the metric columns.
-
-    Raises:
-      ValueError: no metrics there.
-    """
+    """``(config mapping or {}, metric columns)`` of a run folder or a metrics CSV."""
     path = Path(path)
     csv_path = path / metrics_file.FILENAME if path.is_dir() else path
     if not csv_path.exists():
@@ -45,22 +36,12 @@ def load_run(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:
     if not metrics or len(metrics.get("generation", ())) == 0:
         raise ValueError(f"{str(csv_path)!r} has no rows yet.")
     config_path = csv_path.parent / "config.yaml"
-    config = {}
-    if config_path.exists():
-        config = yaml.safe_load(config_path.read_text()) or {}
-    return config, metrics
-
-
-def _group_key(config: dict) -> str:
-    data = {k: v for k, v in config.items() if k not in _NOT_GROUPING}
-    return yaml.safe_dump(data, sort_keys=True)
+    return (read_mapping(config_path) if config_path.exists() else {}), metrics
 
 
 def _label(config: dict, differing: Sequence[str]) -> str:
-    algo = config.get("algorithm_config", {}) or {}
-    parts = [str(config.get("algorithm", "run"))]
-    named = ("strategy", "task")
-    parts += [str(algo[n]) for n in named if algo.get(n)]
+    algo, named = config.get("algorithm_config") or {}, ("strategy", "task")
+    parts = [str(config.get("algorithm", "run")), *(str(algo[n]) for n in named if algo.get(n))]
     extra = [f"{k}={algo.get(k, config.get(k))}" for k in differing if k not in named]
     return " ".join(parts) + (f" ({', '.join(extra)})" if extra else "")
 
@@ -83,10 +64,8 @@ def _aggregate(runs, metric: str, x: str, band: str):
     mean = np.nanmean(ys, axis=0)
     if band == "std":
         std = np.nanstd(ys, axis=0)
-        lo, hi = mean - std, mean + std
-    else:
-        lo, hi = np.nanmin(ys, axis=0), np.nanmax(ys, axis=0)
-    return xs, mean, lo, hi
+        return xs, mean, mean - std, mean + std
+    return xs, mean, np.nanmin(ys, axis=0), np.nanmax(ys, axis=0)
 
 
 def plot_runs(
@@ -108,7 +87,7 @@ def plot_runs(
       runs: run folders (or metrics CSV files).
       out: the PNG path.
       x: ``'generation'`` or ``'steps'`` (cumulative environment steps).
-      metrics: any of ``'best'``, ``'mean'``, ``'worst'`` (or a metrics column name).
+      metrics: any of ``'best'``, ``'mean'``, ``'worst'`` or metrics column names.
       band: ``'minmax'`` or ``'std'``: the shaded band of a group of several runs.
       svg: also write an SVG beside the PNG.
       title: the figure title (``None``: from the runs).
@@ -117,9 +96,6 @@ def plot_runs(
 
     Returns:
       The paths written.
-
-    Raises:
-      ValueError: a bad option, or a run without metrics.
     """
     import matplotlib
 
@@ -140,7 +116,8 @@ def plot_runs(
                 raise ValueError(f"{str(r)!r} has no column {c!r}; it has {sorted(m)}.")
     groups: dict[str, list] = {}
     for item in loaded:
-        groups.setdefault(_group_key(item[0]), []).append(item)
+        data = {k: v for k, v in item[0].items() if k not in _NOT_GROUPING}
+        groups.setdefault(yaml.safe_dump(data, sort_keys=True), []).append(item)
     configs = [g[0][0] for g in groups.values()]
     flat = [{**c, **(c.get("algorithm_config") or {})} for c in configs]
     keys = sorted({k for c in flat for k in c if k not in (*_NOT_GROUPING, "algorithm_config")})
@@ -149,8 +126,17 @@ def plot_runs(
     hyperparameters = member_hyperparameters(loaded[0][1])
     panels = 1 + len(hyperparameters)
     fig, axes = plt.subplots(1, panels, figsize=(7 + 4 * (panels - 1), 4.2), dpi=120, squeeze=False)
-    ax = axes[0, 0]
-    _plot_member_hyperparameters(axes[0, 1:], loaded, x)
+    ax, xlabel = axes[0, 0], "generation" if x == "generation" else "environment steps"
+    xs = loaded[0][1]["generation" if x == "generation" else "env_steps"]
+    # Row g's values were used from the end of interval g - 1 to the end of interval g.
+    edges = np.concatenate([[0], xs])
+    for member_ax, (name, values) in zip(axes[0, 1:], hyperparameters.items(), strict=True):
+        member_ax.plot(edges, np.vstack([values, values[-1:]]), linewidth=1, drawstyle="steps-post")
+        if np.all(values > 0) and values.max() / values.min() > 30:
+            member_ax.set_yscale("log")
+        member_ax.set_xlabel(xlabel)
+        member_ax.set_title(f"{name} per member", fontsize=10)
+        member_ax.grid(alpha=0.3)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     all_values = []
     for i, group in enumerate(groups.values()):
@@ -160,9 +146,7 @@ def plot_runs(
         for j, column in enumerate(columns):
             # One experiment: a colour per metric; several: a colour per experiment.
             color = colors[(j if len(groups) == 1 else i) % len(colors)]
-            xs, mean, lo, hi = _aggregate(
-                group, column, "generation" if x == "generation" else "steps", band
-            )
+            xs, mean, lo, hi = _aggregate(group, column, x, band)
             name = next((k for k, v in METRICS.items() if v == column), column)
             ax.plot(xs, mean, _STYLES.get(column, "-."), color=color, label=f"{label}: {name}")
             if len(group) > 1:
@@ -173,62 +157,29 @@ def plot_runs(
         log_y = bool(values.size) and values.min() > 0 and values.max() / values.min() > 1e3
     if log_y:
         ax.set_yscale("log")
-    ax.set_xlabel("generation" if x == "generation" else "environment steps")
-    ax.set_ylabel("fitness")
+    ax.set(xlabel=xlabel, ylabel="fitness")
     if title is None:
-        title = "Fitness" + (
-            " (mean over runs, band: " + ("min-max" if band == "minmax" else "±1 std") + ")"
-            if any(len(g) > 1 for g in groups.values())
-            else ""
-        )
+        title = "Fitness"
+        if any(len(g) > 1 for g in groups.values()):
+            title += f" (mean over runs, band: {'min-max' if band == 'minmax' else '±1 std'})"
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    written = [out]
-    fig.savefig(out)
-    if svg:
-        written.append(out.with_suffix(".svg"))
-        fig.savefig(written[-1])
+    written = [out, out.with_suffix(".svg")] if svg else [out]
+    for path in written:
+        fig.savefig(path)
     plt.close(fig)
     return written
 
 
-# --- population-based training: members' hyperparameters ------------------------------
-
-_MEMBER_COLUMN = re.compile(r"member(\d+)_(.+)")
-
-
 def member_hyperparameters(metrics: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The per-member hyperparameter columns of a run (``member{i}_{name}``).
-
-    Args:
-      metrics: a run's metrics columns (:func:`load_run`).
-
-    Returns:
-      ``{name: array of shape (rows, members)}``, member ``i`` in column ``i``;
-      empty for a run without them.
-    """
+    """A run's per-member columns ``member{i}_{name}`` as ``{name: array (rows, members)}``."""
     found: dict[str, dict[int, np.ndarray]] = {}
     for column, values in metrics.items():
         match = _MEMBER_COLUMN.fullmatch(column)
         if match and match[2] != "return":
             found.setdefault(match[2], {})[int(match[1])] = values
     return {n: np.stack([m[i] for i in sorted(m)], 1) for n, m in found.items()}
-
-
-def _plot_member_hyperparameters(axes, loaded, x: str) -> None:
-    """Draws each member's hyperparameter trajectory of the first run, one axes a name."""
-    _, metrics = loaded[0]
-    xs = metrics["generation" if x == "generation" else "env_steps"]
-    # Row g's values were used from the end of interval g - 1 to the end of interval g.
-    edges = np.concatenate([[0], xs])
-    for ax, (name, values) in zip(axes, member_hyperparameters(metrics).items(), strict=True):
-        ax.plot(edges, np.vstack([values, values[-1:]]), linewidth=1, drawstyle="steps-post")
-        if np.all(values > 0) and values.max() / values.min() > 30:
-            ax.set_yscale("log")
-        ax.set_xlabel("generation" if x == "generation" else "environment steps")
-        ax.set_title(f"{name} per member", fontsize=10)
-        ax.grid(alpha=0.3)

@@ -9,11 +9,10 @@ A run folder holds::
     fitness.png          fitness curves, redrawn at the end of each session
     .lock                locked (flock) by the process writing the run; holds its pid
 
-Only one process writes a run folder at a time: a second ``train`` or
-``resume`` into it fails at once, naming the holder's pid. The kernel drops
-the lock of a process that dies, so a killed run never blocks its resume.
-Under ``jax.distributed`` only process 0 touches the folder; the others get
-what it read, or the error it met, through :func:`evorl_pop.multihost.share`.
+One process writes a run folder at a time; the kernel drops the lock of a
+process that dies, so a killed run never blocks its resume. Under
+``jax.distributed`` only process 0 touches the folder; the others get what it
+read, or the error it met, through :func:`evorl_pop.multihost.share`.
 """
 
 from __future__ import annotations
@@ -73,13 +72,6 @@ def default_run_dir(config: RunConfig, root: str | os.PathLike = "runs") -> Path
 
     The writing process creates it with ``mkdir``, which fails when another
     run created it first, so runs started at once never share a folder.
-
-    Args:
-      config: the run config.
-      root: the folder that collects runs.
-
-    Returns:
-      The folder (created on the writing process only).
     """
     task = str(getattr(config.algorithm_config, "task", None) or "run").replace("/", "-")
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -104,16 +96,9 @@ def hold(run_dir: Path, new: bool, config: RunConfig | None = None, overwrite: b
       run_dir: the run folder.
       new: start a new run there (create the folder; refuse one holding files
         of a run unless ``overwrite``, then write ``config``); else continue
-        the run that is there (it must hold a checkpoint).
+        the run that is there (it must hold a checkpoint, else CheckpointError).
       config: a new run's config.
       overwrite: replace the files of an earlier run.
-
-    Yields:
-      Nothing; on exit the lock is released.
-
-    Raises:
-      RunError: the folder is in use, missing, cannot be written, or holds a run.
-      CheckpointError: continuing a folder without a checkpoint.
     """
     handle = None
 
@@ -136,8 +121,21 @@ def hold(run_dir: Path, new: bool, config: RunConfig | None = None, overwrite: b
                 f"{str(run_dir)!r} is in use by another evorl-pop process (pid {pid}); wait "
                 "for it to end (or stop it) before writing to this run folder, or choose another."
             ) from None
-        if new:
-            _clear(run_dir, overwrite)  # a refusal leaves even the lock file as it was
+        # A refusal leaves even the lock file as it was.
+        present = [n for n in (*RECORDS, LOG_FILENAME, FIGURE_FILENAME) if (run_dir / n).exists()]
+        if new and present and not overwrite and any(n in RECORDS for n in present):
+            raise RunError(
+                f"{str(run_dir)!r} holds a run already ({', '.join(present)}). Continue it with "
+                f"`evorl-pop resume {run_dir}`, or pass --overwrite to start afresh there."
+            )
+        if new and present and not overwrite:
+            raise RunError(
+                f"{str(run_dir)!r} holds files a run writes ({', '.join(present)}); pass "
+                "--overwrite to replace them, or choose another folder."
+            )
+        for name in present if new else ():
+            path = run_dir / name
+            path.unlink() if path.is_file() else shutil.rmtree(path)
         handle.seek(0)
         handle.truncate()
         handle.write(f"{os.getpid()}\n")
@@ -154,23 +152,6 @@ def hold(run_dir: Path, new: bool, config: RunConfig | None = None, overwrite: b
             handle.close()  # releases the lock
 
 
-def _clear(run_dir: Path, overwrite: bool) -> None:
-    present = [n for n in (*RECORDS, LOG_FILENAME, FIGURE_FILENAME) if (run_dir / n).exists()]
-    if present and not overwrite:
-        if any(n in RECORDS for n in present):
-            raise RunError(
-                f"{str(run_dir)!r} holds a run already ({', '.join(present)}). Continue it with "
-                f"`evorl-pop resume {run_dir}`, or pass --overwrite to start afresh there."
-            )
-        raise RunError(
-            f"{str(run_dir)!r} holds files a run writes ({', '.join(present)}); pass "
-            "--overwrite to replace them, or choose another folder."
-        )
-    for name in present:
-        path = run_dir / name
-        path.unlink() if path.is_file() else shutil.rmtree(path)
-
-
 @contextlib.contextmanager
 def writing(run_dir: Path):
     """Turns a failed write into the run folder into a one-line :class:`RunError`."""
@@ -185,24 +166,18 @@ def writing(run_dir: Path):
 
 
 def read(run_dir: Path) -> tuple[ckpt_lib.Checkpoint, dict]:
-    """The checkpoint of a run folder and the config to continue it with, as process 0 reads them.
+    """``(checkpoint, config.yaml's mapping)`` of a run folder, as process 0 reads them.
 
-    ``config.yaml`` is read here and nowhere else.
-
-    Args:
-      run_dir: the run folder.
-
-    Returns:
-      ``(checkpoint, mapping)``: ``config.yaml``'s mapping (the checkpoint's
-      config when there is none), for :func:`evorl_pop.config.resolve_config`.
+    The mapping is the checkpoint's config when there is no ``config.yaml``.
 
     Raises:
       CheckpointError: no readable checkpoint, or a damaged one.
       ConfigError: an unreadable ``config.yaml``.
     """
 
+    path = run_dir / CONFIG_FILENAME
+
     def load():
-        path = run_dir / CONFIG_FILENAME
         try:
             text = path.read_text() if path.exists() else None
         except OSError as err:
@@ -211,18 +186,12 @@ def read(run_dir: Path) -> tuple[ckpt_lib.Checkpoint, dict]:
 
     data, text = multihost.share(load)
     ckpt = ckpt_lib.parse(data, run_dir / ckpt_lib.FILENAME)
-    if text is None:
-        return ckpt, ckpt.config
-    return ckpt, config_lib.read_mapping(run_dir / CONFIG_FILENAME, text)
+    return ckpt, ckpt.config if text is None else config_lib.read_mapping(path, text)
 
 
 @contextlib.contextmanager
 def logging_to(run_dir: Path):
-    """Appends the ``evorl_pop.run`` log to ``RUN/train.log`` (on the writing process).
-
-    Yields:
-      Nothing; on exit the file is closed.
-    """
+    """Appends the ``evorl_pop.run`` log to ``RUN/train.log`` (on the writing process)."""
     handler = None
     if is_writer():
         handler = logging.FileHandler(run_dir / LOG_FILENAME)

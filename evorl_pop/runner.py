@@ -32,28 +32,18 @@ logger = logging.getLogger("evorl_pop.run")
 
 @dataclasses.dataclass
 class RunResult:
-    """What a training session ended with.
-
-    Attributes:
-      run_dir: the run folder.
-      state: the final algorithm state.
-      history: this session's metrics, name to array over its generations.
-      generation: generations completed in total.
-      env_steps: cumulative environment steps.
-      wall_time: cumulative training seconds.
-    """
+    """What a training session ended with."""
 
     run_dir: Path
-    state: Any
-    history: dict
-    generation: int
+    state: Any  # the final algorithm state
+    history: dict  # this session's metrics, name to array over its generations
+    generation: int  # in total, as the two cumulative counters below
     env_steps: int
     wall_time: float
 
 
 def _build(config: RunConfig):
-    """``(algorithm, mesh, init_key, run_key)`` of a run config, refused before any compile
-    when its population cannot fit in the devices' memory."""
+    """``(algorithm, mesh, init_key, run_key)``; RunError before any compile if it cannot fit."""
     devices = backend.mesh_devices(config)
     if jax.process_count() > 1 and devices not in (None, jax.device_count()):
         # A mesh over part of the devices would leave processes out of what they all run.
@@ -66,7 +56,7 @@ def _build(config: RunConfig):
     mesh = make_mesh(devices)
     algorithm = registry.get(config.algorithm).algorithm_class(config.algorithm_config, mesh=mesh)
     init_key, run_key = jax.random.split(jax.random.key(config.seed))
-    leaves = [x for x in jax.tree.leaves(jax.eval_shape(algorithm.init, init_key))]
+    leaves = jax.tree.leaves(jax.eval_shape(algorithm.init, init_key))
     dims = max((x.shape[-1] for x in leaves if x.ndim and jnp.issubdtype(x.dtype, jnp.floating)),
                default=1)  # fmt: skip
     population = getattr(config.algorithm_config, "population_size", 0) or 0
@@ -87,11 +77,10 @@ def _build(config: RunConfig):
 
 
 def _init_state(algorithm, init_key, mesh):
-    """The initial state with every array not yet on a ``NamedSharding`` replicated on ``mesh``.
+    """The initial state, every array not yet on a ``NamedSharding`` replicated on ``mesh``.
 
-    A compiled chunk returns its state committed to the mesh; a fresh or
-    restored state that is not would compile the chunk a second time, and a
-    resumed run would run another program than an uninterrupted one.
+    A compiled chunk returns its state committed to the mesh; a state that is
+    not would compile it a second time, and a resume would run another program.
     """
     if jax.process_count() > 1:
         # Traced, a placement is a sharding constraint and every process computes the
@@ -109,49 +98,31 @@ def _init_state(algorithm, init_key, mesh):
     return jax.tree.map(place, state)
 
 
-def _describe(config: RunConfig) -> str:
-    names = [getattr(config.algorithm_config, n, None) for n in ("strategy", "task")]
-    return " ".join([config.algorithm, *(str(n) for n in names if n)])
-
-
-def _log_start(config: RunConfig, mesh, what: str) -> None:
-    logger.info(
-        "%s: %s  (evorl_pop %s, jax %s, %s backend, %s device(s) on the population axis, "
-        "%d process(es))",
-        what,
-        _describe(config),
-        evorl_pop.__version__,
-        jax.__version__,
-        jax.default_backend(),
-        mesh.size,
-        jax.process_count(),
-    )
-    for line in config_lib.dumps(config).splitlines():
-        logger.info("  %s", line)
-
-
 def _run(session: training.Session, algorithm, mesh, what: str, progress, figure, stop):
     """Runs a session with the run's log open; Ctrl-C ends in an ``Interrupted`` that says
     what the folder holds."""
     config, run_dir = session.config, session.run_dir
+    names = [getattr(config.algorithm_config, n, None) for n in ("strategy", "task")]
+    desc = " ".join([config.algorithm, *(str(n) for n in names if n)])
     try:
         with rundir.writing(run_dir), rundir.logging_to(run_dir):
-            _log_start(config, mesh, what)
+            logger.info(
+                "%s: %s  (evorl_pop %s, jax %s, %s backend, %s device(s) on the population "
+                "axis, %d process(es))",
+                what, desc, evorl_pop.__version__, jax.__version__, jax.default_backend(),
+                mesh.size, jax.process_count(),
+            )  # fmt: skip
+            for line in config_lib.dumps(config).splitlines():
+                logger.info("  %s", line)
             if session.note:
                 logger.info("%s", session.note)
             try:
                 state, history = training.train_loop(
-                    algorithm,
-                    session.state,
-                    session.run_key,
-                    config.generations - session.generation,
-                    chunk=config.chunk,
-                    callback=session.callback,
-                    progress=progress and session.writer,
-                    desc=_describe(config),
-                    generation_offset=session.generation,
-                    stop=stop,
-                )
+                    algorithm, session.state, session.run_key,
+                    config.generations - session.generation, chunk=config.chunk,
+                    callback=session.callback, progress=progress and session.writer, desc=desc,
+                    generation_offset=session.generation, stop=stop,
+                )  # fmt: skip
                 session.checkpoint()
             except KeyboardInterrupt:
                 session.checkpoint(collective=False)
@@ -172,14 +143,7 @@ def _run(session: training.Session, algorithm, mesh, what: str, progress, figure
 
 
 def draw_figure(run_dir: Path) -> Path | None:
-    """Redraws ``RUN/fitness.png`` from the run's metrics.
-
-    Args:
-      run_dir: the run folder.
-
-    Returns:
-      The figure's path, or ``None`` when there are no metrics yet.
-    """
+    """Redraws ``RUN/fitness.png``; returns its path, or ``None`` when there are no metrics yet."""
     from evorl_pop import plotting  # matplotlib: only when a figure is drawn
 
     if not (Path(run_dir) / metrics_file.FILENAME).exists():
@@ -198,7 +162,7 @@ def train(
     overwrite: bool = False,
     figure: bool = True,
 ) -> RunResult:
-    """Starts a run in a new run folder.
+    """Starts a run of ``config`` in a new run folder.
 
     Args:
       config: the validated run config.
@@ -206,13 +170,6 @@ def train(
       progress: show a progress bar.
       overwrite: replace the records of an earlier run in ``run_dir``.
       figure: draw ``fitness.png`` at the end.
-
-    Returns:
-      A :class:`RunResult`.
-
-    Raises:
-      RunError: ``run_dir`` holds a run already (and not ``overwrite``), is in
-        use, or cannot be written; or the run cannot fit the devices.
     """
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
     # Process 0's name (a timestamp) is everyone's.
@@ -225,8 +182,8 @@ def train(
         raise
     with training.deferred_interrupts() as stop, rundir.hold(run_dir, True, config, overwrite):
         multihost.barrier("evorl_pop.train.folder")  # no process starts before the folder is ready
-        session = training.Session(run_dir, config, run_key)
-        session.state = _init_state(algorithm, init_key, mesh)
+        state = _init_state(algorithm, init_key, mesh)
+        session = training.Session(run_dir, config, run_key, state)
         return _run(session, algorithm, mesh, f"new run in {run_dir}", progress, figure, stop)
 
 
@@ -246,27 +203,20 @@ def resume(
     """Continues a run from its latest checkpoint.
 
     The run's ``config.yaml`` (and ``config_file`` and ``overrides`` on top)
-    must match the checkpoint's config, except for the settings that do not
-    change results (generations, chunk, checkpoint interval, devices);
-    ``force`` accepts a changed config. ``metrics.csv`` is first made to hold
-    exactly the checkpoint's rows: none past it, none lost.
+    must match the checkpoint's config but for ``RESUMABLE_FIELDS``, unless
+    ``force``. ``metrics.csv`` is first made to hold exactly the checkpoint's rows.
 
     Args:
       run_dir: the run folder.
-      generations: the new total number of generations (or ``more`` beyond the checkpoint).
+      generations: the new total number of generations.
       more: run this many generations beyond the checkpoint instead.
       overrides: ``key=value`` strings, as for ``train``.
       config_file: a YAML / TOML file overriding ``config.yaml``.
       force: continue even if the config differs from the checkpoint's.
-      devices: devices on the population axis (another count agrees with an
-        uninterrupted run to float tolerance, not bit for bit).
-      chunk: generations per compiled chunk.
-      checkpoint_every: the checkpoint interval.
+      devices, chunk, checkpoint_every: new run settings (another device count
+        agrees with an uninterrupted run to float tolerance, not bit for bit).
       progress: show a progress bar.
       figure: redraw ``fitness.png`` at the end.
-
-    Returns:
-      A :class:`RunResult`.
 
     Raises:
       CheckpointError: no checkpoint, a damaged one, or another precision (nothing is changed).
@@ -280,15 +230,12 @@ def resume(
         saved = config_lib.from_dict(ckpt.config)
         if jax.process_count() > 1 and devices is None:
             devices = jax.device_count()  # a run over several processes uses all their devices
-        settings = dict(
-            generations=ckpt.generation + more if more is not None else generations,
-            devices=devices,
-            chunk=chunk,
-            checkpoint_every=checkpoint_every,
-        )
+        total = ckpt.generation + more if more is not None else generations
+        values = (total, chunk, checkpoint_every, devices)
+        settings = zip(config_lib.RESUMABLE_FIELDS, values, strict=True)
         config = config_lib.resolve_config(
             [source, *([config_file] if config_file is not None else [])],
-            [*overrides, *(f"{k}={v}" for k, v in settings.items() if v is not None)],
+            [*overrides, *(f"{k}={v}" for k, v in settings if v is not None)],
         )
         changed = config_lib.differences(saved, config)
         if changed and not force:
@@ -304,10 +251,9 @@ def resume(
             )
         algorithm, mesh, init_key, _ = _build(config)
         state = ckpt_lib.restore_state(_init_state(algorithm, init_key, mesh), ckpt)
-        if int(multihost.to_host(state.generation)) != ckpt.generation:
+        if (at := int(multihost.to_host(state.generation))) != ckpt.generation:
             raise ckpt_lib.CheckpointError(
-                f"The checkpoint says generation {ckpt.generation} but its state is at "
-                f"{int(multihost.to_host(state.generation))}."
+                f"The checkpoint says generation {ckpt.generation} but its state is at {at}."
             )
 
         def repair():
@@ -324,22 +270,12 @@ def resume(
         with rundir.writing(run_dir):
             columns, rows = multihost.share(repair)
         ckpt = dataclasses.replace(ckpt, metrics_columns=columns, metrics_rows=rows)
-        session = training.Session(run_dir, config, ckpt_lib.restore_key(ckpt), ckpt)
-        session.state = state
+        session = training.Session(run_dir, config, ckpt_lib.restore_key(ckpt), state, ckpt)
         if changed:
             session.note = f"config changed (--force): {'; '.join(changed)}"
         what = f"resume from generation {ckpt.generation}"
         return _run(session, algorithm, mesh, what, progress, figure, stop)
 
 
-__all__ = [
-    "ConfigError",
-    "RunConfig",
-    "RunError",
-    "RunResult",
-    "default_run_dir",
-    "draw_figure",
-    "is_writer",
-    "resume",
-    "train",
-]
+__all__ = ["ConfigError", "RunConfig", "RunError", "RunResult", "default_run_dir",
+           "draw_figure", "is_writer", "resume", "train"]  # fmt: skip

@@ -1,12 +1,10 @@
 """The training loop: compiled chunks of generations, and what a run records between them.
 
-:func:`train_loop` runs generations in jitted ``lax.scan`` chunks; generation
-``g`` uses ``fold_in(key, g)``, so splitting a run into chunks, or stopping
-and resuming it, gives the result of running it in one piece.
-:class:`Session` is what a run folder gets between chunks: metrics rows,
-warnings, and checkpoints by the run's checkpoint policy. Ctrl-C is deferred
-to the end of the current chunk (:func:`deferred_interrupts`): a compilation
-is never torn down halfway, and every process stops after the same chunk.
+:func:`train_loop` runs jitted ``lax.scan`` chunks; generation ``g`` uses
+``fold_in(key, g)``, so a run split into chunks, or stopped and resumed, gives
+the result of one piece. :class:`Session` records metrics, warnings and
+checkpoints between chunks. Ctrl-C is deferred to the end of a chunk
+(:func:`deferred_interrupts`), so that every process stops after the same one.
 """
 
 from __future__ import annotations
@@ -58,21 +56,20 @@ def train_loop(
 
     Args:
       algorithm: an object with ``step(state, key) -> (state, metrics)``.
-      state: its state, with an integer ``generation`` field (counted from
-        the run's start: generation ``g`` uses ``fold_in(key, g)``).
+      state: its state, whose integer ``generation`` (counted from the run's
+        start) picks the key ``fold_in(key, generation)``.
       key: the run's key.
       num_generations: generations to run from ``state``.
-      chunk: generations per compiled chunk; logging happens between chunks.
-      callback: called as ``callback(state, metrics)`` after each chunk with
-        that chunk's metrics as NumPy arrays (leading axis: generations).
+      chunk: generations per compiled chunk.
+      callback: ``callback(state, metrics)`` after each chunk, the chunk's
+        metrics as NumPy arrays over its generations.
       progress: show a progress bar with best / mean fitness and steps/s.
       desc: the progress bar's label.
-      generation_offset: generations completed before this call (the progress bar counts from it).
+      generation_offset: generations done before this call (the bar counts from it).
       stop: asked before each chunk; ``True`` raises ``KeyboardInterrupt`` there.
 
     Returns:
-      ``(state, history)``: history maps each metric name to a NumPy array
-      over all generations run.
+      ``(state, history)``: each metric's NumPy array over all generations run.
     """
     if num_generations < 0 or chunk < 1:
         raise ValueError(f"need generations >= 0 and chunk >= 1, got {num_generations}, {chunk}")
@@ -84,13 +81,8 @@ def train_loop(
         return jax.tree.map(_like, new_state, state), metrics
 
     history: dict[str, list[np.ndarray]] = {}
-    bar = tqdm(
-        total=generation_offset + num_generations,
-        initial=generation_offset,
-        desc=desc,
-        disable=not progress,
-        unit="gen",
-    )
+    total = generation_offset + num_generations
+    bar = tqdm(total=total, initial=generation_offset, desc=desc, disable=not progress, unit="gen")
     done, compiled = 0, {}
     while done < num_generations:
         if stop is not None and stop():
@@ -122,10 +114,6 @@ def train_loop(
 def deferred_interrupts():
     """Defers Ctrl-C to the end of the current chunk; a second Ctrl-C stops at once.
 
-    Interrupting XLA while it traces or compiles can crash the process at
-    exit; a deferred one stops cleanly, after a checkpoint, at the same chunk
-    on every process.
-
     Yields:
       A function, for :func:`train_loop`'s ``stop``, that says whether some
       process was interrupted (a collective under ``jax.distributed``).
@@ -154,16 +142,9 @@ class Session:
     passed since the last one (at a chunk boundary), and one at the end.
     """
 
-    def __init__(self, run_dir: Path, config: RunConfig, run_key, ckpt=None):
-        """Starts a session of a new run, or of a resumed one from its checkpoint.
-
-        Args:
-          run_dir: the run folder.
-          config: the run config.
-          run_key: the key every generation folds its index into.
-          ckpt: the :class:`~evorl_pop.checkpoint.Checkpoint` resumed from (``None``: a new run).
-        """
-        self.run_dir, self.config, self.run_key = run_dir, config, run_key
+    def __init__(self, run_dir: Path, config: RunConfig, run_key, state, ckpt=None):
+        """A session of a new run from ``state``, or of one resumed from the checkpoint ``ckpt``."""
+        self.run_dir, self.config, self.run_key, self.state = run_dir, config, run_key, state
         self.writer = jax.process_index() == 0
         self.generation = ckpt.generation if ckpt else 0
         self.env_steps = ckpt.env_steps if ckpt else 0
@@ -175,7 +156,6 @@ class Session:
         self.last_checkpoint_generation = self.generation
         self.start = time.perf_counter()
         self.metrics = None
-        self.state = None
         self.note = ""  # a line for the log after the run's header
 
     def callback(self, state, metrics) -> None:
@@ -199,44 +179,32 @@ class Session:
         self.columns = self.columns or metrics_file.columns_for(metrics)
         self.rows.append(metrics_file.format_rows(rows, self.columns))
         if self.writer:
-            self._write(rows)
+            if self.metrics is None:
+                path = self.run_dir / metrics_file.FILENAME
+                self.metrics = metrics_file.MetricsWriter(path, self.columns)
+            self.metrics.append(rows)
+            failed = [r["generation"] for r in rows if np.isnan(r.get("fitness_mean", 0.0))]
+            if failed:
+                text = (
+                    f"generation{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))}: "
+                    "no finite fitness (every candidate scored NaN or inf); the run goes on"
+                )
+                logger.warning("warning: %s", text)
+                print(f"warning: {text}", file=sys.stderr)
+            best, mean = (float(rows[-1].get(f"fitness_{k}", np.nan)) for k in ("best", "mean"))
+            logger.info("generation %d/%d  best %.6g  mean %.6g  env steps %d  %.1fs",
+                        generation, self.config.generations, best, mean, self.env_steps,
+                        self.wall_time)  # fmt: skip
         every = self.config.checkpoint_every
         if every and generation - self.last_checkpoint_generation >= every:
             self.checkpoint()
 
-    def _write(self, rows) -> None:
-        if self.metrics is None:
-            path = self.run_dir / metrics_file.FILENAME
-            self.metrics = metrics_file.MetricsWriter(path, self.columns)
-        self.metrics.append(rows)
-        failed = [r["generation"] for r in rows if np.isnan(r.get("fitness_mean", 0.0))]
-        if failed:
-            text = (
-                f"generation{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))}: no "
-                "finite fitness (every candidate scored NaN or inf); the run goes on"
-            )
-            logger.warning("warning: %s", text)
-            print(f"warning: {text}", file=sys.stderr)
-        last = rows[-1]
-        logger.info(
-            "generation %d/%d  best %.6g  mean %.6g  env steps %d  %.1fs",
-            last["generation"],
-            self.config.generations,
-            float(last.get("fitness_best", np.nan)),
-            float(last.get("fitness_mean", np.nan)),
-            self.env_steps,
-            self.wall_time,
-        )
-
     def checkpoint(self, collective: bool = True) -> None:
-        """Saves the latest state reached, unless it is saved already.
-
-        Every process calls it: a state leaf sharded across processes is
-        gathered (a collective) before process 0 writes.
+        """Saves the latest state reached, unless saved already; every process calls it.
 
         Args:
-          collective: ``False`` skips the save when it would need a collective
-            (after an immediate interruption the other processes may not take part).
+          collective: ``False`` skips a save that needs a collective (after an
+            immediate interruption the other processes may not take part).
         """
         if self.state is None or self.saved_generation == self.generation:
             return
@@ -246,17 +214,10 @@ class Session:
         state = multihost.tree_to_host(self.state)
         if self.writer:
             ckpt = ckpt_lib.Checkpoint(
-                state=state,
-                key=multihost.to_host(self.run_key),
-                key_impl=str(jax.random.key_impl(self.run_key)),
-                config=config_lib.to_dict(self.config),
-                generation=self.generation,
-                env_steps=self.env_steps,
-                wall_time=self.wall_time,
-                metrics_columns=self.columns or (),
-                metrics_rows="".join(self.rows),
-                precision=ckpt_lib.precision(self.state),
-            )
+                state, multihost.to_host(self.run_key), str(jax.random.key_impl(self.run_key)),
+                config_lib.to_dict(self.config), self.generation, self.env_steps, self.wall_time,
+                self.columns or (), "".join(self.rows), ckpt_lib.precision(self.state),
+            )  # fmt: skip
             ckpt_lib.save(self.run_dir / ckpt_lib.FILENAME, ckpt)
             logger.info("checkpoint at generation %d", self.generation)
         self.saved_generation = self.last_checkpoint_generation = self.generation
