@@ -181,7 +181,24 @@ def objective_errors():
         lines = [line for line in str(err).splitlines() if marker in line]
         if not lines:
             raise
+        _drop_failed_callbacks()
         raise ObjectiveError(lines[-1].split(marker, 1)[1]) from None
+
+
+def _drop_failed_callbacks() -> None:
+    """Drops the error a failed callback leaves on JAX's pending runtime tokens.
+
+    The callback of every other device of the failed computation fails too,
+    and JAX keeps those errors on its runtime tokens, where they would surface
+    in the next, unrelated computation that waits for them. JAX has no public
+    call for this (``jax.effects_barrier`` raises the error but keeps it).
+    """
+    from jax._src import dispatch
+
+    try:
+        dispatch.runtime_tokens.block_until_ready()
+    except jax.errors.JaxRuntimeError:
+        dispatch.runtime_tokens.clear()
 
 
 class PythonTask:
