@@ -1,6 +1,6 @@
 """CEM-RL on brax inverted_double_pendulum: 10 actors per generation, 5 trained by TD3.
 
-    python examples/cemrl_brax.py [--generations 40] [--task brax/inverted_double_pendulum]
+    python examples/cemrl_brax.py [--generations 300] [--task brax/inverted_double_pendulum]
 
 Episodes last up to 200 steps (spring physics) and end when the pole falls.
 Writes runs/examples/cemrl-brax and figures/cemrl_brax.png (population best /
@@ -14,7 +14,7 @@ def _arguments(parser):
     parser.add_argument("--task", default="brax/inverted_double_pendulum", help="a brax task")
 
 
-args = parse(__doc__.splitlines()[0], _arguments, generations=40)
+args = parse(__doc__.splitlines()[0], _arguments, generations=300)
 
 from evorl_pop.algorithms.cemrl import Config  # noqa: E402
 from evorl_pop.config import RunConfig  # noqa: E402

@@ -1,20 +1,20 @@
-"""OpenES on Breakout-MinAtar with the CNN policy (3x3 conv, 16 channels, dense 32).
+"""OpenES on Breakout-MinAtar with the CNN policy (3x3 conv, 16 channels, dense 64).
 
-    python examples/openes_minatar.py [--generations 500] [--pop 64]
+    python examples/openes_minatar.py [--generations 1000] [--pop 128]
 
 Writes runs/examples/openes-breakout and figures/openes_breakout.png. The
-10x10x4 observation goes through the default CNN (``policy='auto'``). A random
-policy scores about 1; episodes are capped at 500 steps.
+10x10x4 observation goes through the CNN (``policy='cnn'``, which ``'auto'``
+picks too). A random policy scores about 1; episodes are capped at 500 steps.
 """
 
 from _common import parse, train_and_plot
 
 
 def _arguments(parser):
-    parser.add_argument("--pop", type=int, default=64, help="population size")
+    parser.add_argument("--pop", type=int, default=128, help="population size")
 
 
-args = parse(__doc__.splitlines()[0], _arguments, generations=500)
+args = parse(__doc__.splitlines()[0], _arguments, generations=1000)
 
 from evorl_pop.algorithms.es import ESConfig  # noqa: E402
 from evorl_pop.config import RunConfig  # noqa: E402
@@ -25,9 +25,9 @@ config = RunConfig(
         strategy="Open_ES",
         task="Breakout-MinAtar",
         population_size=args.pop,
-        learning_rate=0.03,
-        sigma_init=0.05,
-        hidden_sizes=(32,),
+        learning_rate=0.05,
+        sigma_init=0.1,
+        hidden_sizes=(64,),
         policy="cnn",
         episode_length=500,
         eval_episodes=8,
