@@ -6,6 +6,7 @@ reference) and under ``lax.scan`` on 2 and 4 devices; the results must agree
 to float tolerance. The second generation is the first with TD3 updates.
 """
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,11 +40,6 @@ ERL_CONFIG = erl.Config(
     td3=TINY_TD3,
 )
 KEYS = jax.random.split(jax.random.key(42), 2)
-
-
-def _close(a, b, rtol=1e-4, atol=1e-5):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
 
 
 def _flat(tree):
@@ -87,9 +83,9 @@ def erl_reference():
 def _check_invariance(reference, make, n):
     _, states, metrics, _ = reference
     state, scanned = _scanned(make(n))
-    _close(state, states[-1])
+    chex.assert_trees_all_close(state, states[-1], rtol=1e-4, atol=1e-5)
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *metrics)
-    _close(scanned, stacked)
+    chex.assert_trees_all_close(scanned, stacked, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("n", [2, 4])

@@ -6,6 +6,7 @@ keep every test cheap; the reference is the run on one device.
 
 import dataclasses
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -32,11 +33,6 @@ CONFIG = pbt.Config(
     td3=TINY_TD3,
 )
 KEYS = jax.random.split(jax.random.key(7), 2)
-
-
-def _close(a, b, rtol=1e-4, atol=1e-5):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
 
 
 def _row(tree, i):
@@ -67,8 +63,10 @@ def test_same_members_on_any_device_count(reference, n):
     algo = pbt.PBT(CONFIG, make_mesh(n))
     run = jax.jit(lambda s, keys: jax.lax.scan(algo.step, s, keys))
     state, scanned = run(algo.init(jax.random.key(0)), KEYS)
-    _close(state, states[-1])
-    _close(scanned, jax.tree.map(lambda *xs: jnp.stack(xs), *metrics))
+    chex.assert_trees_all_close(state, states[-1], rtol=1e-4, atol=1e-5)
+    chex.assert_trees_all_close(
+        scanned, jax.tree.map(lambda *xs: jnp.stack(xs), *metrics), rtol=1e-4, atol=1e-5
+    )
     assert [int(m["env_steps"]) for m in metrics] == [120, 120]  # 6 members x 20 steps
     assert [int(m["replaced"]) for m in metrics] == [2, 2]
     # the members learned (TD3 ran) and their hyperparameters moved
