@@ -183,6 +183,27 @@ class ESConfig:
     eval_mode: str = "vmap"
     low_communication: bool = False
 
+    def validate(self) -> None:
+        """Raises :class:`~evorl_pop.config.ConfigError` naming a value that cannot run."""
+        from evorl_pop.config import ConfigError, check_choice
+        from evorl_pop.tasks import task_names
+
+        check_choice("strategy", self.strategy, STRATEGIES)
+        check_choice("task", self.task, task_names())
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("activation", self.activation, ("tanh", "relu", "elu"))
+        check_choice("eval_mode", self.eval_mode, ("vmap", "map"))
+        for name, least in (("population_size", 2), ("num_dims", 1), ("episodes", 1),
+                            ("eval_episodes", 0)):  # fmt: skip
+            if getattr(self, name) < least:
+                raise ConfigError(f"{name} must be at least {least}, got {getattr(self, name)}.")
+        if any(h < 1 for h in self.hidden_sizes):
+            raise ConfigError(f"hidden_sizes must be at least 1, got {list(self.hidden_sizes)}.")
+        for name in ("sigma_init", "learning_rate"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{name} must be > 0 (or null for the default), got {value}.")
+
     def make_task(self):
         from evorl_pop.tasks import BLACKBOX_FUNCTIONS
 

@@ -39,26 +39,6 @@ COMMANDS = {
 }  # fmt: skip
 
 
-def _int(least: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < least:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {least}, got {value}")
-        return value
-
-    return parse
-
-
-def _devices(text: str) -> int | str:
-    try:
-        return text if text == "auto" else int(text)  # the config checks the range
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected auto or an integer, got {text!r}") from None
-
-
 def _add(p, options, exclusive: bool = False) -> None:
     """Adds ``(flags, help, argparse keywords)`` rows to a parser (mutually exclusive ones)."""
     p = p.add_mutually_exclusive_group() if exclusive else p
@@ -69,7 +49,8 @@ def _add(p, options, exclusive: bool = False) -> None:
 # fmt: off
 N, DIR, FILE = {"metavar": "N"}, {"metavar": "DIR"}, {"metavar": "FILE"}
 FLAG = {"action": "store_true"}
-N0, N1, K1 = {"type": _int(0), **N}, {"type": _int(1), **N}, {"type": _int(1), "metavar": "K"}
+N0 = N1 = {"type": int, **N}  # ranges are checked with the config, in one line
+K1 = {"type": int, "metavar": "K"}
 TRAIN = [
     ("--algorithm -a", "see 'evorl-pop list' (default: es)", {"metavar": "NAME"}),
     ("--strategy", "ES strategy, e.g. Open_ES, CMA_ES, SNES", {"metavar": "NAME"}),
@@ -95,9 +76,9 @@ SETTINGS = [
 PROCESSES = [
     ("--coordinator", "address of process 0's coordinator", {"metavar": "HOST:PORT"}),
     ("--num-processes", "processes in the run", N1),
-    ("--process-id", "this process's index", {"type": _int(0), "metavar": "I"}),
+    ("--process-id", "this process's index", {"type": int, "metavar": "I"}),
     ("--heartbeat-timeout", "seconds until a silent process counts as dead (default: 30)",
-     {"type": _int(1), "metavar": "S"}),
+     {"type": int, "metavar": "S"}),
 ]
 PLOT = [
     ("runs", "run folders (or metrics.csv files)", {"nargs": "+", "metavar": "RUN"}),
@@ -114,7 +95,7 @@ LAUNCH = [
      {"dest": "nproc", "default": 2, **N1}),
     ("--devices-per-process", "CPU devices of each process (default: 1)", K1),
     ("--gpus-per-process", "give process I the GPUs I*K..I*K+K-1", K1),
-    ("--port", "coordinator port (default: free)", {"type": _int(1), "metavar": "P"}),
+    ("--port", "coordinator port (default: free)", {"type": int, "metavar": "P"}),
     ("--grace-period", "seconds from SIGTERM to SIGKILL (default: 10)",
      {"type": float, "default": 10.0, "metavar": "S"}),
     ("--pid-file", "write the process ids here as JSON (default: RUN/launch.json)", FILE),
@@ -156,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
              "layout", FILE),
             *SETTINGS,
             ("--devices", f"devices on the population axis (default: {default})",
-             {"type": _devices, "metavar": "auto|N"}),
+             {"metavar": "auto|N"}),
         ])
         _add(p[name].add_argument_group("several processes (jax.distributed)", "Default: "
             "JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, or the cluster's."),
@@ -219,24 +200,24 @@ def _report(args, result, writer: bool) -> int:
 def _cmd_train(args) -> int:
     sources, overrides = [args.config] if args.config else [], _train_overrides(args)
     _precheck(args, sources, overrides)
-    from evorl_pop import runner  # uses JAX: only once devices and precision are set
+    from evorl_pop import rundir, runner  # uses JAX: only once devices and precision are set
 
     config = config_lib.resolve_config(sources, overrides)
     if args.print_config:
         sys.stdout.write(config_lib.dumps(config))
         return 0
-    args.run = str(args.out or runner.default_run_dir(config, args.runs_root))  # for Ctrl-C
-    if not args.quiet and runner.is_writer():
+    args.run = str(args.out or rundir.default_run_dir(config, args.runs_root))  # for Ctrl-C
+    if not args.quiet and rundir.is_writer():
         print(f"run folder: {args.run}", file=sys.stderr)
     result = runner.train(config, args.run, not args.quiet, args.overwrite, not args.no_figure)
-    return _report(args, result, runner.is_writer())
+    return _report(args, result, rundir.is_writer())
 
 
 def _cmd_resume(args) -> int:
     sources = [os.path.join(args.run, "config.yaml"), args.config]
     devices = [] if args.devices is None else [f"devices={args.devices}"]
     _precheck(args, [s for s in sources if s and os.path.exists(s)], args.overrides + devices)
-    from evorl_pop import runner  # uses JAX: only once devices and precision are set
+    from evorl_pop import rundir, runner  # uses JAX: only once devices and precision are set
 
     result = runner.resume(
         args.run, generations=args.generations, more=args.more, overrides=args.overrides,
@@ -244,7 +225,7 @@ def _cmd_resume(args) -> int:
         checkpoint_every=args.checkpoint_every, progress=not args.quiet,
         figure=not args.no_figure,
     )  # fmt: skip
-    return _report(args, result, runner.is_writer())
+    return _report(args, result, rundir.is_writer())
 
 
 def _launch_run_folder(command: list[str]) -> str | None:
@@ -258,10 +239,10 @@ def _launch_run_folder(command: list[str]) -> str | None:
         return args.run
     if args.command != "train" or args.out:
         return getattr(args, "out", None)
-    from evorl_pop import runner  # this process never computes: its devices do not matter
+    from evorl_pop import rundir  # this process never computes: its devices do not matter
 
     config = config_lib.resolve_config([args.config] if args.config else [], _train_overrides(args))
-    command += ["--out", str(runner.default_run_dir(config, args.runs_root))]
+    command += ["--out", str(rundir.default_run_dir(config, args.runs_root))]
     return command[-1]
 
 
@@ -326,7 +307,7 @@ def main(argv=None) -> int:
     """
     args = build_parser().parse_args(argv)
     from evorl_pop.checkpoint import CheckpointError  # no JAX backend starts on import
-    from evorl_pop.runner import RunError
+    from evorl_pop.rundir import RunError
 
     try:
         return globals()[f"_cmd_{args.command}"](args)

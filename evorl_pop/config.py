@@ -282,8 +282,7 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
 def validate(config: RunConfig) -> None:
     """Checks that a run config can run; ConfigError names an impossible value and why.
 
-    The algorithm config is checked by its registry entry's validator and its
-    own ``validate()`` method, if any.
+    The algorithm config is checked by its own ``validate()`` method, if any.
     """
     for name, least in (("generations", 0), ("chunk", 1), ("checkpoint_every", 0), ("seed", 0)):
         if getattr(config, name) < least:
@@ -291,46 +290,19 @@ def validate(config: RunConfig) -> None:
     devices = config.devices
     if not (devices in (None, "auto") or (isinstance(devices, int) and devices >= 1)):
         raise ConfigError(f"devices must be auto, null (all) or a count >= 1, got {devices!r}.")
-    _choice("precision", config.precision, ("float32", "float64"))
-    spec = _spec(config.algorithm)
+    check_choice("precision", config.precision, ("float32", "float64"))
     try:
-        if spec.validator is not None:
-            spec.validator(config.algorithm_config)
         if callable(own := getattr(config.algorithm_config, "validate", None)):
             own()
     except ValueError as err:
         raise err if isinstance(err, ConfigError) else ConfigError(str(err)) from None
 
 
-def _choice(name: str, value: str, valid) -> None:
+def check_choice(name: str, value: str, valid) -> None:
+    """ConfigError, with the nearest valid value, unless ``value`` is in ``valid``."""
     if value not in valid:
         close = difflib.get_close_matches(value, list(valid), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ConfigError(
             f"{name}: unknown value {value!r}.{hint} Valid: {', '.join(sorted(valid))}."
         )
-
-
-def validate_es_config(config) -> None:
-    """Checks an :class:`~evorl_pop.algorithms.es.ESConfig`; ConfigError if it cannot run."""
-    from evorl_pop.algorithms.es import OPTIMIZERS, STRATEGIES
-    from evorl_pop.tasks import task_names
-
-    _choice("strategy", config.strategy, STRATEGIES)
-    _choice("task", config.task, task_names())
-    _choice("optimizer", config.optimizer, OPTIMIZERS)
-    _choice("activation", config.activation, ("tanh", "relu", "elu"))
-    _choice("eval_mode", config.eval_mode, ("vmap", "map"))
-    if config.population_size < 2:
-        raise ConfigError(f"population_size must be at least 2, got {config.population_size}.")
-    for name in ("num_dims", "episodes"):
-        if getattr(config, name) < 1:
-            raise ConfigError(f"{name} must be at least 1, got {getattr(config, name)}.")
-    if config.eval_episodes < 0:
-        raise ConfigError(f"eval_episodes must be >= 0, got {config.eval_episodes}.")
-    if any(h < 1 for h in config.hidden_sizes):
-        raise ConfigError(f"hidden_sizes must all be at least 1, got {list(config.hidden_sizes)}.")
-    for name in ("sigma_init", "learning_rate"):
-        value = getattr(config, name)
-        if value is not None and not value > 0:
-            raise ConfigError(f"{name} must be > 0 (or null for the default), got {value}.")

@@ -117,8 +117,11 @@ def launch(
     for arg in command:
         if arg.split("=", 1)[0] in RESERVED_OPTIONS:
             raise LaunchError(f"{arg.split('=', 1)[0]} is set by launch itself; leave it out.")
-    if num_processes < 1:
-        raise LaunchError(f"-n must be >= 1, got {num_processes}.")
+    counts = (("-n", num_processes), ("--devices-per-process", devices_per_process),
+              ("--gpus-per-process", gpus_per_process))  # fmt: skip
+    for name, value in counts:
+        if value is not None and value < 1:
+            raise LaunchError(f"{name} must be >= 1, got {value}.")
     coordinator = f"{host}:{free_port(host) if port is None else port}"
     lock = threading.Lock()
 

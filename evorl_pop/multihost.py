@@ -111,8 +111,10 @@ def initialize(
             f"A multi-process run needs {', '.join(missing)} as well (or {' / '.join(ENV)}); no "
             "cluster environment (SLURM, Open MPI, ...) was detected to fill them in."
         )
-    if num_processes is not None and num_processes < 1:
-        raise ValueError(f"--num-processes must be >= 1, got {num_processes}.")
+    for name, value in (("--num-processes", num_processes), ("--heartbeat-timeout",
+                                                             heartbeat_timeout)):  # fmt: skip
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}.")
     if None not in (process_id, num_processes) and not 0 <= process_id < num_processes:
         raise ValueError(f"--process-id must be in 0..{num_processes - 1}, got {process_id}.")
     if num_processes == 1 and cluster is None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
-from collections.abc import Callable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,8 +30,9 @@ class AlgorithmSpec:
       config: the name of its frozen config dataclass in ``module``.
       algorithm: the name of its algorithm class in ``module``.
       description: one line for ``evorl-pop list``.
-      validate: an optional ``'package.module:function'`` path of a function
-        that takes a config and raises ``ValueError`` for impossible settings.
+
+    A config class may define ``validate()``, raising ``ValueError`` for
+    settings that cannot run; the run config calls it.
     """
 
     name: str
@@ -40,7 +40,6 @@ class AlgorithmSpec:
     config: str
     algorithm: str
     description: str = ""
-    validate: str | None = None
 
     def load(self):
         """Imports the module.
@@ -80,14 +79,6 @@ class AlgorithmSpec:
         """The algorithm class, ``cls(config, mesh=None)``."""
         return getattr(self.load(), self.algorithm)
 
-    @property
-    def validator(self) -> Callable | None:
-        """The validation function named by ``validate``, if any."""
-        if self.validate is None:
-            return None
-        module, _, function = self.validate.partition(":")
-        return getattr(importlib.import_module(module), function)
-
     def available(self) -> bool:
         """Whether the algorithm's packages are installed (see :meth:`missing_package`)."""
         return self.missing_package() is None
@@ -111,7 +102,6 @@ def register(
     config: str,
     algorithm: str,
     description: str = "",
-    validate: str | None = None,
 ) -> AlgorithmSpec:
     """Registers an algorithm under ``name`` (replacing any earlier entry).
 
@@ -121,13 +111,11 @@ def register(
       config: the config dataclass's name in that module.
       algorithm: the algorithm class's name in that module.
       description: one line for ``evorl-pop list``.
-      validate: optional ``'package.module:function'`` path of a
-        ``validate(config)`` function that raises ``ValueError``.
 
     Returns:
       The new :class:`AlgorithmSpec`.
     """
-    spec = AlgorithmSpec(name, module, config, algorithm, description, validate)
+    spec = AlgorithmSpec(name, module, config, algorithm, description)
     _REGISTRY[name] = spec
     return spec
 
@@ -176,7 +164,6 @@ register(
     "ESConfig",
     "ES",
     "any evosax evolution strategy on a black-box function or a gymnax task",
-    validate="evorl_pop.config:validate_es_config",
 )
 # Hybrid evolutionary RL.
 register("cemrl", "evorl_pop.algorithms.cemrl", "Config", "CEMRL", "CEM-RL: CEM + TD3")

@@ -1,10 +1,7 @@
 """Runs on disk: train into a run folder, resume it (the entry points of ``evorl-pop``).
 
-Generation ``g`` always uses ``fold_in(run_key, g)`` and the checkpoint holds
-the state and key between chunks, so a resumed run ends in exactly the state
-and metrics of an uninterrupted one. The run folder, its lock and how it is
-read are :mod:`evorl_pop.rundir`'s; the loop and its checkpoint policy
-:mod:`evorl_pop.training`'s; what crosses processes :mod:`evorl_pop.multihost`'s.
+The checkpoint holds the state and run key between chunks, so a resumed run
+ends in exactly the state and metrics of an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -23,9 +20,9 @@ import evorl_pop
 from evorl_pop import backend, metrics_file, multihost, registry, rundir, training
 from evorl_pop import checkpoint as ckpt_lib
 from evorl_pop import config as config_lib
-from evorl_pop.config import ConfigError, RunConfig
+from evorl_pop.config import RunConfig
 from evorl_pop.mesh import make_mesh
-from evorl_pop.rundir import RunError, default_run_dir, is_writer
+from evorl_pop.rundir import RunError, default_run_dir
 
 logger = logging.getLogger("evorl_pop.run")
 
@@ -77,23 +74,17 @@ def _build(config: RunConfig):
 
 
 def _init_state(algorithm, init_key, mesh):
-    """The initial state, every array not yet on a ``NamedSharding`` replicated on ``mesh``.
-
-    A compiled chunk returns its state committed to the mesh; a state that is
-    not would compile it a second time, and a resume would run another program.
-    """
-    if jax.process_count() > 1:
-        # Traced, a placement is a sharding constraint and every process computes the
-        # same state; eagerly, JAX would compare values across processes (NaN != NaN).
-        state = jax.jit(lambda: algorithm.init(init_key))()
-    else:
-        state = algorithm.init(init_key)
+    """The initial state, every array not yet on a ``NamedSharding`` replicated on ``mesh``:
+    a state placed otherwise than a compiled chunk's output would compile it again."""
+    # Traced, a placement is a sharding constraint and every process computes the same
+    # state; eagerly, JAX would compare values across processes (NaN != NaN).
+    multi = jax.process_count() > 1
+    state = jax.jit(lambda: algorithm.init(init_key))() if multi else algorithm.init(init_key)
     replicated = NamedSharding(mesh, PartitionSpec())
 
     def place(x):
-        if isinstance(x, jax.Array) and not (x.committed and isinstance(x.sharding, NamedSharding)):
-            return multihost.put(x, replicated)
-        return x
+        placed = x.committed and isinstance(x.sharding, NamedSharding)
+        return multihost.put(x, replicated) if isinstance(x, jax.Array) and not placed else x
 
     return jax.tree.map(place, state)
 
@@ -167,9 +158,8 @@ def train(
     Args:
       config: the validated run config.
       run_dir: the folder (``None``: :func:`default_run_dir`).
-      progress: show a progress bar.
+      progress: show a progress bar; figure: draw ``fitness.png`` at the end.
       overwrite: replace the records of an earlier run in ``run_dir``.
-      figure: draw ``fitness.png`` at the end.
     """
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
     # Process 0's name (a timestamp) is everyone's.
@@ -208,15 +198,12 @@ def resume(
 
     Args:
       run_dir: the run folder.
-      generations: the new total number of generations.
-      more: run this many generations beyond the checkpoint instead.
-      overrides: ``key=value`` strings, as for ``train``.
-      config_file: a YAML / TOML file overriding ``config.yaml``.
+      generations: the new total; more: or this many beyond the checkpoint.
+      overrides, config_file: ``key=value`` strings and a YAML / TOML file over ``config.yaml``.
       force: continue even if the config differs from the checkpoint's.
       devices, chunk, checkpoint_every: new run settings (another device count
         agrees with an uninterrupted run to float tolerance, not bit for bit).
-      progress: show a progress bar.
-      figure: redraw ``fitness.png`` at the end.
+      progress, figure: as for :func:`train`.
 
     Raises:
       CheckpointError: no checkpoint, a damaged one, or another precision (nothing is changed).
@@ -275,7 +262,3 @@ def resume(
             session.note = f"config changed (--force): {'; '.join(changed)}"
         what = f"resume from generation {ckpt.generation}"
         return _run(session, algorithm, mesh, what, progress, figure, stop)
-
-
-__all__ = ["ConfigError", "RunConfig", "RunError", "RunResult", "default_run_dir",
-           "draw_figure", "is_writer", "resume", "train"]  # fmt: skip

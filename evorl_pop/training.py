@@ -1,10 +1,8 @@
 """The training loop: compiled chunks of generations, and what a run records between them.
 
-:func:`train_loop` runs jitted ``lax.scan`` chunks; generation ``g`` uses
-``fold_in(key, g)``, so a run split into chunks, or stopped and resumed, gives
-the result of one piece. :class:`Session` records metrics, warnings and
-checkpoints between chunks. Ctrl-C is deferred to the end of a chunk
-(:func:`deferred_interrupts`), so that every process stops after the same one.
+Generation ``g`` uses ``fold_in(key, g)``, so a run split into chunks, or
+stopped and resumed, gives the result of one piece. Ctrl-C is deferred to the
+end of a chunk, so that every process stops after the same one.
 """
 
 from __future__ import annotations
@@ -34,10 +32,9 @@ class Interrupted(KeyboardInterrupt):
     """Ctrl-C, with a message that says what the run folder holds now."""
 
 
-def _like(new, old):
-    if isinstance(new, jax.Array) and isinstance(old, jax.Array) and new.dtype == old.dtype:
-        return jax.lax.convert_element_type(new, old.dtype)
-    return new
+def _like(new, old):  # ``new`` without a weak type where ``old`` has none
+    same = isinstance(new, jax.Array) and isinstance(old, jax.Array) and new.dtype == old.dtype
+    return jax.lax.convert_element_type(new, old.dtype) if same else new
 
 
 def train_loop(
@@ -61,10 +58,9 @@ def train_loop(
       key: the run's key.
       num_generations: generations to run from ``state``.
       chunk: generations per compiled chunk.
-      callback: ``callback(state, metrics)`` after each chunk, the chunk's
-        metrics as NumPy arrays over its generations.
-      progress: show a progress bar with best / mean fitness and steps/s.
-      desc: the progress bar's label.
+      callback: ``callback(state, metrics)`` after each chunk, the metrics as
+        NumPy arrays over the chunk's generations.
+      progress, desc: a progress bar (best / mean fitness, steps/s) and its label.
       generation_offset: generations done before this call (the bar counts from it).
       stop: asked before each chunk; ``True`` raises ``KeyboardInterrupt`` there.
 
@@ -76,8 +72,7 @@ def train_loop(
 
     def body(state, _):
         new_state, metrics = algorithm.step(state, jax.random.fold_in(key, state.generation))
-        # Keep the carry's input types: a leaf that comes back weakly typed
-        # would change the next chunk's input types and compile it again.
+        # A leaf that came back weakly typed would compile the next chunk again.
         return jax.tree.map(_like, new_state, state), metrics
 
     history: dict[str, list[np.ndarray]] = {}
@@ -136,14 +131,13 @@ def deferred_interrupts():
 
 
 class Session:
-    """What a run records between chunks, on the writing process: metrics, warnings, checkpoints.
+    """What a run records between chunks: metrics, warnings, and a checkpoint once
+    ``checkpoint_every`` generations have passed since the last (and at the end).
 
-    Checkpoint policy: a checkpoint once ``checkpoint_every`` generations have
-    passed since the last one (at a chunk boundary), and one at the end.
+    A session of a new run starts from ``state``; a resumed one from the checkpoint ``ckpt``.
     """
 
     def __init__(self, run_dir: Path, config: RunConfig, run_key, state, ckpt=None):
-        """A session of a new run from ``state``, or of one resumed from the checkpoint ``ckpt``."""
         self.run_dir, self.config, self.run_key, self.state = run_dir, config, run_key, state
         self.writer = jax.process_index() == 0
         self.generation = ckpt.generation if ckpt else 0
@@ -153,10 +147,7 @@ class Session:
         self.rows = [] if ckpt is None else (ckpt.metrics_rows or "").splitlines(keepends=True)
         # A new run checkpoints even at generation 0, so that `-g 0` can be resumed.
         self.saved_generation = self.generation if ckpt else -1
-        self.last_checkpoint_generation = self.generation
-        self.start = time.perf_counter()
-        self.metrics = None
-        self.note = ""  # a line for the log after the run's header
+        self.start, self.metrics, self.note = time.perf_counter(), None, ""  # note: for the log
 
     def callback(self, state, metrics) -> None:
         """Records a chunk's metrics (see :func:`train_loop`), then checkpoints if due."""
@@ -180,15 +171,12 @@ class Session:
         self.rows.append(metrics_file.format_rows(rows, self.columns))
         if self.writer:
             if self.metrics is None:
-                path = self.run_dir / metrics_file.FILENAME
-                self.metrics = metrics_file.MetricsWriter(path, self.columns)
+                self.metrics = metrics_file.MetricsWriter(self.run_dir / metrics_file.FILENAME,
+                                                          self.columns)  # fmt: skip
             self.metrics.append(rows)
-            failed = [r["generation"] for r in rows if np.isnan(r.get("fitness_mean", 0.0))]
-            if failed:
-                text = (
-                    f"generation{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))}: "
-                    "no finite fitness (every candidate scored NaN or inf); the run goes on"
-                )
+            if failed := [r["generation"] for r in rows if np.isnan(r.get("fitness_mean", 0.0))]:
+                which = f"generation{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))}"
+                text = f"{which}: no finite fitness (all candidates NaN or inf); the run goes on"
                 logger.warning("warning: %s", text)
                 print(f"warning: {text}", file=sys.stderr)
             best, mean = (float(rows[-1].get(f"fitness_{k}", np.nan)) for k in ("best", "mean"))
@@ -196,7 +184,7 @@ class Session:
                         generation, self.config.generations, best, mean, self.env_steps,
                         self.wall_time)  # fmt: skip
         every = self.config.checkpoint_every
-        if every and generation - self.last_checkpoint_generation >= every:
+        if every and generation - max(self.saved_generation, 0) >= every:
             self.checkpoint()
 
     def checkpoint(self, collective: bool = True) -> None:
@@ -220,4 +208,4 @@ class Session:
             )  # fmt: skip
             ckpt_lib.save(self.run_dir / ckpt_lib.FILENAME, ckpt)
             logger.info("checkpoint at generation %d", self.generation)
-        self.saved_generation = self.last_checkpoint_generation = self.generation
+        self.saved_generation = self.generation

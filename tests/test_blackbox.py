@@ -13,7 +13,7 @@ from evosax.problems.bbob.bbob import BBOBProblem
 from evorl_pop import make_mesh
 from evorl_pop.algorithms.es import ES, ESConfig, Minimizer, minimize
 from evorl_pop.blackbox import BBOBTask, ObjectiveError, PythonTask, bbob_instance
-from evorl_pop.config import ConfigError, validate_es_config
+from evorl_pop.config import ConfigError
 from evorl_pop.tasks import BlackBoxTask, make_task, task_names
 
 
@@ -143,8 +143,8 @@ def test_bad_input_is_one_clear_line():
     with pytest.raises(ValueError, match=r"instance must be an integer in \[1, 2147483647\].*0"):
         BBOBTask("sphere", num_dims=4, instance=0)
     with pytest.raises(ConfigError, match="Did you mean 'bbob/discus'"):
-        validate_es_config(ESConfig(strategy="CMA_ES", task="bbob/discsu"))
-    validate_es_config(ESConfig(strategy="CMA_ES", task="bbob/discus"))
+        ESConfig(strategy="CMA_ES", task="bbob/discsu").validate()
+    ESConfig(strategy="CMA_ES", task="bbob/discus").validate()
     assert "bbob/lunacek" in task_names() and "CartPole-v1" in task_names()
 
     def two_values(x):
