@@ -97,16 +97,13 @@ def read_bytes(path: str | os.PathLike) -> bytes:
 
 
 def load(path: str | os.PathLike) -> Checkpoint:
-    """Reads and verifies a checkpoint file (or a run folder's); see :func:`parse`."""
+    """Reads and verifies a checkpoint file (or a run folder's)."""
     return parse(read_bytes(path), _file(path))
 
 
 def parse(data: bytes, path: str | os.PathLike = FILENAME) -> Checkpoint:
-    """Verifies and decodes a checkpoint file's bytes (``path``: for messages).
-
-    Raises:
-      CheckpointError: missing, truncated, damaged or of an unknown format.
-    """
+    """Verifies and decodes a checkpoint file's bytes (``path``: for messages);
+    CheckpointError when they are truncated, damaged or of an unknown format."""
     path = str(path)
     digest, body = data[len(MAGIC) : len(MAGIC) + 32], data[len(MAGIC) + 32 :]
     if data[: len(MAGIC)] != MAGIC:
@@ -140,14 +137,9 @@ def restore_key(ckpt: Checkpoint) -> jax.Array:
 
 
 def restore_state(template: Any, ckpt: Checkpoint):
-    """Puts a checkpoint's state into the structure, dtypes and shardings of ``template``.
-
-    ``template`` is a freshly initialised state of the same algorithm and config,
-    so the resumed computation sees exactly the inputs of an uninterrupted run.
-
-    Raises:
-      CheckpointError: another precision, or a state that does not fit ``template``.
-    """
+    """Puts a checkpoint's state into the structure, dtypes and shardings of ``template``
+    (a fresh state of the same algorithm and config), so that the resumed computation
+    sees exactly the inputs of an uninterrupted run; CheckpointError if it does not fit."""
     expected = precision(template)
     if ckpt.precision != expected:
         raise CheckpointError(

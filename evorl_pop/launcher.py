@@ -97,11 +97,11 @@ def launch(
       command: the ``evorl-pop`` arguments, ``train ...`` or ``resume ...``.
       num_processes: how many processes.
       devices_per_process: CPU devices each simulates (``None``: ``XLA_FLAGS`` as it is).
-      port: the coordinator's port on ``host`` (``None``: a free one).
+      port, host: the coordinator's address (port ``None``: a free one).
       gpus_per_process: give process ``i`` the GPUs ``i*k .. i*k+k-1`` (``None``: all).
       grace_period: seconds between SIGTERM (or the passed-on SIGINT) and SIGKILL.
       pid_file: where to write the record of the processes as JSON.
-      out, err: where the children's stdout / stderr and the launcher's messages go.
+      python, out, err: the interpreter; where output and the launcher's messages go.
 
     Returns:
       0 when every process succeeded; else the failed process's exit code

@@ -81,19 +81,14 @@ def _write_if_changed(path: Path, data: str) -> None:
 
 
 def restore(path: str | os.PathLike, columns, rows: str) -> None:
-    """Makes the file hold exactly a header of ``columns`` and ``rows`` (atomically).
-
-    A resumed run so drops rows past its checkpoint and writes back lost or cut ones.
-    """
+    """Makes the file hold exactly a header of ``columns`` and ``rows`` (atomically):
+    a resumed run so drops rows past its checkpoint and writes back lost or cut ones."""
     _write_if_changed(Path(path), ",".join(columns) + "\n" + rows)
 
 
 def truncate(path: str | os.PathLike, generation: int) -> tuple[str, ...] | None:
-    """Keeps only the rows up to ``generation`` (atomically), and no line cut short.
-
-    Returns:
-      The header's columns, or ``None`` when there is no file (or no header).
-    """
+    """Keeps only the rows up to ``generation`` (atomically), and no line cut short;
+    returns the header's columns, or ``None`` when there is no file (or no header)."""
     path = Path(path)
     lines = _whole_lines(path.read_text() if path.exists() else "")
     if not lines:

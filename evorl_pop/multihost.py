@@ -1,10 +1,8 @@
 """Several processes under ``jax.distributed``: joining a run, and what crosses processes.
 
-Every process runs the same program on the global mesh. Arrays that span
-processes are read through :func:`to_host`; what only process 0 does (read a
-run folder, take its lock, write a file) reaches the others through
-:func:`share`, results and exceptions alike. With one process every function
-here is a plain local call.
+Arrays that span processes are read through :func:`to_host`; what only
+process 0 does (read a run folder, take its lock) reaches the others through
+:func:`share`, results and exceptions alike. With one process all is local.
 """
 
 from __future__ import annotations
@@ -78,12 +76,10 @@ def initialize(
     / ``JAX_PROCESS_ID``, else from a cluster job JAX detects. CPU collectives use gloo.
 
     Args:
-      coordinator: ``HOST:PORT`` of process 0's coordinator service.
-      num_processes: processes in the run.
-      process_id: this process's index, ``0 .. num_processes - 1``.
+      coordinator, num_processes, process_id: process 0's ``HOST:PORT``, the
+        number of processes, this one's index.
       heartbeat_timeout: seconds after which a silent process counts as dead; also
-        how long to wait for the coordinator at start-up (at least 20 s, the time a
-        loaded machine may take to start the others).
+        how long to wait for the coordinator at start-up (at least 20 s).
       shutdown_timeout: seconds a finishing process waits for the others.
 
     Returns:

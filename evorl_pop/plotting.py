@@ -85,11 +85,10 @@ def plot_runs(
 
     Args:
       runs: run folders (or metrics CSV files).
-      out: the PNG path.
+      out, svg: the PNG path; also write an SVG beside it.
       x: ``'generation'`` or ``'steps'`` (cumulative environment steps).
       metrics: any of ``'best'``, ``'mean'``, ``'worst'`` or metrics column names.
       band: ``'minmax'`` or ``'std'``: the shaded band of a group of several runs.
-      svg: also write an SVG beside the PNG.
       title: the figure title (``None``: from the runs).
       log_y: a logarithmic fitness axis (``None``: when the values are
         positive and span over three decades, as for black-box losses).

@@ -92,13 +92,8 @@ def default_run_dir(config: RunConfig, root: str | os.PathLike = "runs") -> Path
 def hold(run_dir: Path, new: bool, config: RunConfig | None = None, overwrite: bool = False):
     """Holds the run folder's lock while the run writes it.
 
-    Args:
-      run_dir: the run folder.
-      new: start a new run there (create the folder; refuse one holding files
-        of a run unless ``overwrite``, then write ``config``); else continue
-        the run that is there (it must hold a checkpoint, else CheckpointError).
-      config: a new run's config.
-      overwrite: replace the files of an earlier run.
+    ``new``: create the folder, refuse one holding files of a run unless
+    ``overwrite``, and write ``config``; else the folder must hold a checkpoint.
     """
     handle = None
 
@@ -166,15 +161,8 @@ def writing(run_dir: Path):
 
 
 def read(run_dir: Path) -> tuple[ckpt_lib.Checkpoint, dict]:
-    """``(checkpoint, config.yaml's mapping)`` of a run folder, as process 0 reads them.
-
-    The mapping is the checkpoint's config when there is no ``config.yaml``.
-
-    Raises:
-      CheckpointError: no readable checkpoint, or a damaged one.
-      ConfigError: an unreadable ``config.yaml``.
-    """
-
+    """``(checkpoint, config.yaml's mapping)`` of a run folder, as process 0 reads them
+    (the checkpoint's config when there is no ``config.yaml``)."""
     path = run_dir / CONFIG_FILENAME
 
     def load():
