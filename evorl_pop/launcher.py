@@ -1,15 +1,15 @@
-"""``evorl-pop launch``: several processes of one run on this machine.
+"""``evorl-pop launch``: several processes of one run on this machine, as ``torchrun`` does.
 
-In the spirit of ``torchrun``: ``n`` processes of ``evorl-pop COMMAND ...
---coordinator 127.0.0.1:PORT --num-processes n --process-id i``, each with its
-own CPU devices or GPUs, output forwarded as ``[p0] ...``. They are one job:
-when one fails the others are stopped (SIGTERM, then SIGKILL after a grace
-period); Ctrl-C is passed on to every process, which checkpoint and stop.
+Process ``i`` runs ``evorl-pop COMMAND ... --coordinator 127.0.0.1:PORT
+--num-processes n --process-id i`` with its own CPU devices or GPUs, its output
+forwarded as ``[pi] ...``. When one fails the others are stopped (SIGTERM, then
+SIGKILL after a grace period); Ctrl-C is passed on to every process.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import queue
@@ -25,10 +25,8 @@ from pathlib import Path
 from evorl_pop import backend
 from evorl_pop.config import write_atomic
 
-#: What the launcher adds to each command itself.
-RESERVED_OPTIONS = ("--coordinator", "--num-processes", "--process-id")
-#: Name of the record of the launched processes in the run folder.
-RECORD_FILENAME = "launch.json"
+RESERVED_OPTIONS = ("--coordinator", "--num-processes", "--process-id")  # set by launch
+RECORD_FILENAME = "launch.json"  # the record of the launched processes, in the run folder
 
 
 class LaunchError(ValueError):
@@ -46,10 +44,7 @@ def _child_setup() -> None:  # pragma: no cover - runs in the child before exec
     # A launcher started in the background inherits an ignored SIGINT; the
     # children must still turn the Ctrl-C it passes on into KeyboardInterrupt.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    # Linux: SIGTERM when the launcher dies (even by SIGKILL), so no process outlives it.
-    with contextlib.suppress(Exception):
-        import ctypes
-
+    with contextlib.suppress(Exception):  # Linux: SIGTERM when the launcher dies, even by SIGKILL
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
@@ -74,8 +69,8 @@ def describe_exit(returncode: int) -> str:
     return f"signal {-returncode}"
 
 
-class _Stop(Exception):
-    """The launcher was asked to stop (SIGTERM)."""
+class _Stop(Exception):  # SIGTERM to the launcher
+    pass
 
 
 def launch(
@@ -107,16 +102,15 @@ def launch(
       0 when every process succeeded; else the failed process's exit code
       (128 + the signal number when it was killed), 130 after Ctrl-C.
     """
-    out, err = out or sys.stdout, err or sys.stderr
-    command = list(command)[1:] if list(command)[:1] == ["--"] else list(command)
+    out, err, command = out or sys.stdout, err or sys.stderr, list(command)
+    command = command[1:] if command[:1] == ["--"] else command
     if not command or command[0] not in ("train", "resume"):
         raise LaunchError(
             "launch runs 'train' or 'resume': evorl-pop launch -n 2 -- train [OPTIONS], "
             f"got {' '.join(command) or 'no command'!r}."
         )
-    for arg in command:
-        if arg.split("=", 1)[0] in RESERVED_OPTIONS:
-            raise LaunchError(f"{arg.split('=', 1)[0]} is set by launch itself; leave it out.")
+    if reserved := [a.split("=")[0] for a in command if a.split("=")[0] in RESERVED_OPTIONS]:
+        raise LaunchError(f"{reserved[0]} is set by launch itself; leave it out.")
     counts = (("-n", num_processes), ("--devices-per-process", devices_per_process),
               ("--gpus-per-process", gpus_per_process))  # fmt: skip
     for name, value in counts:
@@ -135,9 +129,8 @@ def launch(
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # lines reach the launcher as written
         env.setdefault("JAX_CPU_COLLECTIVES_IMPLEMENTATION", "gloo")
         if devices_per_process is not None:
-            env["XLA_FLAGS"] = backend.with_host_devices(
-                env.get("XLA_FLAGS", ""), devices_per_process
-            )
+            flags = env.get("XLA_FLAGS", "")
+            env["XLA_FLAGS"] = backend.with_host_devices(flags, devices_per_process)
         if gpus_per_process is not None:
             ids = range(i * gpus_per_process, (i + 1) * gpus_per_process)
             env["JAX_LOCAL_DEVICE_IDS"] = ",".join(map(str, ids))
@@ -151,10 +144,10 @@ def launch(
         ))  # fmt: skip
         say(f"process {i}: pid {children[i].pid}")
     if pid_file is not None:
-        processes = [{"process_id": i, "pid": c.pid} for i, c in enumerate(children)]
         record = dict(coordinator=coordinator, num_processes=num_processes, command=command,
                       devices_per_process=devices_per_process, launcher_pid=os.getpid(),
-                      processes=processes)  # fmt: skip
+                      processes=[dict(process_id=i, pid=c.pid) for i, c in enumerate(children)],
+                      )  # fmt: skip
         try:
             Path(pid_file).parent.mkdir(parents=True, exist_ok=True)
             write_atomic(pid_file, (json.dumps(record, indent=2) + "\n").encode())
@@ -192,9 +185,8 @@ def launch(
 
     # Ctrl-C must reach the launcher even when it was started with SIGINT ignored.
     handlers = {signal.SIGTERM: on_sigterm, signal.SIGINT: signal.default_int_handler}
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+    main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, h) for sig, h in handlers.items()} if main else {}
     status = 0
     try:
         remaining = num_processes
@@ -206,8 +198,7 @@ def launch(
             remaining -= 1
             if code != 0:
                 what = describe_exit(code)
-                say(f"process {i} (pid {children[i].pid}) failed with {what}; "
-                    "stopping the other process(es)")  # fmt: skip
+                say(f"process {i} (pid {children[i].pid}) failed with {what}; stopping the others")
                 stop(signal.SIGTERM)
                 status = 128 - code if code < 0 else code
                 say(f"error: process {i} failed ({what})")
