@@ -51,6 +51,17 @@ class ESState:
     generation: jax.Array  # int32, generations completed
 
 
+def _median(x):
+    """``jnp.median`` of a finite vector by partial selection: half of a sort.
+
+    XLA's CPU sort costs 2-3x a ``top_k`` of half the entries; halving both
+    middle values before adding keeps the largest floats from overflowing.
+    """
+    n = x.shape[0]
+    lowest = -jax.lax.top_k(-x, n // 2 + 1)[0]  # ascending: the n // 2 + 1 smallest
+    return lowest[-1] if n % 2 else lowest[-2] / 2 + lowest[-1] / 2
+
+
 def _largest_divisor_at_most(n: int, cap: int) -> int:
     cap = max(1, min(n, cap))
     return next(d for d in range(cap, 0, -1) if n % d == 0)
@@ -244,9 +255,7 @@ class ShardedES:
             "fitness_mean": summary.mean,
             "fitness_worst": summary.worst,
             "fitness_std": summary.std,
-            "fitness_median": to_minimization(
-                jnp.median(self._fitness(summary)), self.task.maximize
-            ),
+            "fitness_median": to_minimization(_median(self._fitness(summary)), self.task.maximize),
             "best_so_far": best_so_far,
             "num_nonfinite": summary.num_nonfinite,
             "evaluations": jnp.int32(self.population_size),

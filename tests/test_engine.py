@@ -9,7 +9,7 @@ import pytest
 
 from evorl_pop import make_mesh
 from evorl_pop.algorithms.es import ES, ESConfig, make_strategy
-from evorl_pop.engine import ShardedES
+from evorl_pop.engine import ShardedES, _median
 from evorl_pop.fitness import to_minimization, worst_for_nonfinite
 from evorl_pop.tasks import BlackBoxTask, ControlTask
 
@@ -154,6 +154,16 @@ def test_worst_for_nonfinite_ranks_failures_last():
     assert int(count) == 2 and np.all(np.isfinite(all_bad))
     # a generation that failed entirely cannot beat any real fitness in an archive
     assert np.all(np.asarray(all_bad) >= np.finfo(np.float32).max)
+
+
+@pytest.mark.parametrize("size", [1, 2, 7, 16, 33])
+def test_fitness_median_equals_numpy_median(size):
+    x = np.array(jax.random.normal(jax.random.key(size), (size,)))
+    x[: size // 3] = x[-1]  # ties
+    assert float(jax.jit(_median)(jnp.asarray(x))) == np.median(x)
+    # an all-failed generation (every fitness the largest float) does not overflow
+    largest = np.finfo(np.float32).max
+    assert float(_median(jnp.full((size,), largest))) == largest
 
 
 @pytest.mark.parametrize("n", [2, 4])
