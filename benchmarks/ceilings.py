@@ -26,7 +26,8 @@ PENDULUM_STEPS = 200
 
 def _dense(key, sizes, scale):
     keys = jax.random.split(key, len(sizes))
-    return [(scale * jax.random.normal(k, s), jnp.zeros(s[1])) for k, s in zip(keys, sizes)]
+    pairs = zip(keys, sizes, strict=True)
+    return [(scale * jax.random.normal(k, s), jnp.zeros(s[1])) for k, s in pairs]
 
 
 def _time(run, *args, reps: int, key_arg: int):
