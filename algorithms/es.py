@@ -55,8 +55,9 @@ class CMA_ES_pycma(evosax.algorithms.CMA_ES):
     * ``h_σ``: ``||p_σ||² / (1 - (1 - c_σ)^(2g)) / n < 2 + 4/(n + 1)``, and the
       change of ``log σ`` in one generation clipped to ``[-1, 1]``.
 
-    The state also counts consecutive generations whose best fitness equals
-    the one at rank ``⌊3λ/4⌋`` (``flat_generations``, pycma's ``tolflatfitness``).
+    C starts as pycma's, ``diag(exp(1e-4 i / n))``; the state also counts
+    consecutive generations whose best fitness equals the one at rank
+    ``⌊3λ/4⌋`` (``flat_generations``, for pycma's ``tolflatfitness``).
     """
 
     @property
@@ -91,6 +92,8 @@ class CMA_ES_pycma(evosax.algorithms.CMA_ES):
     def _init(self, key, params):
         state = super()._init(key, params)
         fields = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
+        # pycma's initial C: the identity with a tiny spread, which breaks the symmetry
+        fields["C"] = jnp.diag(jnp.exp(1e-4 / self.num_dims * jnp.arange(self.num_dims)))
         return _PycmaState(**fields, flat_generations=jnp.int32(0))
 
     def tell(self, key, population, fitness, state, params):
