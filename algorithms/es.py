@@ -357,6 +357,7 @@ STOP_REASONS = (
     "tolfacupx",
     "noeffectcoord",
     "noeffectaxis",
+    "tolxstagnation",
 )
 RESTART_STRATEGIES = ("ipop", "bipop")
 
@@ -378,6 +379,9 @@ class StopRules:
         equals the one at rank ``⌊3λ/4⌋`` (strategies that count them,
         ``CMA_ES_pycma``).
       tolfacupx: some ``σ·sqrt(C_ii)`` exceeds ``σ0`` times it (CMA-ES family).
+      tolxstagnation: ``(δ, t0, f)``: stop when the mean has stayed within
+        ``δ·sqrt(max(1, t / T))`` of where it was ``t`` generations ago, for
+        ``t > T = t0 + f·g`` generations (``None``: off).
       noeffect: stop when adding ``0.2 σ·sqrt(C_ii)`` leaves some coordinate
         of the mean unchanged (``noeffectcoord``), or ``0.1 σ`` times the
         principal axis ``g mod n`` leaves the mean unchanged (``noeffectaxis``).
@@ -388,6 +392,7 @@ class StopRules:
     tolx: float = 1e-11
     tolconditioncov: float = 1e14
     tolstagnation: bool = True
+    tolxstagnation: tuple[float, float, float] | None = (1e-9, 20.0, 0.1)
     tolflatfitness: int = 1
     tolfacupx: float = 1e3
     noeffect: bool = True
@@ -541,6 +546,8 @@ class Minimizer:
                 hist_best=jnp.full((history,), jnp.inf, dtype),
                 hist_median=jnp.full((history,), jnp.inf, dtype),
                 long_size=jnp.int32(0),
+                anchor=x0,
+                anchor_gen=jnp.int32(0),
             )
 
             def body(c):
@@ -610,6 +617,18 @@ class Minimizer:
                     checks.append(jnp.all(s.mean == s.mean + axis))
                 else:
                     checks.append(False)
+                # pycma's tolxstagnation: the mean has not left a small ball for long
+                anchor, anchor_gen = c["anchor"], c["anchor_gen"]
+                if rules.tolxstagnation is not None:
+                    delta, offset, fraction = rules.tolxstagnation
+                    threshold = offset + fraction * gen
+                    radius = delta * jnp.sqrt(jnp.maximum(1.0, (gen - anchor_gen) / threshold))
+                    moved = (gen == 1) | (jnp.linalg.norm(s.mean - anchor) > radius)
+                    anchor = jnp.where(moved, s.mean, anchor)
+                    anchor_gen = jnp.where(moved, gen, anchor_gen)
+                    checks.append(gen - anchor_gen > threshold)
+                else:
+                    checks.append(False)
                 fired = jnp.stack([jnp.asarray(x) for x in checks])
                 reason = jnp.where(jnp.any(fired), jnp.argmax(fired) + 1, 0).astype(jnp.int32)
                 return dict(
@@ -623,6 +642,8 @@ class Minimizer:
                     hist_best=hist_best,
                     hist_median=hist_median,
                     long_size=long_size,
+                    anchor=anchor,
+                    anchor_gen=anchor_gen,
                 )
 
             c = jax.lax.while_loop(lambda c: c["reason"] == 0, body, carry)

@@ -102,7 +102,7 @@ def run_dimension(num_dims, functions, instances, devices, log):
     popsize = 4 + int(3 * np.log(num_dims))
     budget = 1000 * num_dims
     config = ESConfig(
-        strategy="CMA_ES",
+        strategy="CMA_ES_pycma",
         task="bbob/sphere",
         num_dims=num_dims,
         population_size=popsize,
@@ -168,7 +168,7 @@ def float32_stall(num_dims, instances, devices):
             for x64 in (False, True):
                 with jax.enable_x64(x64):
                     config = ESConfig(
-                        strategy="CMA_ES",
+                        strategy="CMA_ES_pycma",
                         task=f"bbob/{function}",
                         num_dims=num_dims,
                         population_size=4 + int(3 * np.log(num_dims)),
