@@ -4,6 +4,9 @@ float64 checks run under the scoped ``jax.enable_x64(True)``: the rest of the
 test process keeps JAX's default 32-bit mode.
 """
 
+import dataclasses
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,7 +17,7 @@ from evorl_pop import make_mesh
 from evorl_pop.algorithms.es import CMA_ES_pycma, ES, ESConfig, Minimizer, minimize
 from evorl_pop.blackbox import BBOBTask, ObjectiveError, PythonTask, bbob_instance
 from evorl_pop.config import ConfigError, validate_es_config
-from evorl_pop.tasks import BlackBoxTask, make_task, task_names
+from evorl_pop.tasks import BlackBoxTask, EvalInfo, make_task, task_names
 
 
 def _float_leaves(tree):
@@ -122,6 +125,49 @@ def test_cma_es_pycma_counts_flat_generations_as_pycma():
                                  state, params)
         counts.append(int(state.flat_generations))
     assert counts == [1, 2, 0, 1, 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Function(BlackBoxTask):
+    f: Callable = jnp.sum
+
+    def evaluate(self, solution, key, task_state):
+        return self.f(solution), EvalInfo(steps=jnp.int32(0), episodes=jnp.int32(0))
+
+
+def _first_squared(x):
+    return jnp.square(x[0])
+
+
+def _first_exp(x):
+    return jnp.exp(x[0])
+
+
+@pytest.mark.parametrize(
+    "rule, f, x0, sigma",
+    [
+        # a coordinate so large that 0.2 σ sqrt(C_ii) does not change it (pycma
+        # misses it in coordinate 0: ``any`` of its indices)
+        ("noeffectcoord", _first_squared, [1.0, 1e20], 1.0),
+        # a slope without end: σ grows past 1e3 σ0
+        ("tolfacupx", _first_exp, [0.0, 0.0], 1e-3),
+    ],
+)
+def test_minimize_stops_on_the_rule_pycma_stops_on(rule, f, x0, sigma):
+    cma = pytest.importorskip("cma")
+    es = cma.CMAEvolutionStrategy(x0, sigma, {"popsize": 6, "verbose": -9, "seed": 1})
+    while not es.stop():
+        xs = es.ask()
+        es.tell(xs, [float(f(x)) for x in xs])
+    assert rule in es.stop(), es.stop()
+    with jax.enable_x64(True):
+        config = ESConfig(strategy="CMA_ES_pycma", num_dims=2, population_size=6,
+                          sigma_init=sigma, eval_episodes=0)
+        result = minimize(config, jax.random.key(0), target=-1.0, max_evaluations=6000,
+                          x0=np.array(x0), mesh=make_mesh(1), task=_Function(num_dims=2, f=f))
+    assert [r.stop for r in result.runs] == [rule], result.runs
+    # within a few generations of pycma's stop
+    assert abs(result.evaluations - es.countevals) <= 10 * 6, (result.evaluations, es.countevals)
 
 
 def _bipop_rastrigin():
