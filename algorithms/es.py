@@ -32,7 +32,6 @@ from evorl_pop.tasks import make_task
 from evorl_pop.training import train_loop
 
 
-
 @struct.dataclass
 class _PycmaState(cma_es.State):
     flat_generations: jax.Array
@@ -97,7 +96,18 @@ class CMA_ES_pycma(evosax.algorithms.CMA_ES):
         return _PycmaState(**fields, flat_generations=jnp.int32(0))
 
     def tell(self, key, population, fitness, state, params):
-        """evosax's ``tell``, counting flat generations (minimised fitness)."""
+        """evosax's ``tell``, and the count of flat generations.
+
+        Args:
+          key: the PRNG key.
+          population: the generation's candidates.
+          fitness: their fitness, lower is better.
+          state: the strategy state.
+          params: the strategy parameters.
+
+        Returns:
+          ``(state, metrics)`` as evosax's ``tell``.
+        """
         ranked = jnp.sort(fitness)
         flat = ranked[0] >= ranked[int(0.75 * self.population_size)]
         state, metrics = super().tell(key, population, fitness, state, params)
@@ -105,11 +115,12 @@ class CMA_ES_pycma(evosax.algorithms.CMA_ES):
         return state.replace(flat_generations=flat_generations), metrics
 
     def h_std(self, norm_p_std, generation_counter, params):
-        # evosax passes the number of this generation, from 1
+        """pycma's stall indicator of the rank-one update (``generation_counter`` from 1)."""
         squared = norm_p_std**2 / (1 - (1 - params.c_std) ** (2 * generation_counter))
         return squared / self.num_dims < 2 + 4 / (self.num_dims + 1)
 
     def update_std(self, std, norm_p_std, params):
+        """evosax's step-size update, its change of ``log σ`` clipped to ``[-1, 1]`` as pycma's."""
         change = (params.c_std / params.d_std) * (norm_p_std / params.chi_n - 1)
         std = std * jnp.exp(jnp.clip(change, -1.0, 1.0))
         return jnp.clip(std, min=params.std_min, max=params.std_max)
@@ -609,9 +620,8 @@ class Minimizer:
                     else False
                 )
                 checks.append(jnp.any(spread > rules.tolfacupx * sigma) if covariance else False)
-                checks.append(
-                    jnp.any(s.mean == s.mean + 0.2 * spread) if covariance and rules.noeffect else False
-                )
+                noeffect = covariance and rules.noeffect
+                checks.append(jnp.any(s.mean == s.mean + 0.2 * spread) if noeffect else False)
                 if rules.noeffect and hasattr(s, "B") and hasattr(s, "D"):
                     axis = 0.1 * s.std * s.D[gen % n] * s.B[:, gen % n]
                     checks.append(jnp.all(s.mean == s.mean + axis))

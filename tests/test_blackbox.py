@@ -14,7 +14,7 @@ import pytest
 from evosax.problems.bbob.bbob import BBOBProblem
 
 from evorl_pop import make_mesh
-from evorl_pop.algorithms.es import CMA_ES_pycma, ES, ESConfig, Minimizer, minimize
+from evorl_pop.algorithms.es import ES, CMA_ES_pycma, ESConfig, Minimizer, minimize
 from evorl_pop.blackbox import BBOBTask, ObjectiveError, PythonTask, bbob_instance
 from evorl_pop.config import ConfigError, validate_es_config
 from evorl_pop.tasks import BlackBoxTask, EvalInfo, make_task, task_names
