@@ -19,8 +19,11 @@ import inspect
 import evosax.algorithms
 import jax
 import jax.numpy as jnp
+import jax.scipy.special
 import numpy as np
 import optax
+from evosax.algorithms.distribution_based import cma_es
+from flax import struct
 
 from evorl_pop.blackbox import BBOB_PREFIX, float_dtype, objective_errors
 from evorl_pop.engine import ESState, ShardedES
@@ -28,7 +31,102 @@ from evorl_pop.envs import BRAX_PREFIX
 from evorl_pop.tasks import make_task
 from evorl_pop.training import train_loop
 
-STRATEGIES: dict[str, type] = dict(evosax.algorithms.algorithms)
+
+@struct.dataclass
+class _PycmaState(cma_es.State):
+    flat_generations: jax.Array
+
+
+class CMA_ES_pycma(evosax.algorithms.CMA_ES):
+    """evosax's CMA-ES with pycma's default settings (``cma`` 4.x, ``CMA_active=True``).
+
+    evosax's update is kept (its active covariance update included: negative
+    recombination weights, their vectors rescaled to Mahalanobis length
+    ``sqrt(n)``, Hansen 2016, eqs. 46-53); what differs is pycma's choice of
+    constants and two rules:
+
+    * ``c_mu = 2 (μ_eff - 2 + 1/μ_eff + 1/4) / ((n + 2)² + μ_eff)`` (pycma's
+      rank-μ offset 1/4), ``c_1`` times ``min(1, λ/6)``, and the negative
+      weights recomputed from these rates;
+    * ``c_σ = min(1/2, (μ_eff + 2) / (n + μ_eff + 3))``,
+      ``d_σ = 1 + 2 max(0, a sqrt((μ_eff - 1)/(n + 1)) - 1) + c_σ`` with
+      ``a = max(1, 3 (1 - 2^(-n/9)))``, and the exact ``E||N(0, I)||``;
+    * ``h_σ``: ``||p_σ||² / (1 - (1 - c_σ)^(2g)) / n < 2 + 4/(n + 1)``, and the
+      change of ``log σ`` in one generation clipped to ``[-1, 1]``.
+
+    C starts as pycma's, ``diag(exp(1e-4 i / n))``; the state also counts
+    consecutive generations whose best fitness equals the one at rank
+    ``⌊3λ/4⌋`` (``flat_generations``, for pycma's ``tolflatfitness``).
+    """
+
+    @property
+    def _default_params(self):
+        params = super()._default_params
+        n, lam, mu = self.num_dims, self.population_size, self.num_elites
+        w_prime = jnp.log((lam + 1) / 2) - jnp.log(jnp.arange(1, lam + 1))
+        mu_eff = params.mu_eff
+        mu_eff_minus = jnp.sum(w_prime[mu:]) ** 2 / jnp.sum(w_prime[mu:] ** 2)
+        c_1 = min(1.0, lam / 6) * 2 / ((n + 1.3) ** 2 + mu_eff)
+        c_mu = jnp.minimum(1 - c_1, 2 * (0.25 + mu_eff + 1 / mu_eff - 2) / ((n + 2) ** 2 + mu_eff))
+        alpha = jnp.minimum(
+            jnp.minimum(1 + c_1 / c_mu, 1 + 2 * mu_eff_minus / (mu_eff + 2)),
+            (1 - c_1 - c_mu) / (n * c_mu),
+        )
+        negative = w_prime < 0
+        weights = jnp.where(
+            negative,
+            alpha * w_prime / jnp.sum(jnp.where(negative, -w_prime, 0.0)),
+            w_prime / jnp.sum(jnp.where(negative, 0.0, w_prime)),
+        )
+        c_std = jnp.minimum(0.5, (mu_eff + 2) / (n + mu_eff + 3))
+        a = max(1.0, 3 * (1 - 0.5 ** (n / 9)))
+        d_std = 1 + 2 * jnp.maximum(0.0, a * jnp.sqrt((mu_eff - 1) / (n + 1)) - 1) + c_std
+        chi_n = jnp.sqrt(2.0) * jnp.exp(
+            jax.scipy.special.gammaln((n + 1) / 2) - jax.scipy.special.gammaln(n / 2)
+        )
+        return params.replace(
+            weights=weights, c_1=c_1, c_mu=c_mu, c_std=c_std, d_std=d_std, chi_n=chi_n
+        )
+
+    def _init(self, key, params):
+        state = super()._init(key, params)
+        fields = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
+        # pycma's initial C: the identity with a tiny spread, which breaks the symmetry
+        fields["C"] = jnp.diag(jnp.exp(1e-4 / self.num_dims * jnp.arange(self.num_dims)))
+        return _PycmaState(**fields, flat_generations=jnp.int32(0))
+
+    def tell(self, key, population, fitness, state, params):
+        """evosax's ``tell``, and the count of flat generations.
+
+        Args:
+          key: the PRNG key.
+          population: the generation's candidates.
+          fitness: their fitness, lower is better.
+          state: the strategy state.
+          params: the strategy parameters.
+
+        Returns:
+          ``(state, metrics)`` as evosax's ``tell``.
+        """
+        ranked = jnp.sort(fitness)
+        flat = ranked[0] >= ranked[int(0.75 * self.population_size)]
+        state, metrics = super().tell(key, population, fitness, state, params)
+        flat_generations = jnp.where(flat, state.flat_generations + 1, 0).astype(jnp.int32)
+        return state.replace(flat_generations=flat_generations), metrics
+
+    def h_std(self, norm_p_std, generation_counter, params):
+        """pycma's stall indicator of the rank-one update (``generation_counter`` from 1)."""
+        squared = norm_p_std**2 / (1 - (1 - params.c_std) ** (2 * generation_counter))
+        return squared / self.num_dims < 2 + 4 / (self.num_dims + 1)
+
+    def update_std(self, std, norm_p_std, params):
+        """evosax's step-size update, its change of ``log σ`` clipped to ``[-1, 1]`` as pycma's."""
+        change = (params.c_std / params.d_std) * (norm_p_std / params.chi_n - 1)
+        std = std * jnp.exp(jnp.clip(change, -1.0, 1.0))
+        return jnp.clip(std, min=params.std_min, max=params.std_max)
+
+
+STRATEGIES: dict[str, type] = dict(evosax.algorithms.algorithms, CMA_ES_pycma=CMA_ES_pycma)
 
 OPTIMIZERS = {"adam": optax.adam, "sgd": optax.sgd}
 
@@ -287,6 +385,11 @@ STOP_REASONS = (
     "tolx",
     "tolconditioncov",
     "tolstagnation",
+    "tolflatfitness",
+    "tolfacupx",
+    "noeffectcoord",
+    "noeffectaxis",
+    "tolxstagnation",
 )
 RESTART_STRATEGIES = ("ipop", "bipop")
 
@@ -304,6 +407,16 @@ class StopRules:
       tolstagnation: stop when the medians of the best and of the median
         fitness (sampled every 5 generations) stop improving over about
         ``100 + 100 n^1.5 / λ`` generations and the best is that old.
+      tolflatfitness: generations tolerated in a row whose best fitness
+        equals the one at rank ``⌊3λ/4⌋`` (strategies that count them,
+        ``CMA_ES_pycma``).
+      tolfacupx: some ``σ·sqrt(C_ii)`` exceeds ``σ0`` times it (CMA-ES family).
+      tolxstagnation: ``(δ, t0, f)``: stop when the mean has stayed within
+        ``δ·sqrt(max(1, t / T))`` of where it was ``t`` generations ago, for
+        ``t > T = t0 + f·g`` generations (``None``: off).
+      noeffect: stop when adding ``0.2 σ·sqrt(C_ii)`` leaves some coordinate
+        of the mean unchanged (``noeffectcoord``), or ``0.1 σ`` times the
+        principal axis ``g mod n`` leaves the mean unchanged (``noeffectaxis``).
     """
 
     tolfun: float = 1e-11
@@ -311,6 +424,10 @@ class StopRules:
     tolx: float = 1e-11
     tolconditioncov: float = 1e14
     tolstagnation: bool = True
+    tolxstagnation: tuple[float, float, float] | None = (1e-9, 20.0, 0.1)
+    tolflatfitness: int = 1
+    tolfacupx: float = 1e3
+    noeffect: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -461,6 +578,8 @@ class Minimizer:
                 hist_best=jnp.full((history,), jnp.inf, dtype),
                 hist_median=jnp.full((history,), jnp.inf, dtype),
                 long_size=jnp.int32(0),
+                anchor=x0,
+                anchor_gen=jnp.int32(0),
             )
 
             def body(c):
@@ -491,13 +610,13 @@ class Minimizer:
                     (f_worst - f_best < rules.tolfun) & (hist_range < rules.tolfun),
                     (hist_size > 9) & (hist_range < rules.tolfunhist),
                 ]
-                if hasattr(s, "C") and hasattr(s, "p_c"):
-                    spread = s.std * jnp.sqrt(jnp.diag(s.C))
-                    checks.append(
-                        jnp.all(spread < rules.tolx) & jnp.all(s.std * jnp.abs(s.p_c) < rules.tolx)
-                    )
-                else:
-                    checks.append(False)
+                covariance = hasattr(s, "C") and hasattr(s, "p_c")
+                spread = s.std * jnp.sqrt(jnp.diag(s.C)) if covariance else None
+                checks.append(
+                    jnp.all(spread < rules.tolx) & jnp.all(s.std * jnp.abs(s.p_c) < rules.tolx)
+                    if covariance
+                    else False
+                )
                 if hasattr(s, "D"):
                     checks.append(jnp.max(s.D) > rules.tolconditioncov**0.5 * jnp.min(s.D))
                 else:
@@ -514,6 +633,33 @@ class Minimizer:
                         & (newer(hist_median) >= older(hist_median))
                         & (newer(hist_best) >= older(hist_best))
                     )
+                else:
+                    checks.append(False)
+                checks.append(
+                    s.flat_generations > rules.tolflatfitness
+                    if hasattr(s, "flat_generations")
+                    else False
+                )
+                checks.append(jnp.any(spread > rules.tolfacupx * sigma) if covariance else False)
+                noeffect = covariance and rules.noeffect
+                checks.append(jnp.any(s.mean == s.mean + 0.2 * spread) if noeffect else False)
+                if rules.noeffect and hasattr(s, "B") and hasattr(s, "D"):
+                    axis = 0.1 * s.std * s.D[gen % n] * s.B[:, gen % n]
+                    checks.append(jnp.all(s.mean == s.mean + axis))
+                else:
+                    checks.append(False)
+                # pycma's tolxstagnation: the mean has not left a small ball for long
+                anchor, anchor_gen = c["anchor"], c["anchor_gen"]
+                if rules.tolxstagnation is not None:
+                    delta, offset, fraction = rules.tolxstagnation
+                    threshold = offset + fraction * gen
+                    radius = delta * jnp.sqrt(jnp.maximum(1.0, (gen - anchor_gen) / threshold))
+                    moved = (gen == 1) | (jnp.linalg.norm(s.mean - anchor) > radius)
+                    anchor = jnp.where(moved, s.mean, anchor)
+                    anchor_gen = jnp.where(moved, gen, anchor_gen)
+                    checks.append(gen - anchor_gen > threshold)
+                else:
+                    checks.append(False)
                 fired = jnp.stack([jnp.asarray(x) for x in checks])
                 reason = jnp.where(jnp.any(fired), jnp.argmax(fired) + 1, 0).astype(jnp.int32)
                 return dict(
@@ -527,6 +673,8 @@ class Minimizer:
                     hist_best=hist_best,
                     hist_median=hist_median,
                     long_size=long_size,
+                    anchor=anchor,
+                    anchor_gen=anchor_gen,
                 )
 
             c = jax.lax.while_loop(lambda c: c["reason"] == 0, body, carry)

@@ -6,8 +6,10 @@ Every problem (function × instance × dimension d) starts at the same x0,
 uniform in [-4, 4]^d, with σ0 = 2, pycma's default population 4 + ⌊3 ln d⌋ and
 a budget of 1000·d evaluations; solved means a generation's best f − f* below
 1e-8, counted at the end of that generation, within the budget. Four solvers:
-the engine's single run and its BIPOP restarts (``minimize``), pycma's single
-run (``CMAEvolutionStrategy``) and ``cma.fmin(..., restarts=9, bipop=True)``.
+the engine's single run and its BIPOP restarts (``minimize`` with
+``CMA_ES_pycma``: evosax's CMA-ES with pycma's default constants and rules),
+pycma's single run (``CMAEvolutionStrategy``) and ``cma.fmin(..., restarts=9,
+bipop=True)``.
 The last table runs the engine's single run on the ellipsoids (f2, f10) at the
 largest dimension in float32 too, where f* ≠ 0 hides differences below its
 spacing.
@@ -102,7 +104,7 @@ def run_dimension(num_dims, functions, instances, devices, log):
     popsize = 4 + int(3 * np.log(num_dims))
     budget = 1000 * num_dims
     config = ESConfig(
-        strategy="CMA_ES",
+        strategy="CMA_ES_pycma",
         task="bbob/sphere",
         num_dims=num_dims,
         population_size=popsize,
@@ -168,7 +170,7 @@ def float32_stall(num_dims, instances, devices):
             for x64 in (False, True):
                 with jax.enable_x64(x64):
                     config = ESConfig(
-                        strategy="CMA_ES",
+                        strategy="CMA_ES_pycma",
                         task=f"bbob/{function}",
                         num_dims=num_dims,
                         population_size=4 + int(3 * np.log(num_dims)),

@@ -4,6 +4,10 @@ float64 checks run under the scoped ``jax.enable_x64(True)``: the rest of the
 test process keeps JAX's default 32-bit mode.
 """
 
+import dataclasses
+from collections.abc import Callable
+
+import cma
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,10 +15,10 @@ import pytest
 from evosax.problems.bbob.bbob import BBOBProblem
 
 from evorl_pop import make_mesh
-from evorl_pop.algorithms.es import ES, ESConfig, Minimizer, minimize
+from evorl_pop.algorithms.es import ES, CMA_ES_pycma, ESConfig, Minimizer, minimize
 from evorl_pop.blackbox import BBOBTask, ObjectiveError, PythonTask, bbob_instance
 from evorl_pop.config import ConfigError
-from evorl_pop.tasks import BlackBoxTask, make_task, task_names
+from evorl_pop.tasks import BlackBoxTask, EvalInfo, make_task, task_names
 
 
 def _float_leaves(tree):
@@ -70,6 +74,99 @@ def test_cmaes_float64_reaches_1e_8_on_a_shifted_rotated_ellipsoid():
     assert 100.0 < result.best < 120.0
     assert result.converged and 0.0 <= result.f_minus_fopt < 1e-8, result
     assert result.evaluations <= 10_000
+
+
+@pytest.mark.parametrize("num_dims, population_size", [(4, 8), (3, 7)])
+def test_cma_es_pycma_generations_equal_pycmas(num_dims, population_size):
+    n, lam = num_dims, population_size
+    x0 = np.linspace(-2.0, 3.0, n)
+    es = cma.CMAEvolutionStrategy(x0, 0.7, {"popsize": lam, "verbose": -9, "seed": 3})
+    es.adapt_sigma.initialize(es)
+
+    def f(x):  # an ellipsoid: rank-one, rank-mu and negative (active) terms all act
+        return float(np.sum(np.arange(1, n + 1) ** 3 * (x - 0.3) ** 2))
+
+    with jax.enable_x64(True):
+        strategy = CMA_ES_pycma(population_size=lam, solution=jnp.zeros(n))
+        params = strategy.default_params.replace(std_init=jnp.float64(0.7))
+        expected = [es.sp.c1, es.sp.cmu, es.sp.cc, es.adapt_sigma.cs, es.adapt_sigma.damps]
+        got = [params.c_1, params.c_mu, params.c_c, params.c_std, params.d_std]
+        np.testing.assert_allclose(got, expected, rtol=1e-12)
+        np.testing.assert_allclose(params.weights, np.asarray(es.sp.weights), rtol=1e-12)
+        state = strategy.init(jax.random.key(0), jnp.asarray(x0), params)
+        np.testing.assert_allclose(state.C, es.sm.C, rtol=1e-15)
+        for generation in range(6):
+            _, state = strategy.ask(jax.random.key(generation), state, params)  # B, D of C
+            xs = es.ask()  # pycma's candidates, told to both
+            fitness = [f(x) for x in xs]
+            es.tell(xs, fitness)
+            state, _ = strategy.tell(
+                jax.random.key(generation), jnp.asarray(np.array(xs)), jnp.asarray(fitness),
+                state, params,
+            )
+            # evosax loads C's diagonal with 1e-8 before each eigendecomposition
+            np.testing.assert_allclose(state.mean, es.mean, rtol=1e-12)
+            np.testing.assert_allclose(state.std, es.sigma, rtol=1e-6)
+            np.testing.assert_allclose(state.C, es.sm.C, rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(state.p_c, es.pc, rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(state.p_std, es.adapt_sigma.ps, rtol=1e-6, atol=1e-7)
+
+
+def test_cma_es_pycma_counts_flat_generations_as_pycma():
+    # pycma: flat when the best fitness is not below the one at rank int(0.75 λ)
+    strategy = CMA_ES_pycma(population_size=8, solution=jnp.zeros(2))
+    params = strategy.default_params
+    state = strategy.init(jax.random.key(0), jnp.zeros(2), params)
+    population = jax.random.normal(jax.random.key(1), (8, 2))
+    counts = []
+    for fitness in ([1, 1, 1, 1, 1, 1, 1, 5], [1, 1, 1, 1, 1, 1, 1, 5], [0, 1, 1, 1, 1, 1, 1, 1],
+                    [3, 2, 2, 2, 2, 2, 2, 2], [3, 2, 2, 2, 2, 2, 3, 9]):
+        state, _ = strategy.tell(jax.random.key(2), population, jnp.asarray(fitness, jnp.float32),
+                                 state, params)
+        counts.append(int(state.flat_generations))
+    assert counts == [1, 2, 0, 1, 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Function(BlackBoxTask):
+    f: Callable = jnp.sum
+
+    def evaluate(self, solution, key, task_state):
+        return self.f(solution), EvalInfo(steps=jnp.int32(0), episodes=jnp.int32(0))
+
+
+def _first_squared(x):
+    return jnp.square(x[0])
+
+
+def _first_exp(x):
+    return jnp.exp(x[0])
+
+
+@pytest.mark.parametrize(
+    "rule, f, x0, sigma",
+    [
+        # a coordinate so large that 0.2 σ sqrt(C_ii) does not change it (pycma
+        # misses it in coordinate 0: ``any`` of its indices)
+        ("noeffectcoord", _first_squared, [1.0, 1e20], 1.0),
+        # a slope without end: σ grows past 1e3 σ0
+        ("tolfacupx", _first_exp, [0.0, 0.0], 1e-3),
+    ],
+)
+def test_minimize_stops_on_the_rule_pycma_stops_on(rule, f, x0, sigma):
+    es = cma.CMAEvolutionStrategy(x0, sigma, {"popsize": 6, "verbose": -9, "seed": 1})
+    while not es.stop():
+        xs = es.ask()
+        es.tell(xs, [float(f(x)) for x in xs])
+    assert rule in es.stop(), es.stop()
+    with jax.enable_x64(True):
+        config = ESConfig(strategy="CMA_ES_pycma", num_dims=2, population_size=6,
+                          sigma_init=sigma, eval_episodes=0)
+        result = minimize(config, jax.random.key(0), target=-1.0, max_evaluations=6000,
+                          x0=np.array(x0), mesh=make_mesh(1), task=_Function(num_dims=2, f=f))
+    assert [r.stop for r in result.runs] == [rule], result.runs
+    # within a few generations of pycma's stop
+    assert abs(result.evaluations - es.countevals) <= 10 * 6, (result.evaluations, es.countevals)
 
 
 def _bipop_rastrigin():
