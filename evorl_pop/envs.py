@@ -11,6 +11,10 @@ transition-collecting episodes, evaluation): one reset per episode instead of
 an auto-reset computed at every step (about twice as fast on gymnax), a mask
 after ``done``, and an early exit: scanned chunks of steps under a
 ``lax.while_loop`` that stops once every episode of the batch has ended.
+A population's episodes (ES tasks) go through :func:`rollout_queue` instead:
+fewer lanes than episodes, each lane taking the next pending episode as its
+own ends, so a slice costs about the steps its episodes actually take rather
+than its longest episode for every lane.
 :class:`GymnaxEnv` adapts the gymnax environments,
 :class:`~evorl_pop.envs_brax.BraxEnv` the brax ones (``brax/hopper``, ...);
 another simulator plugs in by implementing the same three members.
