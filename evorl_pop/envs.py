@@ -263,6 +263,7 @@ class ObsMoments:
 
 EXIT_CHECK_STEPS = 25  # steps scanned between two "has every episode ended?" checks
 QUEUE_CHECK_STEPS = 4  # steps scanned between two refills of the queue's lanes
+QUEUE_SHRINK = 4  # the queue's last episodes run on 1/4 of its lanes, then on one
 #: Lanes of the queued rollout on a CPU: a CPU's cost per step is about
 #: proportional to the lanes stepped, so a narrow batch that stays busy beats
 #: a wide one that keeps stepping ended episodes; 16 lanes still amortise the
@@ -512,16 +513,16 @@ def rollout_queue(
 
     first_obs, first_state, step_keys = jax.vmap(prepare)(keys)
     step = _step_fn(env, policy, obs_norm, num_steps, None, False)
-    # zeros derived from obs keep its sharding type (varying inside shard_map)
-    zero = jnp.zeros_like(first_obs[:lanes], jnp.float32)
-    scalar = zero.reshape(lanes, -1)[:, 0]
 
     def start(items):
         """Lanes at the start of episodes ``items`` (``n``: no episode left)."""
         i = jnp.minimum(items, n - 1)
+        # zeros derived from obs keep its sharding type (varying inside shard_map)
+        zero = jnp.zeros_like(first_obs[i], jnp.float32)
+        scalar = zero.reshape(len(items), -1)[:, 0]
         moments = ObsMoments(scalar, zero, zero) if obs_norm is not None else None
-        carry = (first_obs[i], jax.tree.map(lambda x: x[i], first_state), scalar,
-                 jnp.zeros_like(scalar, jnp.int32), items < n, moments)
+        state = jax.tree.map(lambda x: x[i], first_state)
+        carry = (first_obs[i], state, scalar, jnp.zeros_like(items), items < n, moments)
         return items, jnp.zeros_like(items), jax.tree.map(lambda x: x[i], params), carry
 
     def lane_step(p, carry, t, item):
@@ -531,9 +532,6 @@ def rollout_queue(
     def scan_step(lane, _):
         items, t, p, carry = lane
         return (items, t + 1, p, jax.vmap(lane_step)(p, carry, t, items)), None
-
-    def cond(loop):
-        return jnp.any(loop[0][0] < n)
 
     def body(loop):
         lane, results, pending = loop
@@ -553,7 +551,24 @@ def rollout_queue(
     lane = start(jnp.arange(lanes))
     _, _, _, (_, _, ret, steps, _, moments) = lane
     results = jax.tree.map(lambda x: jnp.zeros((n, *x.shape[1:]), x.dtype), (ret, steps, moments))
-    _, results, _ = jax.lax.while_loop(cond, body, (lane, results, jnp.int32(lanes)))
+    loop = (lane, results, jnp.int32(lanes))
+    # Once the queue is empty, the last episodes move to fewer lanes (a
+    # separate loop each, so the step compiles once per width): a long last
+    # episode is not stepped alongside many ended ones.
+    widths = sorted({lanes, max(1, lanes // QUEUE_SHRINK), 1}, reverse=True)
+    for width, below in zip(widths, [*widths[1:], 0]):
+        lane, results, pending = loop
+        if width < len(lane[0]):  # the running lanes first, then idle ones
+            keep = jnp.argsort(lane[0] >= n, stable=True)[:width]
+            lane = jax.tree.map(lambda x, keep=keep: x[keep], lane)
+
+        def cond(loop, below=below):
+            lane, _, pending = loop
+            running = lane[0] < n
+            return jnp.any(running) & ((pending < n) | (jnp.sum(running) > below))
+
+        loop = jax.lax.while_loop(cond, body, (lane, results, pending))
+    results = loop[1]
     return Episode(*results)
 
 

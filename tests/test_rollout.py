@@ -96,13 +96,21 @@ def test_early_exit_stops_when_every_episode_has_ended():
 
 
 def _queue_steps(lengths, lanes, chunk):
-    """Steps a queue of ``lanes`` lanes computes: each lane takes the next
-    episode at the first multiple of ``chunk`` after its episode has ended."""
-    free_at = [0] * lanes  # when each lane is next free
-    for length in lengths:
-        lane = min(range(lanes), key=lambda j: (free_at[j], j))
-        free_at[lane] += -(-length // chunk) * chunk
-    return lanes * max(free_at)
+    """Steps a queue of ``lanes`` lanes computes: a lane takes the next episode
+    at the first multiple of ``chunk`` steps after its episode has ended; once
+    no episode is pending, the running ones move to ``lanes // 4`` lanes, then
+    to one, as soon as they fit."""
+    widths = sorted({lanes, max(1, lanes // 4), 1}, reverse=True)
+    pending, running, computed = list(lengths[lanes:]), list(lengths[:lanes]), 0
+    for width, below in zip(widths, [*widths[1:], 0]):
+        running = [r for r in running if r is not None]
+        running += [None] * (width - len(running))
+        while any(running) and (pending or sum(r is not None for r in running) > below):
+            computed += width * chunk
+            left = [None if r is None else r - chunk for r in running]
+            running = [r if r is None or r > 0 else None for r in left]
+            running = [pending.pop(0) if r is None and pending else r for r in running]
+    return computed
 
 
 @pytest.mark.parametrize("lanes", [3, 9])
@@ -197,9 +205,12 @@ def test_queued_slices_give_the_per_episode_results_on_any_device_count():
             metrics[n, lanes] = {**m, "obs_mean": state.task_state.mean}
     assert np.all(metrics[1, 2]["env_steps"] < 8 * 2 * 500)
     for k in ("env_steps", "episodes", "fitness_mean", "fitness_best", "obs_mean"):
-        for n in (1, 2):  # the queue changes nothing
-            np.testing.assert_array_equal(metrics[n, 2][k], metrics[n, 8][k])
+        for n in (1, 2):  # the queue changes nothing (but the rounding of a sum
+            # of squares, which XLA may fuse into multiply-adds at one width only)
+            np.testing.assert_allclose(metrics[n, 2][k], metrics[n, 8][k], rtol=1e-6)
         np.testing.assert_allclose(metrics[2, 2][k], metrics[1, 2][k], rtol=1e-5)
+    for k in ("env_steps", "episodes"):
+        np.testing.assert_array_equal(metrics[2, 2][k], metrics[1, 8][k])
 
 class _BigCount:
     """A task whose every evaluation reports 2**22 environment steps."""
