@@ -145,11 +145,9 @@ def test_queue_shared_by_a_population_keeps_each_candidates_episodes():
     keys = jax.random.split(jax.random.key(1), 5)
 
     def evaluate(lanes):  # under vmap, as the engine evaluates a slice: 2 episodes each
-        return jax.jit(
-            jax.vmap(
-                lambda n, k: evaluate_episodes(env, policy, n, k, 2, ObsNorm.create((1,)), 40, lanes)
-            )
-        )(lengths, keys)
+        norm = ObsNorm.create((1,))
+        one = lambda n, k: evaluate_episodes(env, policy, n, k, 2, norm, 40, lanes)  # noqa: E731
+        return jax.jit(jax.vmap(one))(lengths, keys)
 
     one_each, queued = evaluate(10), evaluate(3)
     for a, b in zip(jax.tree.leaves(one_each), jax.tree.leaves(queued)):
