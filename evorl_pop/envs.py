@@ -475,9 +475,10 @@ def rollout_queue(
     episode has ended take the next pending ones (reset and parameters), so
     the steps computed are about the sum of the episodes' actual lengths
     plus one last episode's tail, instead of the longest episode times their
-    number. Episode ``i`` is exactly what ``rollout(env, policy, params[i],
-    keys[i], obs_norm, num_steps)`` returns (its key drives its reset and
-    steps), whichever lane runs it. With ``lanes >= len(keys)``, or for an
+    number. Episode ``i`` is what ``rollout(env, policy, params[i], keys[i],
+    obs_norm, num_steps)`` returns (its key drives its reset and steps),
+    whichever lane runs it: the same steps and return, observation sums up to
+    rounding (XLA may fuse them differently at another width). With ``lanes >= len(keys)``, or for an
     environment that never ends early (``env.spec.terminates`` false) unless
     ``lanes`` is given, it is that ``rollout`` vectorised over the episodes.
 
@@ -569,8 +570,7 @@ def rollout_queue(
             return jnp.any(running) & ((pending < n) | (jnp.sum(running) > below))
 
         loop = jax.lax.while_loop(cond, body, (lane, results, pending))
-    results = loop[1]
-    return Episode(*results)
+    return Episode(*loop[1])
 
 
 @flax.struct.dataclass
