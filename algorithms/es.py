@@ -255,6 +255,9 @@ class ESConfig:
         most accurate) or ``'mjx'`` (where mujoco's MJX is installed).
       episodes: control tasks: episodes per candidate.
       normalize_obs: control tasks: running observation normalisation.
+      rollout_lanes: control tasks: episodes a device steps at once, each lane
+        taking the next pending episode as its own ends (``None``: 16 on a
+        CPU, the whole slice on an accelerator).
       eval_episodes: episodes to evaluate the strategy's mean each generation
         and report as ``eval_return`` (0: off; black-box tasks: one evaluation).
       eval_mode: ``'vmap'`` (fast) or ``'map'`` (low memory) per device.
@@ -277,6 +280,7 @@ class ESConfig:
     backend: str = "spring"
     episodes: int = 1
     normalize_obs: bool = False
+    rollout_lanes: int | None = None
     eval_episodes: int = 8
     eval_mode: str = "vmap"
     low_communication: bool = False
@@ -320,6 +324,7 @@ class ESConfig:
             episode_length=self.episode_length,
             backend=self.backend if self.task.startswith(BRAX_PREFIX) else None,
             policy=self.policy,
+            lanes=self.rollout_lanes,
         )
 
 

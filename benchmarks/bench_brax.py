@@ -2,6 +2,7 @@
 
     python benchmarks/bench_brax.py [--pop 64] [--backend spring] [--steps 100]
         [--only hopper,halfcheetah,breakout,early] [--reps 3] [--gens 2] [--devices 1]
+        [--lanes N]
 
 Prints one table:
 
@@ -16,7 +17,11 @@ Prints one table:
   which falls after a few dozen steps: the engine's generation time against
   the time the population's actual steps (the engine's own ``env_steps``)
   take at the hand-written stepping rate of the ``hopper`` row (goal <= 1.2:
-  the rollout stops once every episode has ended).
+  a device's rollout costs the steps its episodes take). The engine runs a
+  device's episodes from a work queue on ``--lanes`` lanes (default: 16 on a
+  CPU, the whole slice on an accelerator; see
+  :func:`evorl_pop.envs.rollout_queue`); the hand-written rollout steps all
+  candidates at once, at full width.
 
 Every timing is the best of ``--reps`` calls of ``--gens`` generations (or
 rollouts) after a warm-up call. On a GPU: ``--pop 4096``.
@@ -57,6 +62,7 @@ def make_es(task, args, episode_length):
         episode_length=episode_length,
         backend=args.backend,
         eval_episodes=0,
+        rollout_lanes=args.lanes,
     )
     return ES(config, mesh=make_mesh(args.devices))
 
@@ -134,11 +140,15 @@ def main():
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--gens", type=int, default=2, help="generations per timed call")
     parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument(
+        "--lanes", type=int, default=None, help="episodes stepped at once per device"
+    )
     args = parser.parse_args()
     only = args.only.split(",")
     print(
         f"jax {jax.__version__}, {jax.default_backend()}, {args.devices} device(s), "
-        f"population {args.pop}, brax backend {args.backend}, best of {args.reps}"
+        f"population {args.pop}, brax backend {args.backend}, best of {args.reps}, "
+        f"lanes {args.lanes or 'default'}"
     )
     print(f"{'row':12s} {'engine steps/s':>15s} {'hand-written':>13s} {'ratio':>7s}  (goal)")
     raw_rate = {}

@@ -34,6 +34,9 @@ from evorl_pop.envs import BRAX_ENVS, BRAX_PREFIX, EnvSpec
 #: is the more accurate ``generalized``.
 BACKENDS = ("spring", "positional", "generalized", "mjx")
 
+#: brax environments with no termination: episodes run to the time limit.
+FIXED_LENGTH = frozenset({"halfcheetah", "humanoidstandup", "pusher", "reacher"})
+
 DEFAULT_BACKEND = "spring"
 DEFAULT_EPISODE_LENGTH = 1000
 
@@ -102,6 +105,7 @@ class BraxEnv:
             action_low=(-1.0,) * dim,
             action_high=(1.0,) * dim,
             max_steps=int(episode_length),
+            terminates=name not in FIXED_LENGTH,
         )
 
     def reset(self, key):

@@ -145,6 +145,7 @@ class ControlTask:
         episode_length: int | None = None,
         backend: str | None = None,
         policy: str = "auto",
+        lanes: int | None = None,
     ):
         """Builds the task.
 
@@ -166,6 +167,9 @@ class ControlTask:
           backend: brax environments: the physics backend (``None``: spring).
           policy: ``'auto'`` (a CNN for image observations, else an MLP),
             ``'mlp'`` or ``'cnn'``.
+          lanes: episodes a device steps at once, taking the next pending
+            episode as one ends (``None``: 16 on a CPU, the whole slice on an
+            accelerator; see :func:`evorl_pop.envs.rollout_queue`).
         """
         if episodes < 1:
             raise ValueError(f"episodes must be at least 1, got {episodes}.")
@@ -187,6 +191,9 @@ class ControlTask:
         self.episodes = episodes
         self.normalize_obs = normalize_obs
         self.num_steps = num_steps
+        if lanes is not None and lanes < 1:
+            raise ValueError(f"lanes must be at least 1 (or None for the default), got {lanes}.")
+        self.lanes = lanes
         template = self.policy.init(jax.random.key(0))
         flat, self.unravel = ravel_pytree(template)
         self.num_dims = int(flat.size)
@@ -201,7 +208,14 @@ class ControlTask:
     def _episodes(self, solution, key, task_state, episodes) -> EpisodeStats:
         obs_norm = task_state if self.normalize_obs else None
         return evaluate_episodes(
-            self.env, self.policy, self.unravel(solution), key, episodes, obs_norm, self.num_steps
+            self.env,
+            self.policy,
+            self.unravel(solution),
+            key,
+            episodes,
+            obs_norm,
+            self.num_steps,
+            self.lanes,
         )
 
     def evaluate(self, solution, key, task_state):

@@ -8,7 +8,7 @@ import pytest
 from evorl_pop import make_mesh
 from evorl_pop.algorithms.es import make_strategy
 from evorl_pop.engine import ShardedES
-from evorl_pop.envs import EnvSpec, rollout
+from evorl_pop.envs import EnvSpec, ObsNorm, evaluate_episodes, rollout, rollout_queue
 from evorl_pop.rl.rollout import collect_episode
 from evorl_pop.tasks import ControlTask, EvalInfo
 from evorl_pop.training import train_loop
@@ -94,6 +94,70 @@ def test_early_exit_stops_when_every_episode_has_ended():
     assert env.steps_run == 2 * 3 * 25
 
 
+
+def _queue_steps(lengths, lanes, chunk):
+    """Steps a queue of ``lanes`` lanes computes: a lane takes the next episode
+    at the first multiple of ``chunk`` steps after its episode has ended; once
+    no episode is pending, the running ones move to ``lanes // 4`` lanes, then
+    to one, as soon as they fit."""
+    widths = sorted({lanes, max(1, lanes // 4), 1}, reverse=True)
+    pending, running, computed = list(lengths[lanes:]), list(lengths[:lanes]), 0
+    for width, below in zip(widths, [*widths[1:], 0]):
+        running = [r for r in running if r is not None]
+        running += [None] * (width - len(running))
+        while any(running) and (pending or sum(r is not None for r in running) > below):
+            computed += width * chunk
+            left = [None if r is None else r - chunk for r in running]
+            running = [r if r is None or r > 0 else None for r in left]
+            running = [pending.pop(0) if r is None and pending else r for r in running]
+    return computed
+
+
+@pytest.mark.parametrize("lanes", [3, 9])
+def test_queued_rollout_equals_per_episode_rollouts_and_costs_the_steps_taken(lanes):
+    env = _Fall()
+    lengths = [3, 60, 7, 12, 1, 30, 45, 2, 9]  # 60: cut at 50 steps
+    keys = jax.random.split(jax.random.key(0), len(lengths))
+    policy = lambda p, o: jnp.full(1, p)  # noqa: E731
+    ref = jax.jit(jax.vmap(lambda n, k: rollout(env, policy, n, k, num_steps=50)))(
+        jnp.array(lengths, jnp.float32), keys
+    )
+    jax.effects_barrier()
+    env.steps_run = 0
+    out = jax.jit(lambda n, k: rollout_queue(env, policy, n, k, num_steps=50, lanes=lanes))(
+        jnp.array(lengths, jnp.float32), keys
+    )
+    jax.effects_barrier()
+    np.testing.assert_array_equal(out.episode_return, ref.episode_return)
+    np.testing.assert_array_equal(out.steps, ref.steps)
+    np.testing.assert_array_equal(out.steps, np.minimum(lengths, 50))
+    if lanes < len(lengths):  # lanes refilled every 4 steps: about the steps taken
+        assert env.steps_run == _queue_steps(np.minimum(lengths, 50), lanes, 4)
+        assert env.steps_run < 1.5 * np.minimum(lengths, 50).sum()
+    else:  # one lane per episode: the longest episode's chunks, for every lane
+        assert env.steps_run == lanes * 50
+
+
+def test_queue_shared_by_a_population_keeps_each_candidates_episodes():
+    env = _Fall()
+    policy = lambda p, o: jnp.full(1, p)  # noqa: E731
+    lengths = jnp.array([3.0, 60.0, 7.0, 12.0, 1.0])
+    keys = jax.random.split(jax.random.key(1), 5)
+
+    def evaluate(lanes):  # under vmap, as the engine evaluates a slice: 2 episodes each
+        norm = ObsNorm.create((1,))
+        one = lambda n, k: evaluate_episodes(env, policy, n, k, 2, norm, 40, lanes)  # noqa: E731
+        return jax.jit(jax.vmap(one))(lengths, keys)
+
+    one_each, queued = evaluate(10), evaluate(3)
+    for a, b in zip(jax.tree.leaves(one_each), jax.tree.leaves(queued)):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(queued.steps, 2 * np.minimum(lengths, 40))
+    np.testing.assert_array_equal(queued.moments.count, queued.steps)
+    # the observations 0, 1, ..., length - 1 of each of the two episodes
+    n = np.minimum(lengths, 40)
+    np.testing.assert_array_equal(queued.moments.total[:, 0], n * (n - 1))
+
 def test_collected_transitions_with_early_exit_and_truncation():
     env = _Fall()
     ep = jax.jit(
@@ -124,6 +188,27 @@ def test_episode_length_is_honoured_by_the_engine_on_any_device_count():
     for k in ("env_steps", "fitness_mean", "fitness_best"):
         np.testing.assert_allclose(metrics[4][k], metrics[1][k], rtol=1e-5)
 
+
+
+def test_queued_slices_give_the_per_episode_results_on_any_device_count():
+    # CartPole episodes of random policies end early, at different steps
+    strategy, params = make_strategy("Open_ES", 8, ControlTask("CartPole-v1", (4,)).num_dims)
+    metrics = {}
+    for n in (1, 2):
+        for lanes in (2, 8):  # 2: a queue on each device; 8: one lane per episode
+            task = ControlTask("CartPole-v1", (4,), episodes=2, normalize_obs=True, lanes=lanes)
+            engine = ShardedES(strategy, task, make_mesh(n), params)
+            state = engine.init(jax.random.key(0))
+            state, m = jax.jit(lambda s, e=engine: e.run(s, jax.random.key(1), 2))(state)
+            metrics[n, lanes] = {**m, "obs_mean": state.task_state.mean}
+    assert np.all(metrics[1, 2]["env_steps"] < 8 * 2 * 500)
+    for k in ("env_steps", "episodes", "fitness_mean", "fitness_best", "obs_mean"):
+        for n in (1, 2):  # the queue changes nothing (but the rounding of a sum
+            # of squares, which XLA may fuse into multiply-adds at one width only)
+            np.testing.assert_allclose(metrics[n, 2][k], metrics[n, 8][k], rtol=1e-6)
+        np.testing.assert_allclose(metrics[2, 2][k], metrics[1, 2][k], rtol=1e-5)
+    for k in ("env_steps", "episodes"):
+        np.testing.assert_array_equal(metrics[2, 2][k], metrics[1, 8][k])
 
 class _BigCount:
     """A task whose every evaluation reports 2**22 environment steps."""
