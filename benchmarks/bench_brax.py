@@ -21,10 +21,7 @@ Prints one table:
   device's episodes from a work queue on ``--lanes`` lanes (default: 16 on a
   CPU, the whole slice on an accelerator; see
   :func:`evorl_pop.envs.rollout_queue`); the hand-written rollout steps all
-  candidates at once, at full width. Below it, a bound no schedule can beat:
-  an untrained population's longest episode, whose steps run one after
-  another, timed on one lane, against all that population's steps at the
-  hand-written rate.
+  candidates at once, at full width.
 
 Every timing is the best of ``--reps`` calls of ``--gens`` generations (or
 rollouts) after a warm-up call. On a GPU: ``--pop 4096``.
@@ -42,7 +39,6 @@ import numpy as np  # noqa: E402
 
 from evorl_pop import make_mesh  # noqa: E402
 from evorl_pop.algorithms.es import ES, ESConfig  # noqa: E402
-from evorl_pop.envs import rollout  # noqa: E402
 from evorl_pop.envs_brax import BraxEnv  # noqa: E402
 
 TASKS = {"hopper": "brax/hopper", "halfcheetah": "brax/halfcheetah", "breakout": "Breakout-MinAtar"}
@@ -180,32 +176,6 @@ def main():
             f"{expected * 1e3:.1f} ms for its actual steps at the hand-written rate: "
             f"{seconds / expected:.2f}x  (goal <= 1.2)"
         )
-        longest_episode_bound(es, args, raw_rate["hopper"])
-
-
-def longest_episode_bound(es, args, rate):
-    """What no schedule can beat: an episode's steps run one after another, so a
-    generation takes at least its longest episode at one lane's stepping time."""
-    task = es.task
-    population = jax.vmap(task.init_solution)(jax.random.split(jax.random.key(2), args.pop))
-    keys = jax.random.split(jax.random.key(4), args.pop)
-
-    def steps(flat, key, n=1000):  # in one scanned chunk of n steps when n is given
-        params = task.unravel(flat)
-        return rollout(task.env, task.policy, params, key, num_steps=n, check_every=n).steps
-
-    lengths = np.asarray(jax.jit(jax.vmap(lambda f, k: steps(f, k, 1000)))(population, keys))
-    longest = int(lengths.argmax())
-    n = int(lengths[longest])
-    one_lane = jax.jit(lambda f, k: jax.vmap(lambda f, k: steps(f, k, n))(f[None], k[None]))
-    seconds, _ = best_time(one_lane, population[longest], keys[longest], reps=args.reps)
-    ideal = lengths.sum() / rate
-    print(
-        f"  bound: an untrained population (flax init per candidate): {lengths.mean():.0f} "
-        f"steps per episode on average, the longest {lengths.max()}; that episode alone "
-        f"takes {seconds * 1e3:.1f} ms on one lane, against {ideal * 1e3:.1f} ms for all "
-        f"the population's steps at the hand-written rate: {seconds / ideal:.2f}x at best"
-    )
 
 
 if __name__ == "__main__":
