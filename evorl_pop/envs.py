@@ -478,9 +478,10 @@ def rollout_queue(
     number. Episode ``i`` is what ``rollout(env, policy, params[i], keys[i],
     obs_norm, num_steps)`` returns (its key drives its reset and steps),
     whichever lane runs it: the same steps and return, observation sums up to
-    rounding (XLA may fuse them differently at another width). With ``lanes >= len(keys)``, or for an
-    environment that never ends early (``env.spec.terminates`` false) unless
-    ``lanes`` is given, it is that ``rollout`` vectorised over the episodes.
+    rounding (XLA may fuse them differently at another width). With
+    ``lanes >= len(keys)``, or for an environment that never ends early
+    (``env.spec.terminates`` false) unless ``lanes`` is given, it is that
+    ``rollout`` vectorised over the episodes.
 
     Args:
       env: an :class:`Env`.
@@ -558,7 +559,7 @@ def rollout_queue(
     # separate loop each, so the step compiles once per width): a long last
     # episode is not stepped alongside many ended ones.
     widths = sorted({lanes, max(1, lanes // QUEUE_SHRINK), 1}, reverse=True)
-    for width, below in zip(widths, [*widths[1:], 0]):
+    for width, below in zip(widths, [*widths[1:], 0], strict=True):
         lane, results, pending = loop
         if width < len(lane[0]):  # the running lanes first, then idle ones
             keep = jnp.argsort(lane[0] >= n, stable=True)[:width]

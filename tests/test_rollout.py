@@ -94,7 +94,6 @@ def test_early_exit_stops_when_every_episode_has_ended():
     assert env.steps_run == 2 * 3 * 25
 
 
-
 def _queue_steps(lengths, lanes, chunk):
     """Steps a queue of ``lanes`` lanes computes: a lane takes the next episode
     at the first multiple of ``chunk`` steps after its episode has ended; once
@@ -102,7 +101,7 @@ def _queue_steps(lengths, lanes, chunk):
     to one, as soon as they fit."""
     widths = sorted({lanes, max(1, lanes // 4), 1}, reverse=True)
     pending, running, computed = list(lengths[lanes:]), list(lengths[:lanes]), 0
-    for width, below in zip(widths, [*widths[1:], 0]):
+    for width, below in zip(widths, [*widths[1:], 0], strict=True):
         running = [r for r in running if r is not None]
         running += [None] * (width - len(running))
         while any(running) and (pending or sum(r is not None for r in running) > below):
@@ -150,13 +149,14 @@ def test_queue_shared_by_a_population_keeps_each_candidates_episodes():
         return jax.jit(jax.vmap(one))(lengths, keys)
 
     one_each, queued = evaluate(10), evaluate(3)
-    for a, b in zip(jax.tree.leaves(one_each), jax.tree.leaves(queued)):
+    for a, b in zip(jax.tree.leaves(one_each), jax.tree.leaves(queued), strict=True):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(queued.steps, 2 * np.minimum(lengths, 40))
     np.testing.assert_array_equal(queued.moments.count, queued.steps)
     # the observations 0, 1, ..., length - 1 of each of the two episodes
     n = np.minimum(lengths, 40)
     np.testing.assert_array_equal(queued.moments.total[:, 0], n * (n - 1))
+
 
 def test_collected_transitions_with_early_exit_and_truncation():
     env = _Fall()
@@ -189,7 +189,6 @@ def test_episode_length_is_honoured_by_the_engine_on_any_device_count():
         np.testing.assert_allclose(metrics[4][k], metrics[1][k], rtol=1e-5)
 
 
-
 def test_queued_slices_give_the_per_episode_results_on_any_device_count():
     # CartPole episodes of random policies end early, at different steps
     strategy, params = make_strategy("Open_ES", 8, ControlTask("CartPole-v1", (4,)).num_dims)
@@ -209,6 +208,7 @@ def test_queued_slices_give_the_per_episode_results_on_any_device_count():
         np.testing.assert_allclose(metrics[2, 2][k], metrics[1, 2][k], rtol=1e-5)
     for k in ("env_steps", "episodes"):
         np.testing.assert_array_equal(metrics[2, 2][k], metrics[1, 8][k])
+
 
 class _BigCount:
     """A task whose every evaluation reports 2**22 environment steps."""
