@@ -299,6 +299,8 @@ class ESConfig:
                             ("eval_episodes", 0)):  # fmt: skip
             if getattr(self, name) < least:
                 raise ConfigError(f"{name} must be at least {least}, got {getattr(self, name)}.")
+        if (lanes := self.rollout_lanes) is not None and lanes < 1:
+            raise ConfigError(f"rollout_lanes must be at least 1 (or null), got {lanes}.")
         if any(h < 1 for h in self.hidden_sizes):
             raise ConfigError(f"hidden_sizes must be at least 1, got {list(self.hidden_sizes)}.")
         for name in ("sigma_init", "learning_rate"):

@@ -207,6 +207,7 @@ def test_train_refuses_to_overwrite_a_run(tmp_path, capsys):
         (["--pop", "1"], ["population_size", "at least 2"]),
         (["--pop", "0"], ["population_size", "at least 2"]),
         (["--set", "generations=-3"], ["generations", ">= 0"]),
+        (["--set", "rollout_lanes=0"], ["rollout_lanes", "at least 1"]),
         (["--task", "sphear"], ["sphear", "sphere"]),
     ],
 )
