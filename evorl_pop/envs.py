@@ -349,6 +349,22 @@ def _step_fn(env, policy, obs_norm, num_steps, noise_std, collect):
     return step
 
 
+def _episode_length(env: Env, num_steps: int | None) -> int:
+    """``num_steps``, or the environment's limit; ValueError below 1."""
+    num_steps = env.spec.max_steps if num_steps is None else int(num_steps)
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be at least 1, got {num_steps}.")
+    return num_steps
+
+
+def _start_episode(env: Env, key: jax.Array, num_keys: int):
+    """``(obs, state, step_keys)``: the key schedule of every rollout, so that an
+    episode is the same whichever rollout runs it."""
+    key, reset_key = jax.random.split(key)
+    obs, state = env.reset(reset_key)
+    return obs, state, jax.random.split(key, num_keys)
+
+
 def rollout(
     env: Env,
     policy: Callable[[Any, jax.Array], jax.Array],
@@ -386,16 +402,13 @@ def rollout(
     Returns:
       An :class:`Episode`.
     """
-    num_steps = env.spec.max_steps if num_steps is None else int(num_steps)
-    if num_steps < 1:
-        raise ValueError(f"num_steps must be at least 1, got {num_steps}.")
+    num_steps = _episode_length(env, num_steps)
     num_chunks = -(-num_steps // max(1, min(check_every, num_steps)))
     chunk = -(-num_steps // num_chunks)  # chunks of equal length covering num_steps
-    key, reset_key = jax.random.split(key)
     # split(key, n) keys are a prefix of split(key, m) for n <= m: padding the
     # last chunk leaves the first num_steps keys as they are
-    step_keys = jax.random.split(key, num_chunks * chunk).reshape(num_chunks, chunk)
-    obs, state = env.reset(reset_key)
+    obs, state, step_keys = _start_episode(env, key, num_chunks * chunk)
+    step_keys = step_keys.reshape(num_chunks, chunk)
     # zeros derived from obs keep its sharding type (varying inside shard_map)
     zero = jnp.zeros_like(obs, dtype=jnp.float32)
     scalar = zero.reshape(-1)[0]
@@ -499,9 +512,7 @@ def rollout_queue(
       (no transitions).
     """
     n = keys.shape[0]
-    num_steps = env.spec.max_steps if num_steps is None else int(num_steps)
-    if num_steps < 1:
-        raise ValueError(f"num_steps must be at least 1, got {num_steps}.")
+    num_steps = _episode_length(env, num_steps)
     if lanes is not None and lanes < 1:
         raise ValueError(f"lanes must be at least 1 (or None for the default), got {lanes}.")
     if lanes is None:
@@ -509,12 +520,7 @@ def rollout_queue(
     if lanes >= n:
         return jax.vmap(lambda p, k: rollout(env, policy, p, k, obs_norm, num_steps))(params, keys)
 
-    def prepare(key):  # rollout's key schedule
-        key, reset_key = jax.random.split(key)
-        obs, state = env.reset(reset_key)
-        return obs, state, jax.random.split(key, num_steps)
-
-    first_obs, first_state, step_keys = jax.vmap(prepare)(keys)
+    first_obs, first_state, step_keys = jax.vmap(lambda k: _start_episode(env, k, num_steps))(keys)
     step = _step_fn(env, policy, obs_norm, num_steps, None, False)
 
     def start(items):
