@@ -273,6 +273,13 @@ class PythonTask:
             )
         return out.reshape(x.shape[:-1])
 
+    def _host_bits(self, dtype, bits: np.ndarray) -> np.ndarray:
+        """:meth:`_host` on floats passed as raw 32-bit words, its scores returned alike."""
+        wide = np.dtype(dtype).itemsize == 8  # a float64 is two words
+        x = np.ascontiguousarray(bits).view(dtype)
+        out = self._host(x[..., 0] if wide else x)
+        return out.reshape(-1).view(np.uint32).reshape(out.shape + ((2,) if wide else ()))
+
     def init_solution(self, key):
         del key
         return jnp.asarray(self.x0, float_dtype())
@@ -284,9 +291,16 @@ class PythonTask:
         del key, task_state
         from evorl_pop.tasks import EvalInfo
 
-        result = jax.ShapeDtypeStruct(solution.shape[:-1], solution.dtype)
+        # The callback may run on a thread that a scoped jax.enable_x64 does not
+        # reach, where JAX would cast float64 arguments and results to float32:
+        # both cross as raw 32-bit words.
+        wide = solution.dtype.itemsize == 8
+        result = jax.ShapeDtypeStruct(solution.shape[:-1] + ((2,) if wide else ()), jnp.uint32)
+        host = functools.partial(self._host_bits, solution.dtype)
+        bits = jax.lax.bitcast_convert_type(solution, jnp.uint32)
         # expand_dims: under the engine's vmap, f sees a device's whole slice at once
-        value = jax.pure_callback(self._host, result, solution, vmap_method="expand_dims")
+        value = jax.pure_callback(host, result, bits, vmap_method="expand_dims")
+        value = jax.lax.bitcast_convert_type(value, solution.dtype)
         return value, EvalInfo(steps=jnp.int32(0), episodes=jnp.int32(0))
 
     def update_state(self, task_state, info_total):

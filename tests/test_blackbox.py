@@ -233,6 +233,28 @@ def test_python_objective_gives_the_same_run_as_the_jax_task(batched):
     assert python_run["fitness_best"][-1] < 0.1 * python_run["fitness_best"][0]
 
 
+def test_python_objective_sees_float64_on_every_device():
+    seen = set()
+
+    def f(x):
+        seen.add(x.dtype)
+        return np.sum(np.square(x))
+
+    config = ESConfig(strategy="CMA_ES", task="sphere", num_dims=3, population_size=6,
+                      sigma_init=0.5, x0=1.0, eval_episodes=0)
+    with jax.enable_x64(True):
+        for devices in (1, 2):  # on 2, the callbacks run where the scoped mode does not reach
+            runs = []
+            for task in (PythonTask(f, 3, x0=1.0), BlackBoxTask("sphere", 3, x0=1.0)):
+                es = ES(config, mesh=make_mesh(devices), task=task)
+                run = jax.jit(lambda s, es=es: es.engine.run(s, jax.random.key(1), 3)[1])
+                runs.append(run(es.init(jax.random.key(0)))["fitness_best"])
+            assert runs[0].dtype == jnp.float64
+            # float32 arguments or results would differ from float64 at about 1e-7
+            np.testing.assert_allclose(runs[0], runs[1], rtol=1e-13)
+    assert seen == {np.dtype(np.float64)}
+
+
 def test_bad_input_is_one_clear_line():
     unknown = "Unknown BBOB function 'ellipsoid'. Did you mean 'ellipsoidal'"
     with pytest.raises(ValueError, match=unknown):
