@@ -1,7 +1,7 @@
 """brax and MinAtar throughput of whole engine generations, measured side by side.
 
     python benchmarks/bench_brax.py [--pop 64] [--backend spring] [--steps 100]
-        [--only hopper,halfcheetah,breakout,early] [--reps 3] [--gens 2] [--devices 1]
+        [--only hopper,halfcheetah,breakout,early,floor] [--reps 3] [--gens 2] [--devices 1]
         [--lanes N]
 
 Prints one table:
@@ -22,6 +22,11 @@ Prints one table:
   CPU, the whole slice on an accelerator; see
   :func:`evorl_pop.envs.rollout_queue`); the hand-written rollout steps all
   candidates at once, at full width.
+* ``floor`` (only when asked for): the least any lane schedule that steps
+  the running episodes together costs on this machine: the hand-written
+  hopper step timed at each power-of-two width up to ``--pop``, summed over
+  the steps of an untrained population's episodes at the width of those
+  still running, against their steps at the full-width rate.
 
 Every timing is the best of ``--reps`` calls of ``--gens`` generations (or
 rollouts) after a warm-up call. On a GPU: ``--pop 4096``.
@@ -101,11 +106,11 @@ def raw_steps(env):
     return (lambda key: gym.reset_env(key, params)), step
 
 
-def handwritten_time(es, args, num_steps):
-    """Seconds per rollout of the whole population, hand-written."""
-    task = es.task
+def handwritten_time(es, args, num_steps, width=None):
+    """Seconds per rollout of ``width`` (default: the population's) policies, hand-written."""
+    task, width = es.task, width or args.pop
     reset, step = raw_steps(task.env)
-    population = jax.vmap(task.init_solution)(jax.random.split(jax.random.key(2), args.pop))
+    population = jax.vmap(task.init_solution)(jax.random.split(jax.random.key(2), width))
 
     def episode(flat, key):
         params = task.unravel(flat)
@@ -122,13 +127,44 @@ def handwritten_time(es, args, num_steps):
 
     def generations(pop, key):
         def one(_, k):
-            return jax.vmap(episode)(pop, jax.random.split(k, args.pop)).sum()
+            return jax.vmap(episode)(pop, jax.random.split(k, width)).sum()
 
         return jax.lax.scan(lambda c, k: (c + one(c, k), ()), 0.0, jax.random.split(key, args.gens))
 
     run = jax.jit(generations)
     seconds, _ = best_time(run, population, jax.random.key(3), reps=args.reps)
     return seconds / args.gens
+
+
+def episode_lengths(es, args, num_steps):
+    """Steps each of ``args.pop`` untrained policies' episodes lasts (at most ``num_steps``)."""
+    task = es.task
+    population = jax.vmap(task.init_solution)(jax.random.split(jax.random.key(2), args.pop))
+
+    def length(flat, key):
+        params = task.unravel(flat)
+        obs, state = task.env.reset(key)
+
+        def body(carry, k):
+            obs, state, alive, n = carry
+            obs, state, _, done = task.env.step(k, state, task.policy(params, obs))
+            return (obs, state, alive & ~done, n + alive), ()
+
+        init = (obs, state, jnp.bool_(True), jnp.int32(0))
+        return jax.lax.scan(body, init, jax.random.split(key, num_steps))[0][3]
+
+    keys = jax.random.split(jax.random.key(4), args.pop)
+    return np.asarray(jax.jit(jax.vmap(length))(population, keys))
+
+
+def schedule_floor(es, args, lengths):
+    """Seconds the steps of episodes of ``lengths`` take at least when the episodes
+    still running are stepped together, at the hand-written cost per step of
+    their number (measured at powers of two, interpolated between)."""
+    widths = [1 << i for i in range(int(np.log2(args.pop)) + 1)]
+    cost = [handwritten_time(es, args, args.steps, w) / args.steps for w in widths]
+    running = [(lengths > t).sum() for t in range(int(lengths.max()))]
+    return float(np.sum(np.interp(running, widths, cost))), dict(zip(widths, cost, strict=True))
 
 
 def main():
@@ -153,7 +189,7 @@ def main():
     print(f"{'row':12s} {'engine steps/s':>15s} {'hand-written':>13s} {'ratio':>7s}  (goal)")
     raw_rate = {}
     for row in ("hopper", "halfcheetah", "breakout"):
-        if row not in only and not (row == "hopper" and "early" in only):
+        if row not in only and not (row == "hopper" and {"early", "floor"} & set(only)):
             continue
         es = make_es(TASKS[row], args, args.steps)
         scanned = args.pop * args.steps
@@ -175,6 +211,19 @@ def main():
             f"episode on average; generation {seconds * 1e3:.1f} ms against "
             f"{expected * 1e3:.1f} ms for its actual steps at the hand-written rate: "
             f"{seconds / expected:.2f}x  (goal <= 1.2)"
+        )
+    if "floor" in only:
+        es = make_es(TASKS["hopper"], args, 1000)
+        lengths = episode_lengths(es, args, 1000)
+        floor, cost = schedule_floor(es, args, lengths)
+        actual = lengths.sum() / raw_rate["hopper"]
+        per_step = ", ".join(f"{w}: {c * 1e6:.0f}" for w, c in cost.items())
+        print(
+            f"floor: hand-written hopper step, us per step at each width: {per_step}\n"
+            f"  {args.pop} untrained policies, 1000-step episodes: {lengths.mean():.0f} steps on "
+            f"average, the longest {lengths.max()}; stepping the running episodes together "
+            f"costs at least {floor * 1e3:.1f} ms against {actual * 1e3:.1f} ms for their "
+            f"steps at the full-width rate: {floor / actual:.2f}x"
         )
 
 
