@@ -27,8 +27,8 @@ from flax import struct
 
 from evorl_pop.blackbox import BBOB_PREFIX, float_dtype, objective_errors
 from evorl_pop.engine import ESState, ShardedES
-from evorl_pop.noise_table import NoiseTableOpen_ES
 from evorl_pop.envs import BRAX_PREFIX
+from evorl_pop.noise_table import NoiseTableOpen_ES
 from evorl_pop.tasks import make_task
 from evorl_pop.training import train_loop
 
@@ -317,7 +317,9 @@ class ESConfig:
         check_choice("eval_mode", self.eval_mode, ("vmap", "map"))
         check_choice("noise", self.noise, NOISE)
         if self.noise == "table" and self.strategy != "Open_ES":
-            raise ConfigError(f"noise='table' is an Open_ES sampler; {self.strategy} draws its own.")
+            raise ConfigError(
+                f"noise='table' is an Open_ES sampler; {self.strategy} draws its own."
+            )
         for name, least in (("population_size", 2), ("num_dims", 1), ("episodes", 1),
                             ("eval_episodes", 0)):  # fmt: skip
             if getattr(self, name) < least:

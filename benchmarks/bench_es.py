@@ -238,8 +238,14 @@ def bench_ceiling(args):
         "2. ceiling: OpenES on CartPole-v1, 4-32-2 MLP, population 256, one device "
         "(engine: whole generations; the engine stops an episode's steps when it falls, "
         "the ceiling scans all 500)",
-        ["Open_ES noise", "engine s/gen", "ceiling s/rollout", "ratio (goal <= 1.05)",
-         "ask+tell s", "ceiling st/s"],  # fmt: skip
+        [
+            "Open_ES noise",
+            "engine s/gen",
+            "ceiling s/rollout",
+            "ratio (goal <= 1.05)",
+            "ask+tell s",
+            "ceiling st/s",
+        ],  # fmt: skip
         rows,
     )
 
@@ -267,8 +273,17 @@ def bench_pendulum(args):
         "3. pendulum: OpenES on Pendulum-v1, 3-16-16-1 ReLU MLP, population 1024, one device "
         "(ceiling: the same policies as the engine's generations; first: the first "
         "population's alone)",
-        ["Open_ES noise", "engine s/gen", "ceiling s/rollout", "ratio (goal <= 1.05)",
-         "first s", "engine/first", "ask+tell s", "(c+a+t)/c", "engine/(c+a+t)"],  # fmt: skip
+        [
+            "Open_ES noise",
+            "engine s/gen",
+            "ceiling s/rollout",
+            "ratio (goal <= 1.05)",
+            "first s",
+            "engine/first",
+            "ask+tell s",
+            "(c+a+t)/c",
+            "engine/(c+a+t)",
+        ],  # fmt: skip
         rows,
     )
 

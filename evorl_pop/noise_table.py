@@ -62,7 +62,9 @@ class NoiseTableOpen_ES(Open_ES):
             )
         self.table_size = table_size
         self.table_seed = table_seed
-        self.noise_table = jax.random.normal(jax.random.key(table_seed), (table_size,), float_dtype())
+        self.noise_table = jax.random.normal(
+            jax.random.key(table_seed), (table_size,), float_dtype()
+        )
 
     @property
     def num_directions(self) -> int:
