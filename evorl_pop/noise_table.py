@@ -14,7 +14,8 @@ unchanged: ``grad = Σ_i f_i (x_i - m) / σ / (λ σ)``.
 
 The table is a function of ``table_seed`` alone, rebuilt identically in
 every process, so a run resumes exactly and every device reads the same
-noise whatever the device count.
+noise whatever the device count. It lives on the strategy (a constant of the
+compiled generation), not in its state: checkpoints do not grow.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from evosax.algorithms import Open_ES
 
 from evorl_pop.blackbox import float_dtype
 
-#: 2^22 normals (16 MiB in float32): over 10^4 distinct offsets for networks
-#: of up to 4 · 10^5 parameters.
+#: 2^22 normals (16 MiB in float32): about 4 million distinct windows for
+#: networks of up to a few hundred thousand parameters.
 DEFAULT_TABLE_SIZE = 1 << 22
 
 
