@@ -28,6 +28,7 @@ from flax import struct
 from evorl_pop.blackbox import BBOB_PREFIX, float_dtype, objective_errors
 from evorl_pop.engine import ESState, ShardedES
 from evorl_pop.envs import BRAX_PREFIX
+from evorl_pop.noise_table import NoiseTableOpen_ES
 from evorl_pop.tasks import make_task
 from evorl_pop.training import train_loop
 
@@ -130,6 +131,9 @@ STRATEGIES: dict[str, type] = dict(evosax.algorithms.algorithms, CMA_ES_pycma=CM
 
 OPTIMIZERS = {"adam": optax.adam, "sgd": optax.sgd}
 
+#: Noise samplers of ``Open_ES`` (see :func:`make_strategy`).
+NOISE = ("normal", "table")
+
 #: Values used when ``learning_rate`` / ``sigma_init`` are left as ``None``,
 #: for strategies whose evosax defaults (OpenES: SGD at 1e-3, σ = 1) suit no
 #: neuroevolution task; other strategies keep evosax's defaults.
@@ -143,6 +147,7 @@ def make_strategy(
     learning_rate: float | None = None,
     sigma_init: float | None = None,
     optimizer: str = "adam",
+    noise: str = "normal",
     **kwargs,
 ):
     """Builds an evosax strategy over a flat ``num_dims`` vector.
@@ -157,6 +162,10 @@ def make_strategy(
         params have one, else a constant ``std_schedule`` (``None``:
         :data:`RECOMMENDED`, else the strategy's default).
       optimizer: ``'adam'`` or ``'sgd'``, with ``learning_rate``.
+      noise: ``Open_ES`` only: ``'normal'`` (evosax's fresh normals every
+        generation) or ``'table'`` (:class:`~evorl_pop.noise_table.NoiseTableOpen_ES`:
+        slices of one shared table of normals at random offsets, cheaper to
+        draw; ``table_size`` and ``table_seed`` go in ``kwargs``).
       **kwargs: further constructor arguments of the strategy.
 
     Returns:
@@ -173,7 +182,14 @@ def make_strategy(
             f"Unknown strategy {name!r}.{hint} Valid strategies: {', '.join(sorted(STRATEGIES))}."
         )
     cls = STRATEGIES[name]
-    accepted = inspect.signature(cls.__init__).parameters
+    accepted = dict(inspect.signature(cls.__init__).parameters)
+    if noise not in NOISE:
+        raise ValueError(f"noise must be one of {list(NOISE)}, got {noise!r}.")
+    if noise == "table":
+        if name != "Open_ES":
+            raise ValueError(f"noise='table' is an Open_ES sampler; {name} draws its own noise.")
+        cls = NoiseTableOpen_ES  # takes Open_ES's arguments and the table's
+        accepted |= inspect.signature(cls.__init__).parameters
     recommended = RECOMMENDED.get(name, {})
     if learning_rate is None:
         learning_rate = recommended.get("learning_rate")
@@ -262,6 +278,9 @@ class ESConfig:
         and report as ``eval_return`` (0: off; black-box tasks: one evaluation).
       eval_mode: ``'vmap'`` (fast) or ``'map'`` (low memory) per device.
       low_communication: OpenES only: each device draws its own noise.
+      noise: OpenES only: ``'normal'`` (evosax's draw) or ``'table'`` (a
+        shared table of normals read at random offsets, cheaper to draw; see
+        :func:`make_strategy`).
     """
 
     strategy: str = "Open_ES"
@@ -284,6 +303,7 @@ class ESConfig:
     eval_episodes: int = 8
     eval_mode: str = "vmap"
     low_communication: bool = False
+    noise: str = "normal"
 
     def validate(self) -> None:
         """Raises :class:`~evorl_pop.config.ConfigError` naming a value that cannot run."""
@@ -295,6 +315,11 @@ class ESConfig:
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_choice("activation", self.activation, ("tanh", "relu", "elu"))
         check_choice("eval_mode", self.eval_mode, ("vmap", "map"))
+        check_choice("noise", self.noise, NOISE)
+        if self.noise == "table" and self.strategy != "Open_ES":
+            raise ConfigError(
+                f"noise='table' is an Open_ES sampler; {self.strategy} draws its own."
+            )
         for name, least in (("population_size", 2), ("num_dims", 1), ("episodes", 1),
                             ("eval_episodes", 0)):  # fmt: skip
             if getattr(self, name) < least:
@@ -350,6 +375,7 @@ class ES:
             learning_rate=config.learning_rate,
             sigma_init=config.sigma_init,
             optimizer=config.optimizer,
+            noise=config.noise,
         )
         self.engine = ShardedES(
             self.strategy,

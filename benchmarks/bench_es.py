@@ -8,10 +8,13 @@ Prints six tables:
    hand-written evosax + vmap + jit loop on the same CartPole task (OpenES,
    population 256, 4-32-2 MLP, 500-step episodes).
 2. ceiling: engine generation time on that CartPole task against the rollout
-   ceiling of :mod:`ceilings` (the engine's first population rolled out for 500
-   steps of ``env.step_env`` + mask, no ask / tell), same run, and the time of
-   the strategy's ask + tell alone.
-3. pendulum: the same on Pendulum-v1, population 1024, 3-16-16-1 ReLU MLP;
+   ceiling of :mod:`ceilings` (the populations the timed engine generations
+   evaluate, each rolled out for 500 steps of ``env.step_env`` + mask, no
+   ask / tell), same run, and the time of the strategy's ask + tell alone.
+   One row per Open_ES noise sampler: evosax's normals (the default) and the
+   shared noise table (``noise='table'``, :mod:`evorl_pop.noise_table`).
+3. pendulum: the same on Pendulum-v1, population 1024, 3-16-16-1 ReLU MLP,
+   also against the first population's rollout alone (``first``);
    ``(c+a+t)/c`` is the floor the strategy's own ask + tell sets on the ratio,
    ``engine/(c+a+t)`` what the engine adds beyond the rollout and the strategy.
 4. devices: the Pendulum job through the CLI (``evorl-pop train``) with its
@@ -67,11 +70,11 @@ def best_time(fn, *args, reps):
 PENDULUM_JOB = {"hidden_sizes": (16, 16), "activation": "relu"}
 
 
-def engine_generations(pop, n_devices, gens, env="CartPole-v1", **task_kwargs):
+def engine_generations(pop, n_devices, gens, env="CartPole-v1", noise="normal", **task_kwargs):
     task_kwargs = task_kwargs or {"hidden_sizes": (32,)}
     task = ControlTask(env, **task_kwargs)
     strategy, params = make_strategy(
-        "Open_ES", pop, task.num_dims, learning_rate=0.05, sigma_init=0.1
+        "Open_ES", pop, task.num_dims, learning_rate=0.05, sigma_init=0.1, noise=noise
     )
     engine = ShardedES(strategy, task, make_mesh(n_devices), params)
     state = engine.init(jax.random.key(0))
@@ -165,76 +168,126 @@ def alternate(fns, reps, clock=time.perf_counter):
     return [sorted(ts)[len(ts) // 2] for ts in times]
 
 
-def engine_vs_ceiling(args, env, pop, ceiling, **task_kwargs):
-    """Seconds per engine generation, per ceiling rollout, per ask + tell alone; same run."""
-    engine, state, sharded = engine_generations(pop, 1, args.gens, env, **task_kwargs)
+def evaluated_populations(sharded, state, key, gens):
+    """The populations ``sharded.run(state, key, gens)`` evaluates, generation by generation."""
+    step, populations = jax.jit(sharded.step), []
+    for _ in range(gens):
+        k = jax.random.fold_in(key, state.generation)  # the keys of `run` and `step`
+        k_ask = jax.random.split(k, 4)[0]
+        populations.append(sharded.strategy.ask(k_ask, state.strategy_state, sharded.params)[0])
+        state, _ = step(state, k)
+    return jnp.stack(populations)
+
+
+def engine_vs_ceiling(args, env, pop, ceiling, noise="normal", **task_kwargs):
+    """Seconds per engine generation, per ceiling rollout, per ask + tell alone; same run.
+
+    The ceiling rolls out the very policies the timed engine call evaluates,
+    one rollout per generation: a rollout's cost depends on the policies (on
+    Pendulum, the populations of generations 1-4 cost 7-10 % more to roll out
+    than the first one). ``first`` is the ceiling on the first population
+    alone, for reference.
+    """
+    engine, state, sharded = engine_generations(pop, 1, args.gens, env, noise, **task_kwargs)
     es, es_params = sharded.strategy, sharded.params
-    # the ceiling rolls out the engine's own first population (the same policies)
-    population = es.ask(jax.random.key(4), state.strategy_state, es_params)[0]
-    same = ceilings.from_flax(jax.vmap(sharded.task.unravel)(population))
-    run, params, key = ceiling(pop, params=same)
+    key = jax.random.key(2)
+    populations = evaluated_populations(sharded, state, key, args.gens)
+    same = ceilings.from_flax(jax.vmap(jax.vmap(sharded.task.unravel))(populations))
+    run, _, ceiling_key = ceiling(pop, params=jax.tree.map(lambda x: x[0], same))
+
+    @jax.jit
+    def rollouts(params, key):  # one rollout per generation's population, as the engine
+        return jax.lax.map(lambda a: run(*a), (params, jax.random.split(key, args.gens)))
 
     def ask_tell(state, key):  # the strategy's own work, with no evaluation
         population, s = es.ask(key, state.strategy_state, es_params)
         return es.tell(key, population, population[:, 0], s, es_params)[0].mean
 
-    t_engine, t_ceiling, t_ask_tell = alternate(
+    first = jax.tree.map(lambda x: x[0], same)
+    t_engine, t_ceiling, t_first, t_ask_tell = alternate(
         [
-            (engine, (state, jax.random.key(2))),
-            (run, (params, key)),
+            (engine, (state, key)),
+            (rollouts, (same, ceiling_key)),
+            (run, (first, ceiling_key)),
             (jax.jit(ask_tell), (state, jax.random.key(3))),
         ],
         args.reps * 3,
         CLOCKS[args.clock],
     )
-    return t_engine / args.gens, t_ceiling, t_ask_tell
+    return t_engine / args.gens, t_ceiling / args.gens, t_first, t_ask_tell
+
+
+NOISE_LABELS = {"normal": "evosax normals (default)", "table": "noise table"}
 
 
 def bench_ceiling(args):
     pop, steps = 256, ceilings.CARTPOLE_STEPS
-    t_gen, t_ceil, t_es = engine_vs_ceiling(args, "CartPole-v1", pop, ceilings.cartpole_rollout)
-    table(
-        "2. ceiling: OpenES on CartPole-v1, 4-32-2 MLP, population 256, one device "
-        "(engine: whole generations; the engine stops an episode's steps when it falls, "
-        "the ceiling scans all 500)",
-        ["engine s/gen", "ceiling s/rollout", "ratio (goal <= 1.05)", "ask+tell s", "ceiling st/s"],
-        [
+    rows = []
+    for noise in ("normal", "table"):
+        t_gen, t_ceil, _, t_es = engine_vs_ceiling(
+            args, "CartPole-v1", pop, ceilings.cartpole_rollout, noise
+        )
+        rows.append(
             [
+                NOISE_LABELS[noise],
                 f"{t_gen:.4f}",
                 f"{t_ceil:.4f}",
                 f"{t_gen / t_ceil:.3f}",
                 f"{t_es:.4f}",
                 f"{pop * steps / t_ceil:,.0f}",
             ]
-        ],
-    )
-
-
-def bench_pendulum(args):
-    pop = 1024
-    t_gen, t_ceil, t_es = engine_vs_ceiling(
-        args, "Pendulum-v1", pop, ceilings.pendulum_rollout, **PENDULUM_JOB
-    )
+        )
     table(
-        "3. pendulum: OpenES on Pendulum-v1, 3-16-16-1 ReLU MLP, population 1024, one device",
+        "2. ceiling: OpenES on CartPole-v1, 4-32-2 MLP, population 256, one device "
+        "(engine: whole generations; the engine stops an episode's steps when it falls, "
+        "the ceiling scans all 500)",
         [
+            "Open_ES noise",
             "engine s/gen",
             "ceiling s/rollout",
             "ratio (goal <= 1.05)",
             "ask+tell s",
-            "(c+a+t)/c",
-            "engine/(c+a+t)",
+            "ceiling st/s",
         ],
-        [
+        rows,
+    )
+
+
+def bench_pendulum(args):
+    pop, rows = 1024, []
+    for noise in ("normal", "table"):
+        t_gen, t_ceil, t_first, t_es = engine_vs_ceiling(
+            args, "Pendulum-v1", pop, ceilings.pendulum_rollout, noise, **PENDULUM_JOB
+        )
+        rows.append(
             [
+                NOISE_LABELS[noise],
                 f"{t_gen:.4f}",
                 f"{t_ceil:.4f}",
                 f"{t_gen / t_ceil:.3f}",
+                f"{t_first:.4f}",
+                f"{t_gen / t_first:.3f}",
                 f"{t_es:.4f}",
                 f"{(t_ceil + t_es) / t_ceil:.3f}",
                 f"{t_gen / (t_ceil + t_es):.3f}",
             ]
+        )
+    table(
+        "3. pendulum: OpenES on Pendulum-v1, 3-16-16-1 ReLU MLP, population 1024, one device "
+        "(ceiling: the same policies as the engine's generations; first: the first "
+        "population's alone)",
+        [
+            "Open_ES noise",
+            "engine s/gen",
+            "ceiling s/rollout",
+            "ratio (goal <= 1.05)",
+            "first s",
+            "engine/first",
+            "ask+tell s",
+            "(c+a+t)/c",
+            "engine/(c+a+t)",
         ],
+        rows,
     )
 
 

@@ -15,7 +15,9 @@ For the Gaussian ES family there is a low-communication path
 (``low_communication=True`` with evosax's ``Open_ES``): each device draws the
 noise of its own candidates from their global indices, so no device ever holds
 the ``pop × dims`` matrix; only scores and one ``psum`` of a ``dims``-vector
-cross devices. Its update equals evosax's ``Open_ES.tell`` on the same noise.
+cross devices. Its update equals evosax's ``Open_ES.tell`` on the same noise
+(with :class:`~evorl_pop.noise_table.NoiseTableOpen_ES`: the table rows its
+``ask`` reads).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from evorl_pop.blackbox import float_dtype
 from evorl_pop.distributed import POP_AXIS_NAME, psum, shmap_map, shmap_vmap
 from evorl_pop.fitness import to_minimization, worst_for_nonfinite
 from evorl_pop.mesh import make_mesh, padded_size
+from evorl_pop.noise_table import NoiseTableOpen_ES
 from evorl_pop.stats import Summary, summarize
 
 POP = P(POP_AXIS_NAME)
@@ -298,8 +301,13 @@ class ShardedES:
         if es.use_antithetic_sampling:
             half = self.population_size // 2
             sign = jnp.where(index < half, 1.0, -1.0)
-            return sign * jax.random.normal(jax.random.fold_in(key, index % half), (es.num_dims,))
-        return jax.random.normal(jax.random.fold_in(key, index), (es.num_dims,))
+            return sign * self._direction(key, index % half)
+        return self._direction(key, index)
+
+    def _direction(self, key, row):
+        if isinstance(self.strategy, NoiseTableOpen_ES):  # the rows its own ask reads
+            return self.strategy.directions(key, row[None])[0]
+        return jax.random.normal(jax.random.fold_in(key, row), (self.strategy.num_dims,))
 
     def noise_matrix(self, key):
         """All candidates' noise, as the full-matrix reference would draw it."""

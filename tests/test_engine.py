@@ -57,6 +57,7 @@ def _scores_metrics(scores, maximize):
 STRATEGY_CASES = [
     ("CMA_ES", 16, {}),
     ("Open_ES", 16, {"learning_rate": 0.1, "sigma_init": 0.5}),
+    ("Open_ES", 16, {"learning_rate": 0.1, "sigma_init": 0.5, "noise": "table", "table_size": 99}),
     ("SNES", 16, {}),
     ("Sep_CMA_ES", 16, {}),
     ("PGPE", 16, {}),
