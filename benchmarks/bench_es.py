@@ -11,8 +11,8 @@ Prints six tables:
    ceiling of :mod:`ceilings` (the populations the timed engine generations
    evaluate, each rolled out for 500 steps of ``env.step_env`` + mask, no
    ask / tell), same run, and the time of the strategy's ask + tell alone.
-   One row per Open_ES noise sampler: evosax's normals (the default) and the
-   shared noise table (``noise='table'``, :mod:`evorl_pop.noise_table`).
+   One row per Open_ES noise sampler: the shared noise table (the default,
+   :mod:`evorl_pop.noise_table`) and evosax's own normals (``noise='normal'``).
 3. pendulum: the same on Pendulum-v1, population 1024, 3-16-16-1 ReLU MLP,
    also against the first population's rollout alone (``first``);
    ``(c+a+t)/c`` is the floor the strategy's own ask + tell sets on the ratio,
@@ -217,13 +217,13 @@ def engine_vs_ceiling(args, env, pop, ceiling, noise="normal", **task_kwargs):
     return t_engine / args.gens, t_ceiling / args.gens, t_first, t_ask_tell
 
 
-NOISE_LABELS = {"normal": "evosax normals (default)", "table": "noise table"}
+NOISE_LABELS = {"normal": "evosax normals", "table": "noise table (default)"}
 
 
 def bench_ceiling(args):
     pop, steps = 256, ceilings.CARTPOLE_STEPS
     rows = []
-    for noise in ("normal", "table"):
+    for noise in ("table", "normal"):
         t_gen, t_ceil, _, t_es = engine_vs_ceiling(
             args, "CartPole-v1", pop, ceilings.cartpole_rollout, noise
         )
@@ -255,7 +255,7 @@ def bench_ceiling(args):
 
 def bench_pendulum(args):
     pop, rows = 1024, []
-    for noise in ("normal", "table"):
+    for noise in ("table", "normal"):
         t_gen, t_ceil, t_first, t_es = engine_vs_ceiling(
             args, "Pendulum-v1", pop, ceilings.pendulum_rollout, noise, **PENDULUM_JOB
         )

@@ -56,7 +56,7 @@ def _scores_metrics(scores, maximize):
 
 STRATEGY_CASES = [
     ("CMA_ES", 16, {}),
-    ("Open_ES", 16, {"learning_rate": 0.1, "sigma_init": 0.5}),
+    ("Open_ES", 16, {"learning_rate": 0.1, "sigma_init": 0.5, "noise": "normal"}),
     ("Open_ES", 16, {"learning_rate": 0.1, "sigma_init": 0.5, "noise": "table", "table_size": 99}),
     ("SNES", 16, {}),
     ("Sep_CMA_ES", 16, {}),
@@ -218,10 +218,11 @@ def test_obs_norm_merge_matches_numpy_statistics():
     np.testing.assert_allclose(merged.var, obs.var(0), rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.parametrize("noise", ["normal", "table"])
 @pytest.mark.parametrize("n", [1, 2, 4])
-def test_low_communication_openes_equals_full_matrix_update(n):
+def test_low_communication_openes_equals_full_matrix_update(n, noise):
     task = BlackBoxTask("rastrigin", num_dims=7, x0=1.0)
-    strategy, params = make_strategy("Open_ES", 14, task.num_dims, learning_rate=0.05)
+    strategy, params = make_strategy("Open_ES", 14, task.num_dims, learning_rate=0.05, noise=noise)
     engine = ShardedES(strategy, task, make_mesh(n), params, low_communication=True)
     state = engine.init(jax.random.key(0))
     key = jax.random.key(9)

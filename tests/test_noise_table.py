@@ -107,6 +107,13 @@ def test_table_noise_learns_like_evosax_normals():
     assert finals["table"] < 3 * finals["normal"] and finals["normal"] < 3 * finals["table"]
 
 
+def test_open_es_reads_the_table_by_default():
+    assert isinstance(make_strategy("Open_ES", 8, 10)[0], NoiseTableOpen_ES)
+    assert type(make_strategy("Open_ES", 8, 10, noise="normal")[0]).__name__ == "Open_ES"
+    assert not isinstance(make_strategy("SNES", 8, 10)[0], NoiseTableOpen_ES)
+    ESConfig(strategy="SNES").validate()  # 'auto' suits every strategy
+
+
 def test_noise_option_errors_say_what_to_change():
     with pytest.raises(ValueError, match="table_size >= 10"):
         make_strategy("Open_ES", 8, 10, noise="table", table_size=9)
