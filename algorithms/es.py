@@ -477,6 +477,7 @@ class RunRecord:
       population_size: its population size λ.
       sigma: its initial step size.
       regime: ``'first'``, ``'large'`` (IPOP doubling) or ``'small'`` (BIPOP).
+      max_generations: its generation limit (``maxiter``).
       evaluations: the evaluations it used.
       stop: why it ended, one of :data:`STOP_REASONS`.
       best: its best fitness.
@@ -485,6 +486,7 @@ class RunRecord:
     population_size: int
     sigma: float
     regime: str
+    max_generations: int
     evaluations: int
     stop: str
     best: float
@@ -835,7 +837,7 @@ class Minimizer:
             evaluations = int(gens) * lam
             used += evaluations
             stop = STOP_REASONS[int(reason)]
-            runs.append(RunRecord(lam, float(sigma), regime, evaluations, stop, float(run_best)))
+            runs.append(RunRecord(lam, float(sigma), regime, maxiter, evaluations, stop, float(run_best)))
             (large if regime == "large" else small).append(evaluations)
             if float(run_best) < best:
                 best, best_x = float(run_best), np.asarray(run_x)

@@ -15,7 +15,15 @@ import pytest
 from evosax.problems.bbob.bbob import BBOBProblem
 
 from evorl_pop import make_mesh
-from evorl_pop.algorithms.es import ES, CMA_ES_pycma, ESConfig, Minimizer, minimize
+from evorl_pop.algorithms.es import (
+    ES,
+    CMA_ES_pycma,
+    ESConfig,
+    Minimizer,
+    default_max_generations,
+    default_tolstagnation,
+    minimize,
+)
 from evorl_pop.blackbox import BBOBTask, ObjectiveError, PythonTask, bbob_instance
 from evorl_pop.config import ConfigError
 from evorl_pop.tasks import BlackBoxTask, EvalInfo, make_task, task_names
@@ -176,6 +184,14 @@ def test_minimize_stops_on_the_rule_pycma_stops_on(rule, f, x0, sigma):
     assert abs(result.evaluations - es.countevals) <= 10 * 6, (result.evaluations, es.countevals)
 
 
+@pytest.mark.parametrize("num_dims, population_size", [(2, 6), (5, 8), (10, 10), (5, 17)])
+def test_default_maxiter_and_tolstagnation_are_pycmas(num_dims, population_size):
+    es = cma.CMAEvolutionStrategy(np.zeros(num_dims), 1.0,
+                                  {"popsize": population_size, "verbose": -9})
+    assert default_max_generations(num_dims, population_size) == es.opts["maxiter"]
+    assert default_tolstagnation(num_dims, population_size) == es.opts["tolstagnation"]
+
+
 def _bipop_rastrigin():
     config = ESConfig(strategy="CMA_ES", task="bbob/rastrigin", num_dims=3,
                       population_size=6, sigma_init=2.0, instance=1, eval_episodes=0)
@@ -188,6 +204,7 @@ def test_ipop_doubles_the_population_within_one_budget():
                                 restarts=9, restart_strategy="ipop", x0=np.full(3, 3.0))
     sizes = [r.population_size for r in result.runs]
     assert sizes == [6 * 2**k for k in range(len(sizes))]
+    assert {r.max_generations for r in result.runs} == {default_max_generations(3, 6)}
     assert len(sizes) >= 3, result.runs
     assert sum(r.evaluations for r in result.runs) == result.evaluations <= 4000
     assert all(r.evaluations % r.population_size == 0 for r in result.runs)
@@ -202,6 +219,8 @@ def test_bipop_alternates_regimes_as_hansen_2009():
                                 restarts=9, restart_strategy="bipop", x0=np.full(3, 3.0))
     runs = result.runs
     assert runs[0].regime == "first" and runs[0].population_size == 6
+    maxiter0 = default_max_generations(3, 6)  # every run keeps it, as in cma.fmin
+    assert runs[0].max_generations == maxiter0
     assert sum(r.evaluations for r in runs) == result.evaluations <= 3000
     small, large, num_large = runs[0].evaluations, 0, 0
     for run in runs[1:]:
@@ -210,11 +229,15 @@ def test_bipop_alternates_regimes_as_hansen_2009():
         if run.regime == "large":
             num_large += 1
             assert run.population_size == 6 * 2**num_large and run.sigma == 2.0
+            assert run.max_generations == maxiter0
             large += run.evaluations
         else:
             assert 6 <= run.population_size <= 6 * 2**num_large
             assert 0.02 <= run.sigma <= 2.0
             assert run.evaluations <= 0.5 * large + run.population_size
+            assert run.max_generations == min(
+                maxiter0, int(np.ceil(0.5 * large / run.population_size))
+            )
             small += run.evaluations
     assert {"small", "large"} <= {r.regime for r in runs}, runs
 
