@@ -88,7 +88,8 @@ class CMA_ES_pycma(evosax.algorithms.CMA_ES):
         metrics_fn=cma_es.metrics_fn,
     ):
         """evosax's constructor, with :func:`_pycma_weights` as the default fitness shaping."""
-        super().__init__(population_size, solution, fitness_shaping_fn or _pycma_weights, metrics_fn)
+        shaping = fitness_shaping_fn or _pycma_weights
+        super().__init__(population_size, solution, shaping, metrics_fn)
 
     @property
     def _default_params(self):
@@ -837,7 +838,9 @@ class Minimizer:
             evaluations = int(gens) * lam
             used += evaluations
             stop = STOP_REASONS[int(reason)]
-            runs.append(RunRecord(lam, float(sigma), regime, maxiter, evaluations, stop, float(run_best)))
+            runs.append(
+                RunRecord(lam, float(sigma), regime, maxiter, evaluations, stop, float(run_best))
+            )
             (large if regime == "large" else small).append(evaluations)
             if float(run_best) < best:
                 best, best_x = float(run_best), np.asarray(run_x)
