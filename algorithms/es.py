@@ -130,7 +130,7 @@ class CMA_ES_pycma(evosax.algorithms.CMA_ES):
     def _ask(self, key, state, params):
         """evosax's sampling from pycma's eigendecomposition of the symmetrised C.
 
-        evosax's adds ``1e-8 I`` to C, keeps it, and floors the eigenvalues
+        evosax's ``ask`` adds ``1e-8 I`` to C, keeps it, and floors the eigenvalues
         at 1e-8: absolute constants that, next to C's smallest eigenvalues on
         a badly conditioned problem (1e-6 at condition 1e12, even with C
         centred on 1 as :class:`Minimizer` keeps it), widen the narrow axes
