@@ -38,6 +38,23 @@ class _PycmaState(cma_es.State):
     flat_generations: jax.Array
 
 
+def _pycma_weights(population, fitness, state, params):
+    """The recombination weight of each candidate by its rank, ties broken by index.
+
+    Args:
+      population: the candidates (unused).
+      fitness: their fitness, lower is better; NaN ranks last.
+      state: the strategy state (unused).
+      params: the strategy parameters, with ``weights`` in rank order.
+
+    Returns:
+      Each candidate's weight (all zero when every fitness is NaN).
+    """
+    order = jnp.argsort(jnp.where(jnp.isnan(fitness), jnp.inf, fitness), stable=True)
+    weights = params.weights[jnp.argsort(order)]
+    return jnp.where(jnp.all(jnp.isnan(fitness)), jnp.zeros_like(weights), weights)
+
+
 class CMA_ES_pycma(evosax.algorithms.CMA_ES):
     """evosax's CMA-ES with pycma's default settings (``cma`` 4.x, ``CMA_active=True``).
 
@@ -55,10 +72,25 @@ class CMA_ES_pycma(evosax.algorithms.CMA_ES):
     * ``h_σ``: ``||p_σ||² / (1 - (1 - c_σ)^(2g)) / n < 2 + 4/(n + 1)``, and the
       change of ``log σ`` in one generation clipped to ``[-1, 1]``.
 
-    C starts as pycma's, ``diag(exp(1e-4 i / n))``; the state also counts
+    The recombination weights go by rank with ties broken by candidate order,
+    as pycma's sort does (evosax averages tied ranks and truncates them, so on
+    a plateau, e.g. BBOB's step ellipsoid, tied candidates share one weight
+    and the weights no longer sum to one). C starts as pycma's,
+    ``diag(exp(1e-4 i / n))``; the state also counts
     consecutive generations whose best fitness equals the one at rank
     ``⌊3λ/4⌋`` (``flat_generations``, for pycma's ``tolflatfitness``).
     """
+
+    def __init__(
+        self,
+        population_size: int,
+        solution: jax.Array,
+        fitness_shaping_fn=None,
+        metrics_fn=cma_es.metrics_fn,
+    ):
+        """evosax's constructor, with :func:`_pycma_weights` as the default fitness shaping."""
+        shaping = fitness_shaping_fn or _pycma_weights
+        super().__init__(population_size, solution, shaping, metrics_fn)
 
     @property
     def _default_params(self):
@@ -95,6 +127,25 @@ class CMA_ES_pycma(evosax.algorithms.CMA_ES):
         # pycma's initial C: the identity with a tiny spread, which breaks the symmetry
         fields["C"] = jnp.diag(jnp.exp(1e-4 / self.num_dims * jnp.arange(self.num_dims)))
         return _PycmaState(**fields, flat_generations=jnp.int32(0))
+
+    def _ask(self, key, state, params):
+        """evosax's sampling from pycma's eigendecomposition of the symmetrised C.
+
+        evosax's ``ask`` adds ``1e-8 I`` to C, keeps it, and floors the eigenvalues
+        at 1e-8: absolute constants that, next to C's smallest eigenvalues on
+        a badly conditioned problem (1e-6 at condition 1e12, even with C
+        centred on 1 as :class:`Minimizer` keeps it), widen the narrow axes
+        generation after generation. pycma adds nothing; the floor here, the
+        float's resolution relative to the largest eigenvalue (below it an
+        eigenvalue is rounding noise), only keeps ``C^(-1/2)`` finite.
+        """
+        C = (state.C + state.C.T) / 2
+        eigenvalues, B = jnp.linalg.eigh(C)
+        floor = jnp.finfo(C.dtype).eps * jnp.max(eigenvalues)
+        D = jnp.sqrt(jnp.maximum(eigenvalues, floor))
+        z = jax.random.normal(key, (self.population_size, self.num_dims))
+        population = state.mean + state.std * (z * D) @ B.T
+        return population, state.replace(C=C, B=B, D=D)
 
     def tell(self, key, population, fitness, state, params):
         """evosax's ``tell``, and the count of flat generations.
@@ -441,7 +492,8 @@ class StopRules:
       tolconditioncov: the condition number of ``C`` exceeds it.
       tolstagnation: stop when the medians of the best and of the median
         fitness (sampled every 5 generations) stop improving over about
-        ``100 + 100 n^1.5 / λ`` generations and the best is that old.
+        ``100 + 100 n^1.5 / λ0`` generations (λ0: the first run's population)
+        and the best is that old.
       tolflatfitness: generations tolerated in a row whose best fitness
         equals the one at rank ``⌊3λ/4⌋`` (strategies that count them,
         ``CMA_ES_pycma``).
@@ -473,6 +525,7 @@ class RunRecord:
       population_size: its population size λ.
       sigma: its initial step size.
       regime: ``'first'``, ``'large'`` (IPOP doubling) or ``'small'`` (BIPOP).
+      max_generations: its generation limit (``maxiter``).
       evaluations: the evaluations it used.
       stop: why it ended, one of :data:`STOP_REASONS`.
       best: its best fitness.
@@ -481,6 +534,7 @@ class RunRecord:
     population_size: int
     sigma: float
     regime: str
+    max_generations: int
     evaluations: int
     stop: str
     best: float
@@ -511,8 +565,13 @@ class MinimizeResult:
 
 
 def default_max_generations(num_dims: int, population_size: int) -> int:
-    """pycma's default ``maxiter``: ``100 + 150 (n + 3)^2 / sqrt(λ)``."""
-    return int(np.ceil(100 + 150 * (num_dims + 3) ** 2 / population_size**0.5))
+    """pycma's default ``maxiter``: ``100 + ⌊150 (n + 3)^2 / sqrt(λ)⌋``."""
+    return 100 + int(150 * (num_dims + 3) ** 2 // population_size**0.5)
+
+
+def default_tolstagnation(num_dims: int, population_size: int) -> int:
+    """pycma's default ``tolstagnation`` in generations: ``⌊100 + 100 n^1.5 / λ⌋``."""
+    return int(100 + 100 * num_dims**1.5 / population_size)
 
 
 def _shift_in(buffer, value):
@@ -590,10 +649,11 @@ class Minimizer:
         es = ES(config, mesh=self.mesh, task=self.task)
         rules, n, lam = self.stop_rules, self.task.num_dims, population_size
         short = int(10 + 30 * n / lam)  # pycma keeps this many generations of the best
-        tolstagnation = int(100 + 100 * n**1.5 / lam)
         optimal_value = getattr(self.task, "optimal_value", None)
 
-        def run(key, x0, sigma, task_state, max_generations, budget_generations, target):
+        def run(
+            key, x0, sigma, task_state, max_generations, budget_generations, target, tolstagnation
+        ):
             init_key, run_key = jax.random.split(key)
             state = es.engine.init(init_key, x0).replace(task_state=task_state)
             s = state.strategy_state
@@ -742,7 +802,9 @@ class Minimizer:
         run's population) and σ = σ0 · 0.01^U (U uniform in [0, 1]), each
         started whenever the small runs have used fewer evaluations than the
         large ones, and given at most half their total. The first run counts
-        as small. Every run starts at ``x0``.
+        as small. Every run starts at ``x0``; like pycma's, every run keeps
+        the first run's ``maxiter`` (the small ones capped as above) and
+        ``tolstagnation``, the defaults for λ0.
 
         Args:
           key: the PRNG key.
@@ -781,7 +843,9 @@ class Minimizer:
         task_state = task.init_state() if task_state is None else task_state
         budget = max_evaluations if max_evaluations is not None else 2**62
         rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel())
+        # as in pycma, whose options are evaluated once, for the first run's population
         maxiter0 = max_generations or default_max_generations(n, lam0)
+        tolstagnation = default_tolstagnation(n, lam0)
 
         runs: list[RunRecord] = []
         used, small, large, runs_with_small = 0, [], [], 0
@@ -798,12 +862,11 @@ class Minimizer:
             elif irun > 0:
                 regime = "large"
                 lam = lam0 * 2 ** (irun - runs_with_small)
-                maxiter = max_generations or default_max_generations(n, lam)
             budget_generations = (budget - used) // lam
             if budget_generations < 1:
                 break
             # static per population size and call: restarts and instances share the compiled run
-            longest = min(max_generations or default_max_generations(n, lam), budget // lam)
+            longest = min(maxiter0, budget // lam)
             history = min(20_000, longest // 5 + 1)
             run, _ = self._run_fn(lam, history)
             with objective_errors():
@@ -816,12 +879,15 @@ class Minimizer:
                         maxiter,
                         min(budget_generations, 2**31 - 1),
                         target,
+                        tolstagnation,
                     )
                 )
             evaluations = int(gens) * lam
             used += evaluations
             stop = STOP_REASONS[int(reason)]
-            runs.append(RunRecord(lam, float(sigma), regime, evaluations, stop, float(run_best)))
+            runs.append(
+                RunRecord(lam, float(sigma), regime, maxiter, evaluations, stop, float(run_best))
+            )
             (large if regime == "large" else small).append(evaluations)
             if float(run_best) < best:
                 best, best_x = float(run_best), np.asarray(run_x)

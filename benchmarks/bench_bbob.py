@@ -1,6 +1,7 @@
 """CMA-ES through the engine (float64) on the 24 BBOB functions, side by side with pycma.
 
     python benchmarks/bench_bbob.py [--dims 2,5,10] [--functions 1-24] [--instances 1,2,3]
+                                    [--seeds 1]
 
 Every problem (function × instance × dimension d) starts at the same x0,
 uniform in [-4, 4]^d, with σ0 = 2, pycma's default population 4 + ⌊3 ln d⌋ and
@@ -9,7 +10,10 @@ a budget of 1000·d evaluations; solved means a generation's best f − f* below
 the engine's single run and its BIPOP restarts (``minimize`` with
 ``CMA_ES_pycma``: evosax's CMA-ES with pycma's default constants and rules),
 pycma's single run (``CMAEvolutionStrategy``) and ``cma.fmin(..., restarts=9,
-bipop=True)``.
+bipop=True)``. One run per problem and solver leaves the totals to chance
+(a multimodal problem is solved or not by the run's random draws), so
+``--seeds S`` repeats every problem with S seeds of both (the same x0) and
+adds a table over all of them; seed 0 is the one-seed table.
 The last table runs the engine's single run on the ellipsoids (f2, f10) at the
 largest dimension in float32 too, where f* ≠ 0 hides differences below its
 spacing.
@@ -21,6 +25,7 @@ population size serves every problem of a dimension.
 
 import argparse
 import dataclasses
+import itertools
 import time
 
 import jax
@@ -100,7 +105,7 @@ def pycma_run(evaluate, x0, fopt, budget, popsize, bipop, seed):
     return solved, count["hit"] if solved else min(count["evals"], budget)
 
 
-def run_dimension(num_dims, functions, instances, devices, log):
+def run_dimension(num_dims, functions, instances, seeds, devices, log):
     popsize = 4 + int(3 * np.log(num_dims))
     budget = 1000 * num_dims
     config = ESConfig(
@@ -118,40 +123,41 @@ def run_dimension(num_dims, functions, instances, devices, log):
     def batch_values(xs, state):
         return jax.vmap(lambda x: task.evaluate(x, None, state)[0])(xs)
 
-    results = {}  # (function, instance) -> {solver: (solved, evaluations)}
-    for function in functions:
-        for instance in instances:
-            state = problem_state(function, num_dims, instance)
-            fopt = float(state[1].f_opt)
-            x0 = start(num_dims, function, instance)
-            key = jax.random.key(1000 * function + instance)
-            row = {}
-            for name, restarts in (("engine", 0), ("engine BIPOP", 9)):
-                r = minimizer.minimize(
-                    key,
-                    target=TARGET,
-                    max_evaluations=budget,
-                    restarts=restarts,
-                    restart_strategy="bipop",
-                    x0=x0,
-                    task_state=state,
-                )
-                assert r.evaluations <= budget, r
-                row[name] = (r.converged, r.evaluations)
-
-            def evaluate(xs, state=state):
-                size = 1 << (len(xs) - 1).bit_length()  # few shapes, few compilations
-                padded = np.zeros((size, num_dims))
-                padded[: len(xs)] = xs
-                return np.asarray(batch_values(padded, state))[: len(xs)]
-
-            for name, bipop in (("pycma", False), ("pycma BIPOP", True)):
-                row[name] = pycma_run(evaluate, x0, fopt, budget, popsize, bipop, seed=instance)
-            results[function, instance] = row
-            log(
-                f"  d={num_dims:<2} f{function + 1:<2} {BBOB_FUNCTIONS[function]:<22} i{instance}  "
-                + "  ".join(f"{n}: {'+' if s else '-'}{e:>6}" for n, (s, e) in row.items())
+    results = {}  # (function, instance, seed) -> {solver: (solved, evaluations)}
+    for function, instance, seed in itertools.product(functions, instances, range(seeds)):
+        state = problem_state(function, num_dims, instance)
+        fopt = float(state[1].f_opt)
+        x0 = start(num_dims, function, instance)
+        key = jax.random.key(1000 * function + instance + 100_000 * seed)
+        row = {}
+        for name, restarts in (("engine", 0), ("engine BIPOP", 9)):
+            r = minimizer.minimize(
+                key,
+                target=TARGET,
+                max_evaluations=budget,
+                restarts=restarts,
+                restart_strategy="bipop",
+                x0=x0,
+                task_state=state,
             )
+            assert r.evaluations <= budget, r
+            row[name] = (r.converged, r.evaluations)
+
+        def evaluate(xs, state=state):
+            size = 1 << (len(xs) - 1).bit_length()  # few shapes, few compilations
+            padded = np.zeros((size, num_dims))
+            padded[: len(xs)] = xs
+            return np.asarray(batch_values(padded, state))[: len(xs)]
+
+        for name, bipop in (("pycma", False), ("pycma BIPOP", True)):
+            row[name] = pycma_run(
+                evaluate, x0, fopt, budget, popsize, bipop, seed=instance + 1000 * seed
+            )
+        results[function, instance, seed] = row
+        log(
+            f"  d={num_dims:<2} f{function + 1:<2} {BBOB_FUNCTIONS[function]:<22} i{instance} "
+            f"s{seed}  " + "  ".join(f"{n}: {'+' if s else '-'}{e:>6}" for n, (s, e) in row.items())
+        )
     return results
 
 
@@ -208,6 +214,7 @@ def main():
     parser.add_argument("--dims", default="2,5,10")
     parser.add_argument("--functions", default="1-24", help="numbers (1-24) or evosax names")
     parser.add_argument("--instances", default="1,2,3")
+    parser.add_argument("--seeds", type=int, default=1, help="runs per problem and solver")
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--quiet", action="store_true", help="no line per problem")
     parser.add_argument("--no-table", action="store_true", help="only the float32 rows")
@@ -216,30 +223,43 @@ def main():
     dims = [int(d) for d in args.dims.split(",")]
     functions = parse_functions(args.functions)
     instances = [int(i) for i in args.instances.split(",")]
+    if args.seeds < 1:
+        parser.error(f"--seeds must be at least 1, got {args.seeds}")
     log = (lambda _: None) if args.quiet else (lambda line: print(line, flush=True))
 
     t0 = time.perf_counter()
-    tables = {} if args.no_table else {
-        d: run_dimension(d, functions, instances, args.devices, log) for d in dims
-    }
+    tables = (
+        {}
+        if args.no_table
+        else {
+            d: run_dimension(d, functions, instances, args.seeds, args.devices, log) for d in dims
+        }
+    )
     problems = len(functions) * len(instances)
-    print(f"\nsolved to f - f* < 1e-8 of {problems} problems per dimension "
-          "(median evaluations of the solved ones)")
-    print(f"{'d':>3}  " + "  ".join(f"{n:>20}" for n in SOLVERS))
-    for d, results in tables.items():
-        cells = []
-        for name in SOLVERS:
-            runs = [row[name] for row in results.values()]
-            solved = [e for s, e in runs if s]
-            median = f"{np.median(solved):,.0f}" if solved else "-"
-            cells.append(f"{len(solved):>3} / {problems:<3} ({median:>7})")
-        print(f"{d:>3}  " + "  ".join(f"{c:>20}" for c in cells))
-    print("\nsolved per function (engine / pycma / engine BIPOP / pycma BIPOP), per dimension")
+    for seeds in sorted({1, args.seeds}):
+        print(
+            f"\nsolved to f - f* < 1e-8 of {problems} problems x {seeds} seed(s) per dimension "
+            "(median evaluations of the solved ones)"
+        )
+        print(f"{'d':>3}  " + "  ".join(f"{n:>22}" for n in SOLVERS))
+        for d, results in tables.items():
+            cells = []
+            for name in SOLVERS:
+                runs = [row[name] for (_, _, seed), row in results.items() if seed < seeds]
+                solved = [e for s, e in runs if s]
+                median = f"{np.median(solved):,.0f}" if solved else "-"
+                cells.append(f"{len(solved):>4} / {problems * seeds:<4} ({median:>7})")
+            print(f"{d:>3}  " + "  ".join(f"{c:>22}" for c in cells))
+    print(
+        f"\nsolved per function of {len(instances)} instances x {args.seeds} seed(s) "
+        "(engine / pycma / engine BIPOP / pycma BIPOP), per dimension"
+    )
     for function in functions if tables else ():
         cells = []
         for d in dims:
             counts = [
-                sum(tables[d][function, i][name][0] for i in instances) for name in SOLVERS
+                sum(row[name][0] for (f, _, _), row in tables[d].items() if f == function)
+                for name in SOLVERS
             ]
             cells.append("/".join(map(str, counts)))
         print(f"  f{function + 1:<2} {BBOB_FUNCTIONS[function]:<22} " + "   ".join(cells))

@@ -15,7 +15,15 @@ import pytest
 from evosax.problems.bbob.bbob import BBOBProblem
 
 from evorl_pop import make_mesh
-from evorl_pop.algorithms.es import ES, CMA_ES_pycma, ESConfig, Minimizer, minimize
+from evorl_pop.algorithms.es import (
+    ES,
+    CMA_ES_pycma,
+    ESConfig,
+    Minimizer,
+    default_max_generations,
+    default_tolstagnation,
+    minimize,
+)
 from evorl_pop.blackbox import BBOBTask, ObjectiveError, PythonTask, bbob_instance
 from evorl_pop.config import ConfigError
 from evorl_pop.tasks import BlackBoxTask, EvalInfo, make_task, task_names
@@ -76,15 +84,17 @@ def test_cmaes_float64_reaches_1e_8_on_a_shifted_rotated_ellipsoid():
     assert result.evaluations <= 10_000
 
 
-@pytest.mark.parametrize("num_dims, population_size", [(4, 8), (3, 7)])
-def test_cma_es_pycma_generations_equal_pycmas(num_dims, population_size):
+@pytest.mark.parametrize("num_dims, population_size, step", [(4, 8, 0), (3, 7, 0), (4, 8, 40)])
+def test_cma_es_pycma_generations_equal_pycmas(num_dims, population_size, step):
     n, lam = num_dims, population_size
     x0 = np.linspace(-2.0, 3.0, n)
     es = cma.CMAEvolutionStrategy(x0, 0.7, {"popsize": lam, "verbose": -9, "seed": 3})
     es.adapt_sigma.initialize(es)
+    ties = 0
 
     def f(x):  # an ellipsoid: rank-one, rank-mu and negative (active) terms all act
-        return float(np.sum(np.arange(1, n + 1) ** 3 * (x - 0.3) ** 2))
+        value = float(np.sum(np.arange(1, n + 1) ** 3 * (x - 0.3) ** 2))
+        return step * np.floor(value / step) if step else value  # with step: a staircase
 
     with jax.enable_x64(True):
         strategy = CMA_ES_pycma(population_size=lam, solution=jnp.zeros(n))
@@ -99,17 +109,23 @@ def test_cma_es_pycma_generations_equal_pycmas(num_dims, population_size):
             _, state = strategy.ask(jax.random.key(generation), state, params)  # B, D of C
             xs = es.ask()  # pycma's candidates, told to both
             fitness = [f(x) for x in xs]
-            es.tell(xs, fitness)
+            ties += len(set(fitness)) < lam
+            # numpy's sort orders ties arbitrarily; ours keeps the candidates' order, so
+            # pycma is told that order through a tie-breaking offset far below the step
+            es.tell(xs, [value + 1e-9 * i for i, value in enumerate(fitness)])
             state, _ = strategy.tell(
                 jax.random.key(generation), jnp.asarray(np.array(xs)), jnp.asarray(fitness),
                 state, params,
             )
-            # evosax loads C's diagonal with 1e-8 before each eigendecomposition
+            # nothing added to C before its eigendecomposition, as in pycma (which adds 1e-9
+            # to the Mahalanobis norms of the negative-weight vectors)
             np.testing.assert_allclose(state.mean, es.mean, rtol=1e-12)
-            np.testing.assert_allclose(state.std, es.sigma, rtol=1e-6)
-            np.testing.assert_allclose(state.C, es.sm.C, rtol=1e-6, atol=1e-7)
-            np.testing.assert_allclose(state.p_c, es.pc, rtol=1e-6, atol=1e-7)
-            np.testing.assert_allclose(state.p_std, es.adapt_sigma.ps, rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(state.std, es.sigma, rtol=1e-7)
+            np.testing.assert_allclose(state.C, es.sm.C, rtol=1e-7, atol=1e-9)
+            np.testing.assert_allclose(state.p_c, es.pc, rtol=1e-7, atol=1e-9)
+            np.testing.assert_allclose(state.p_std, es.adapt_sigma.ps, rtol=1e-7, atol=1e-9)
+    # on the staircase, candidates tie: each gets its own weight, none an averaged rank's
+    assert ties >= 3 if step else ties == 0
 
 
 def test_cma_es_pycma_counts_flat_generations_as_pycma():
@@ -169,6 +185,14 @@ def test_minimize_stops_on_the_rule_pycma_stops_on(rule, f, x0, sigma):
     assert abs(result.evaluations - es.countevals) <= 10 * 6, (result.evaluations, es.countevals)
 
 
+@pytest.mark.parametrize("num_dims, population_size", [(2, 6), (5, 8), (10, 10), (5, 17)])
+def test_default_maxiter_and_tolstagnation_are_pycmas(num_dims, population_size):
+    es = cma.CMAEvolutionStrategy(np.zeros(num_dims), 1.0,
+                                  {"popsize": population_size, "verbose": -9})
+    assert default_max_generations(num_dims, population_size) == es.opts["maxiter"]
+    assert default_tolstagnation(num_dims, population_size) == es.opts["tolstagnation"]
+
+
 def _bipop_rastrigin():
     config = ESConfig(strategy="CMA_ES", task="bbob/rastrigin", num_dims=3,
                       population_size=6, sigma_init=2.0, instance=1, eval_episodes=0)
@@ -181,6 +205,7 @@ def test_ipop_doubles_the_population_within_one_budget():
                                 restarts=9, restart_strategy="ipop", x0=np.full(3, 3.0))
     sizes = [r.population_size for r in result.runs]
     assert sizes == [6 * 2**k for k in range(len(sizes))]
+    assert {r.max_generations for r in result.runs} == {default_max_generations(3, 6)}
     assert len(sizes) >= 3, result.runs
     assert sum(r.evaluations for r in result.runs) == result.evaluations <= 4000
     assert all(r.evaluations % r.population_size == 0 for r in result.runs)
@@ -195,6 +220,8 @@ def test_bipop_alternates_regimes_as_hansen_2009():
                                 restarts=9, restart_strategy="bipop", x0=np.full(3, 3.0))
     runs = result.runs
     assert runs[0].regime == "first" and runs[0].population_size == 6
+    maxiter0 = default_max_generations(3, 6)  # every run keeps it, as in cma.fmin
+    assert runs[0].max_generations == maxiter0
     assert sum(r.evaluations for r in runs) == result.evaluations <= 3000
     small, large, num_large = runs[0].evaluations, 0, 0
     for run in runs[1:]:
@@ -203,11 +230,15 @@ def test_bipop_alternates_regimes_as_hansen_2009():
         if run.regime == "large":
             num_large += 1
             assert run.population_size == 6 * 2**num_large and run.sigma == 2.0
+            assert run.max_generations == maxiter0
             large += run.evaluations
         else:
             assert 6 <= run.population_size <= 6 * 2**num_large
             assert 0.02 <= run.sigma <= 2.0
             assert run.evaluations <= 0.5 * large + run.population_size
+            assert run.max_generations == min(
+                maxiter0, int(np.ceil(0.5 * large / run.population_size))
+            )
             small += run.evaluations
     assert {"small", "large"} <= {r.regime for r in runs}, runs
 
