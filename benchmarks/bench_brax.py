@@ -25,8 +25,8 @@ Prints one table:
 * ``floor`` (only when asked for): the least any lane schedule that steps
   the running episodes together costs on this machine: the hand-written
   hopper step timed at each power-of-two width up to ``--pop``, summed over
-  the steps of an untrained population's episodes at the width of those
-  still running, against their steps at the full-width rate.
+  the steps of the engine's first generation's episodes at the width of those
+  still running, against their steps at the full-width cost of the same timing.
 
 Every timing is the best of ``--reps`` calls of ``--gens`` generations (or
 rollouts) after a warm-up call. On a GPU: ``--pop 4096``.
@@ -136,10 +136,11 @@ def handwritten_time(es, args, num_steps, width=None):
     return seconds / args.gens
 
 
-def episode_lengths(es, args, num_steps):
-    """Steps each of ``args.pop`` untrained policies' episodes lasts (at most ``num_steps``)."""
-    task = es.task
-    population = jax.vmap(task.init_solution)(jax.random.split(jax.random.key(2), args.pop))
+def episode_lengths(es, num_steps):
+    """Steps the episode of each candidate of the engine's first generation lasts
+    (at most ``num_steps``; other episode keys than the engine's)."""
+    task, state = es.task, es.init(jax.random.key(0))
+    population = es.strategy.ask(jax.random.key(2), state.strategy_state, es.engine.params)[0]
 
     def length(flat, key):
         params = task.unravel(flat)
@@ -153,7 +154,7 @@ def episode_lengths(es, args, num_steps):
         init = (obs, state, jnp.bool_(True), jnp.int32(0))
         return jax.lax.scan(body, init, jax.random.split(key, num_steps))[0][3]
 
-    keys = jax.random.split(jax.random.key(4), args.pop)
+    keys = jax.random.split(jax.random.key(4), len(population))
     return np.asarray(jax.jit(jax.vmap(length))(population, keys))
 
 
@@ -214,13 +215,14 @@ def main():
         )
     if "floor" in only:
         es = make_es(TASKS["hopper"], args, 1000)
-        lengths = episode_lengths(es, args, 1000)
+        lengths = episode_lengths(es, 1000)
         floor, cost = schedule_floor(es, args, lengths)
-        actual = lengths.sum() / raw_rate["hopper"]
+        actual = lengths.sum() * cost[args.pop] / args.pop  # all at full width
         per_step = ", ".join(f"{w}: {c * 1e6:.0f}" for w, c in cost.items())
         print(
             f"floor: hand-written hopper step, us per step at each width: {per_step}\n"
-            f"  {args.pop} untrained policies, 1000-step episodes: {lengths.mean():.0f} steps on "
+            f"  the engine's first {args.pop} candidates, 1000-step episodes: "
+            f"{lengths.mean():.0f} steps on "
             f"average, the longest {lengths.max()}; stepping the running episodes together "
             f"costs at least {floor * 1e3:.1f} ms against {actual * 1e3:.1f} ms for their "
             f"steps at the full-width rate: {floor / actual:.2f}x"
