@@ -392,9 +392,7 @@ class ESConfig:
         if self.task in BLACKBOX_FUNCTIONS:
             return make_task(self.task, num_dims=self.num_dims, x0=self.x0)
         if self.task.startswith(BBOB_PREFIX):
-            return make_task(
-                self.task, num_dims=self.num_dims, x0=self.x0, instance=self.instance
-            )
+            return make_task(self.task, num_dims=self.num_dims, x0=self.x0, instance=self.instance)
         return make_task(
             self.task,
             hidden_sizes=tuple(self.hidden_sizes),
@@ -640,7 +638,12 @@ class Minimizer:
     def _run_fn(self, population_size: int, history: int):
         """The compiled run for ``population_size``, its long history ``history`` long."""
         cache_key = (
-            self.config, self.mesh, self.task, self.stop_rules, population_size, history,
+            self.config,
+            self.mesh,
+            self.task,
+            self.stop_rules,
+            population_size,
+            history,
             jax.config.x64_enabled,
         )
         if cache_key in _RUNS:

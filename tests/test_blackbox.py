@@ -47,8 +47,13 @@ def test_bbob_task_equals_evosax_problem():
 def test_float64_state_population_and_fitness_after_a_generation(devices):
     with jax.enable_x64(True):
         config = ESConfig(
-            strategy="CMA_ES", task="bbob/ellipsoidal_rotated", num_dims=3,
-            population_size=6, sigma_init=1.0, instance=2, eval_episodes=0,
+            strategy="CMA_ES",
+            task="bbob/ellipsoidal_rotated",
+            num_dims=3,
+            population_size=6,
+            sigma_init=1.0,
+            instance=2,
+            eval_episodes=0,
         )
         es = ES(config, mesh=make_mesh(devices))
         state = es.init(jax.random.key(0))
@@ -74,11 +79,22 @@ def test_cmaes_float64_reaches_1e_8_on_a_shifted_rotated_ellipsoid():
     # BBOB f10 (condition 1e6), instance 13: f* = 119.09...
     with jax.enable_x64(True):
         config = ESConfig(
-            strategy="CMA_ES", task="bbob/ellipsoidal_rotated", num_dims=10,
-            population_size=10, sigma_init=2.0, instance=13, eval_episodes=0,
+            strategy="CMA_ES",
+            task="bbob/ellipsoidal_rotated",
+            num_dims=10,
+            population_size=10,
+            sigma_init=2.0,
+            instance=13,
+            eval_episodes=0,
         )
-        result = minimize(config, jax.random.key(0), target=1e-8, max_evaluations=10_000,
-                          x0=np.linspace(-4.0, 4.0, 10), mesh=make_mesh(1))
+        result = minimize(
+            config,
+            jax.random.key(0),
+            target=1e-8,
+            max_evaluations=10_000,
+            x0=np.linspace(-4.0, 4.0, 10),
+            mesh=make_mesh(1),
+        )
     assert 100.0 < result.best < 120.0
     assert result.converged and 0.0 <= result.f_minus_fopt < 1e-8, result
     assert result.evaluations <= 10_000
@@ -114,8 +130,11 @@ def test_cma_es_pycma_generations_equal_pycmas(num_dims, population_size, step):
             # pycma is told that order through a tie-breaking offset far below the step
             es.tell(xs, [value + 1e-9 * i for i, value in enumerate(fitness)])
             state, _ = strategy.tell(
-                jax.random.key(generation), jnp.asarray(np.array(xs)), jnp.asarray(fitness),
-                state, params,
+                jax.random.key(generation),
+                jnp.asarray(np.array(xs)),
+                jnp.asarray(fitness),
+                state,
+                params,
             )
             # nothing added to C before its eigendecomposition, as in pycma (which adds 1e-9
             # to the Mahalanobis norms of the negative-weight vectors)
@@ -135,10 +154,16 @@ def test_cma_es_pycma_counts_flat_generations_as_pycma():
     state = strategy.init(jax.random.key(0), jnp.zeros(2), params)
     population = jax.random.normal(jax.random.key(1), (8, 2))
     counts = []
-    for fitness in ([1, 1, 1, 1, 1, 1, 1, 5], [1, 1, 1, 1, 1, 1, 1, 5], [0, 1, 1, 1, 1, 1, 1, 1],
-                    [3, 2, 2, 2, 2, 2, 2, 2], [3, 2, 2, 2, 2, 2, 3, 9]):
-        state, _ = strategy.tell(jax.random.key(2), population, jnp.asarray(fitness, jnp.float32),
-                                 state, params)
+    for fitness in (
+        [1, 1, 1, 1, 1, 1, 1, 5],
+        [1, 1, 1, 1, 1, 1, 1, 5],
+        [0, 1, 1, 1, 1, 1, 1, 1],
+        [3, 2, 2, 2, 2, 2, 2, 2],
+        [3, 2, 2, 2, 2, 2, 3, 9],
+    ):
+        state, _ = strategy.tell(
+            jax.random.key(2), population, jnp.asarray(fitness, jnp.float32), state, params
+        )
         counts.append(int(state.flat_generations))
     assert counts == [1, 2, 0, 1, 0]
 
@@ -176,10 +201,22 @@ def test_minimize_stops_on_the_rule_pycma_stops_on(rule, f, x0, sigma):
         es.tell(xs, [float(f(x)) for x in xs])
     assert rule in es.stop(), es.stop()
     with jax.enable_x64(True):
-        config = ESConfig(strategy="CMA_ES_pycma", num_dims=2, population_size=6,
-                          sigma_init=sigma, eval_episodes=0)
-        result = minimize(config, jax.random.key(0), target=-1.0, max_evaluations=6000,
-                          x0=np.array(x0), mesh=make_mesh(1), task=_Function(num_dims=2, f=f))
+        config = ESConfig(
+            strategy="CMA_ES_pycma",
+            num_dims=2,
+            population_size=6,
+            sigma_init=sigma,
+            eval_episodes=0,
+        )
+        result = minimize(
+            config,
+            jax.random.key(0),
+            target=-1.0,
+            max_evaluations=6000,
+            x0=np.array(x0),
+            mesh=make_mesh(1),
+            task=_Function(num_dims=2, f=f),
+        )
     assert [r.stop for r in result.runs] == [rule], result.runs
     # within a few generations of pycma's stop
     assert abs(result.evaluations - es.countevals) <= 10 * 6, (result.evaluations, es.countevals)
@@ -187,22 +224,36 @@ def test_minimize_stops_on_the_rule_pycma_stops_on(rule, f, x0, sigma):
 
 @pytest.mark.parametrize("num_dims, population_size", [(2, 6), (5, 8), (10, 10), (5, 17)])
 def test_default_maxiter_and_tolstagnation_are_pycmas(num_dims, population_size):
-    es = cma.CMAEvolutionStrategy(np.zeros(num_dims), 1.0,
-                                  {"popsize": population_size, "verbose": -9})
+    es = cma.CMAEvolutionStrategy(
+        np.zeros(num_dims), 1.0, {"popsize": population_size, "verbose": -9}
+    )
     assert default_max_generations(num_dims, population_size) == es.opts["maxiter"]
     assert default_tolstagnation(num_dims, population_size) == es.opts["tolstagnation"]
 
 
 def _bipop_rastrigin():
-    config = ESConfig(strategy="CMA_ES", task="bbob/rastrigin", num_dims=3,
-                      population_size=6, sigma_init=2.0, instance=1, eval_episodes=0)
+    config = ESConfig(
+        strategy="CMA_ES",
+        task="bbob/rastrigin",
+        num_dims=3,
+        population_size=6,
+        sigma_init=2.0,
+        instance=1,
+        eval_episodes=0,
+    )
     return Minimizer(config, mesh=make_mesh(2))
 
 
 def test_ipop_doubles_the_population_within_one_budget():
     minimizer = _bipop_rastrigin()
-    result = minimizer.minimize(jax.random.key(0), target=1e-8, max_evaluations=4000,
-                                restarts=9, restart_strategy="ipop", x0=np.full(3, 3.0))
+    result = minimizer.minimize(
+        jax.random.key(0),
+        target=1e-8,
+        max_evaluations=4000,
+        restarts=9,
+        restart_strategy="ipop",
+        x0=np.full(3, 3.0),
+    )
     sizes = [r.population_size for r in result.runs]
     assert sizes == [6 * 2**k for k in range(len(sizes))]
     assert {r.max_generations for r in result.runs} == {default_max_generations(3, 6)}
@@ -216,8 +267,14 @@ def test_ipop_doubles_the_population_within_one_budget():
 
 def test_bipop_alternates_regimes_as_hansen_2009():
     minimizer = _bipop_rastrigin()
-    result = minimizer.minimize(jax.random.key(1), target=1e-12, max_evaluations=3000,
-                                restarts=9, restart_strategy="bipop", x0=np.full(3, 3.0))
+    result = minimizer.minimize(
+        jax.random.key(1),
+        target=1e-12,
+        max_evaluations=3000,
+        restarts=9,
+        restart_strategy="bipop",
+        x0=np.full(3, 3.0),
+    )
     runs = result.runs
     assert runs[0].regime == "first" and runs[0].population_size == 6
     maxiter0 = default_max_generations(3, 6)  # every run keeps it, as in cma.fmin
@@ -250,8 +307,15 @@ def _sphere_sum(x):
 @pytest.mark.parametrize("batched", [False, True])
 def test_python_objective_gives_the_same_run_as_the_jax_task(batched):
     f = (lambda X: np.sum(np.square(X), axis=1)) if batched else _sphere_sum
-    config = ESConfig(strategy="CMA_ES", task="sphere", num_dims=5, population_size=9,
-                      sigma_init=0.5, x0=1.0, eval_episodes=1)
+    config = ESConfig(
+        strategy="CMA_ES",
+        task="sphere",
+        num_dims=5,
+        population_size=9,
+        sigma_init=0.5,
+        x0=1.0,
+        eval_episodes=1,
+    )
     python_task = PythonTask(f, num_dims=5, x0=1.0, batched=batched, optimal_value=0.0)
     histories = []
     for task in (BlackBoxTask("sphere", num_dims=5, x0=1.0), python_task):
@@ -271,8 +335,15 @@ def test_python_objective_sees_float64_on_every_device():
         seen.add(x.dtype)
         return np.sum(np.square(x))
 
-    config = ESConfig(strategy="CMA_ES", task="sphere", num_dims=3, population_size=6,
-                      sigma_init=0.5, x0=1.0, eval_episodes=0)
+    config = ESConfig(
+        strategy="CMA_ES",
+        task="sphere",
+        num_dims=3,
+        population_size=6,
+        sigma_init=0.5,
+        x0=1.0,
+        eval_episodes=0,
+    )
     with jax.enable_x64(True):
         for devices in (1, 2):  # on 2, the callbacks run where the scoped mode does not reach
             runs = []
@@ -320,8 +391,18 @@ def test_python_objective_failing_mid_run_is_one_clear_line():
         return float(np.sum(x**2))
 
     task = PythonTask(far_away, num_dims=2, x0=0.0)
-    es = ES(ESConfig(strategy="CMA_ES", task="sphere", num_dims=2, population_size=4,
-                     sigma_init=100.0, eval_episodes=0), mesh=make_mesh(2), task=task)
+    es = ES(
+        ESConfig(
+            strategy="CMA_ES",
+            task="sphere",
+            num_dims=2,
+            population_size=4,
+            sigma_init=100.0,
+            eval_episodes=0,
+        ),
+        mesh=make_mesh(2),
+        task=task,
+    )
     with pytest.raises(ObjectiveError) as info:
         es.train(jax.random.key(0), num_generations=5, progress=False)
     assert str(info.value) == "The objective 'far_away' raised ValueError: |x| > 10"
@@ -331,15 +412,26 @@ def test_python_objective_failing_mid_run_is_one_clear_line():
 
 
 def test_one_compiled_run_serves_every_instance():
-    config = ESConfig(strategy="CMA_ES", task="bbob/sphere", num_dims=3, population_size=6,
-                      sigma_init=2.0, eval_episodes=0)
+    config = ESConfig(
+        strategy="CMA_ES",
+        task="bbob/sphere",
+        num_dims=3,
+        population_size=6,
+        sigma_init=2.0,
+        eval_episodes=0,
+    )
     bests = []
     with jax.enable_x64(True):
         minimizer = Minimizer(config, mesh=make_mesh(1))
         for instance in (1, 2, 3):
             data = bbob_instance("sphere", 3, instance)
-            result = minimizer.minimize(jax.random.key(0), target=1e-8, max_evaluations=1200,
-                                        x0=np.zeros(3), task_state=data)
+            result = minimizer.minimize(
+                jax.random.key(0),
+                target=1e-8,
+                max_evaluations=1200,
+                x0=np.zeros(3),
+                task_state=data,
+            )
             assert result.converged and result.best - float(data.f_opt) < 1e-8
             bests.append(result.best)
         run = minimizer._run_fn(6, 1200 // 6 // 5 + 1)[0]  # the history of a 1200-evaluation budget
