@@ -11,6 +11,7 @@ from evorl_pop import make_mesh
 from evorl_pop.algorithms.es import ES, ESConfig, make_strategy
 from evorl_pop.engine import ShardedES, _median
 from evorl_pop.fitness import to_minimization, worst_for_nonfinite
+from evorl_pop.noise_table import NoiseTableOpen_ES
 from evorl_pop.tasks import BlackBoxTask, ControlTask
 
 GENERATIONS = 6
@@ -261,29 +262,25 @@ def test_low_communication_chunks_bound_noise_memory_and_match():
     )
 
 
-def test_low_communication_openes_learns_like_evosax_openes():
-    task = BlackBoxTask("sphere", num_dims=20, x0=1.0)
-    finals = {}
-    for low in (False, True):
-        es = ES(
-            ESConfig(
-                strategy="Open_ES",
-                task="sphere",
-                num_dims=20,
-                x0=1.0,
-                population_size=64,
-                learning_rate=0.05,
-                sigma_init=0.1,
-                low_communication=low,
-            ),
-            mesh=make_mesh(2),
-            task=task,
-        )
-        _, history = es.train(jax.random.key(0), 150, chunk=150, progress=False)
-        finals[low] = history["fitness_mean"][-10:].mean()
+def _sphere_openes_final(**variant):
+    config = ESConfig(strategy="Open_ES", task="sphere", num_dims=20, x0=1.0, population_size=64,
+                      learning_rate=0.05, sigma_init=0.1, **variant)  # fmt: skip
+    config.validate()
+    es = ES(config, mesh=make_mesh(2))
+    assert isinstance(es.strategy, NoiseTableOpen_ES) == (config.noise != "normal")
+    _, history = es.train(jax.random.key(0), 150, chunk=150, progress=False)
+    return history["fitness_mean"][-10:].mean()
+
+
+@pytest.mark.parametrize(
+    "variant", [{"noise": "normal", "low_communication": True}, {"noise": "table"}]
+)
+def test_openes_variants_learn_like_evosax_openes(variant):
+    """The low-communication path and the noise table against evosax's own OpenES."""
+    reference, final = _sphere_openes_final(noise="normal"), _sphere_openes_final(**variant)
     start = 20.0  # sphere at x0 = 1 in 20-D
-    assert finals[False] < 0.05 * start and finals[True] < 0.05 * start
-    assert finals[True] < 3 * finals[False] and finals[False] < 3 * finals[True]
+    assert final < 0.05 * start and reference < 0.05 * start
+    assert final < 3 * reference and reference < 3 * final
 
 
 def test_step_compiles_once_and_scan_equals_loop():
