@@ -1,0 +1,239 @@
+"""OpenES on Breakout-MinAtar: several seeds of several settings, the seeds vmapped.
+
+    python benchmarks/breakout_sweep.py [--settings FILE.json] [--seeds 4]
+        [--generations 1000] [--budget SECONDS] [--out sweep.jsonl]
+
+Each setting trains ``--seeds`` independent OpenES runs at once, the seeds a
+vmapped axis of one compiled program, so an accelerator trains four seeds in
+about the time of one. The policy is the project's (``evorl_pop.networks``:
+the CNN or the MLP, greedy over the logits), the strategy evosax's Open_ES
+built by :func:`evorl_pop.algorithms.es.make_strategy` (evosax's own draw),
+ranked on the mean return of each candidate's episodes, capped at 500 steps;
+after every generation the strategy's mean plays 8 episodes (the metric
+``eval_return`` of ``examples/openes_minatar.py``).
+
+A setting is a JSON object; its keys and defaults (those of
+``examples/openes_minatar.py``)::
+
+    policy "cnn" | "mlp"; hidden [64]; activation "tanh"; population 128;
+    learning_rate 0.05; sigma 0.1; episodes 1 (per candidate);
+    weight_decay 0 (Adam with decoupled weight decay when > 0);
+    temperature 0 (> 0: actions sampled from softmax(logits / temperature),
+      in training and evaluation);
+    sticky 0 (training only: the probability that the previous action is
+      repeated instead, MinAtar's sticky actions);
+    random_start 0 (training only: up to this many uniformly random actions
+      at the start of each episode); generations (overrides --generations).
+
+Without ``--settings`` it runs :data:`SETTINGS`. Prints one line per
+setting: per seed the mean-policy return averaged over the last 50
+generations, its maximum over the run, the best candidate's return, and the
+environment steps of training.
+"""
+
+import argparse
+import json
+import time
+
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from evosax.algorithms import Open_ES
+from jax.flatten_util import ravel_pytree
+
+from evorl_pop.algorithms.es import make_strategy
+from evorl_pop.networks import CNN, MLP
+
+EPISODE_LENGTH = 500
+EVAL_EPISODES = 8
+DEFAULTS = dict(
+    policy="cnn",
+    hidden=[64],
+    activation="tanh",
+    population=128,
+    learning_rate=0.05,
+    sigma=0.1,
+    episodes=1,
+    weight_decay=0.0,
+    temperature=0.0,
+    sticky=0.0,
+    random_start=0,
+)
+SETTINGS = [
+    dict(name="default"),
+    dict(name="population 512", population=512),
+    dict(name="population 1024, 500 generations", population=1024, generations=500),
+    dict(name="population 256, 2 episodes", population=256, episodes=2),
+    dict(
+        name="population 256, lr 0.03, sigma 0.05", population=256, learning_rate=0.03, sigma=0.05
+    ),
+    dict(name="sampled actions (temperature 1)", temperature=1.0),
+    dict(name="relu, temperature 0.5, pop 256", activation="relu", temperature=0.5, population=256),
+    dict(name="MLP 64 on the flat image, pop 256", policy="mlp", population=256),
+    dict(name="CNN, linear head, pop 256, lr 0.1", hidden=[], population=256, learning_rate=0.1),
+    dict(name="sticky 0.1, pop 256", sticky=0.1, population=256),
+    dict(name="sticky 0.25, pop 256", sticky=0.25, population=256),
+    dict(name="random start 30, pop 256", random_start=30, population=256),
+]
+
+
+def build(setting, env, env_params):
+    """``(init, generation, num_params)`` of one setting, for one seed."""
+    s = {**DEFAULTS, **setting}
+    obs_shape = env.observation_space(env_params).shape
+    num_actions = env.num_actions
+    if s["policy"] == "cnn":
+        module = CNN(tuple(s["hidden"]), num_actions, s["activation"])
+    else:
+        module = MLP(tuple(s["hidden"]), num_actions, s["activation"], obs_rank=len(obs_shape))
+    flat0, unravel = ravel_pytree(module.init(jax.random.key(0), jnp.zeros(obs_shape)))
+    pop, episodes = s["population"], s["episodes"]
+
+    def act(flat, obs, key):
+        logits = module.apply(unravel(flat), obs)
+        if s["temperature"] > 0:
+            return jax.random.categorical(key, logits / s["temperature"])
+        return jnp.argmax(logits)
+
+    def play(flats, key, train):
+        """One episode per row of ``flats``: returns and the steps taken."""
+        width = flats.shape[0]
+        key, k_start, k_reset = jax.random.split(key, 3)
+        sticky = s["sticky"] if train else 0.0
+        random_steps = s["random_start"] if train else 0
+        n_random = jax.random.randint(k_start, (width,), 0, random_steps + 1)
+        obs, state = jax.vmap(env.reset_env, (0, None))(
+            jax.random.split(k_reset, width), env_params
+        )
+
+        def running(c):
+            return (c["t"] < EPISODE_LENGTH) & ~jnp.all(c["done"])
+
+        def step(c):
+            key, k_act, k_step, k_sticky, k_random = jax.random.split(c["key"], 5)
+            a = jax.vmap(act)(flats, c["obs"], jax.random.split(k_act, width))
+            a = jnp.where(c["t"] < n_random, jax.random.randint(k_random, (width,), 0, 3), a)
+            a = jnp.where(jax.random.uniform(k_sticky, (width,)) < sticky, c["prev"], a)
+            obs, state, r, d, _ = jax.vmap(env.step_env, (0, 0, 0, None))(
+                jax.random.split(k_step, width), c["state"], a, env_params
+            )
+            return dict(
+                obs=obs,
+                state=state,
+                done=c["done"] | d | (c["t"] + 1 >= EPISODE_LENGTH),
+                ret=c["ret"] + jnp.where(c["done"], 0.0, r),
+                steps=c["steps"] + jnp.sum(~c["done"]),
+                t=c["t"] + 1,
+                key=key,
+                prev=a,
+            )
+
+        c = dict(
+            obs=obs,
+            state=state,
+            done=jnp.zeros(width, bool),
+            ret=jnp.zeros(width),
+            steps=0,
+            t=0,
+            key=key,
+            prev=jnp.zeros(width, jnp.int32),
+        )
+        c = jax.lax.while_loop(running, step, c)
+        return c["ret"], c["steps"]
+
+    if s["weight_decay"] > 0:
+        strategy = Open_ES(
+            pop,
+            flat0,
+            optimizer=optax.adamw(s["learning_rate"], weight_decay=s["weight_decay"]),
+            std_schedule=optax.constant_schedule(s["sigma"]),
+        )
+        params = strategy.default_params
+    else:
+        strategy, params = make_strategy(
+            "Open_ES", pop, flat0.size, s["learning_rate"], s["sigma"], noise="normal"
+        )
+
+    def init(key):
+        return strategy.init(key, flat0, params)
+
+    def generation(state, key):
+        k_ask, k_play, k_tell, k_eval = jax.random.split(key, 4)
+        x, state = strategy.ask(k_ask, state, params)
+        returns, steps = play(jnp.repeat(x, episodes, axis=0), k_play, train=True)
+        fitness = returns.reshape(pop, episodes).mean(1)
+        state, _ = strategy.tell(k_tell, x, -fitness, state, params)  # evosax minimises
+        mean = jnp.repeat(state.mean[None], EVAL_EPISODES, axis=0)
+        eval_returns, _ = play(mean, k_eval, train=False)
+        return state, dict(best=fitness.max(), eval=eval_returns.mean(), steps=steps)
+
+    return init, generation, flat0.size
+
+
+def run(setting, seeds, generations, env, env_params, chunk=50):
+    """Trains ``seeds`` runs of one setting; returns the per-seed summary."""
+    init, generation, num_params = build(setting, env, env_params)
+    generations = setting.get("generations", generations)
+    states = jax.jit(jax.vmap(init))(jax.random.split(jax.random.key(0), seeds))
+
+    @jax.jit
+    def generations_of(states, key):
+        def one(states, k):
+            return jax.vmap(generation)(states, jax.random.split(k, seeds))
+
+        return jax.lax.scan(one, states, jax.random.split(key, chunk))
+
+    start, key, history = time.perf_counter(), jax.random.key(123), []
+    for _ in range(max(1, generations // chunk)):
+        key, k = jax.random.split(key)
+        states, out = generations_of(states, k)
+        history.append(jax.tree.map(np.asarray, out))
+    out = {name: np.concatenate([h[name] for h in history]) for name in history[0]}
+    ev = out["eval"]  # (generations, seeds)
+    return dict(
+        setting=setting,
+        num_params=int(num_params),
+        seconds=round(time.perf_counter() - start, 1),
+        env_steps=out["steps"].sum(0).tolist(),
+        eval_last50=[round(float(v), 2) for v in ev[-50:].mean(0)],
+        eval_max=[round(float(v), 2) for v in ev.max(0)],
+        best_candidate=[float(v) for v in out["best"].max(0)],
+    )
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--settings", help="JSON file with a list of settings")
+    parser.add_argument("--seeds", type=int, default=4)
+    parser.add_argument("--generations", type=int, default=1000)
+    parser.add_argument(
+        "--budget", type=float, default=float("inf"), help="seconds: start no setting after"
+    )
+    parser.add_argument("--out", help="append one JSON line per setting to this file")
+    args = parser.parse_args()
+    settings = json.load(open(args.settings)) if args.settings else SETTINGS
+    env, env_params = gymnax.make("Breakout-MinAtar")
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; {args.seeds} seeds per setting")
+    start = time.perf_counter()
+    for setting in settings:
+        if time.perf_counter() - start > args.budget:
+            print(f"budget spent, skipped: {setting.get('name', setting)}")
+            continue
+        r = run(setting, args.seeds, args.generations, env, env_params)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(json.dumps(r) + "\n")
+        steps = np.mean(r["env_steps"]) / 1e6
+        print(
+            f"{setting.get('name', setting)}: {r['num_params']:,} parameters, "
+            f"{steps:.1f} M steps per seed, {r['seconds']} s in all; mean policy, "
+            f"last 50 generations {r['eval_last50']}, best {r['eval_max']}; "
+            f"best candidate {r['best_candidate']}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
