@@ -36,6 +36,10 @@ from evorl_pop.training import train_loop
 @struct.dataclass
 class _PycmaState(cma_es.State):
     flat_generations: jax.Array
+    scaling: jax.Array  # pycma's sigma_vec: per-coordinate scale of the genotype
+    transform: jax.Array  # phenotype = transform @ genotype
+    transform_inv: jax.Array
+    transformed: jax.Array  # bool: the main axes have been moved into ``transform``
 
 
 def _pycma_weights(population, fitness, state, params):
@@ -79,6 +83,19 @@ class CMA_ES_pycma(evosax.algorithms.CMA_ES):
     ``diag(exp(1e-4 i / n))``; the state also counts
     consecutive generations whose best fitness equals the one at rank
     ``⌊3λ/4⌋`` (``flat_generations``, for pycma's ``tolflatfitness``).
+
+    pycma's ``conditioncov_alleviate`` (default ``(1e8, 1e12)``) is kept, as
+    pycma applies it before sampling: once the ratio of C's largest to
+    smallest diagonal entry reaches the first value, C becomes its correlation
+    matrix and its scales move into ``scaling`` (pycma's ``sigma_vec``);
+    once C's condition number (from the last eigendecomposition) reaches the
+    second, C's square root moves, once per run, into a linear
+    genotype-phenotype map (``transform``) and C starts again from the
+    identity. The distribution is unchanged, but from then on ``mean``,
+    ``C`` and ``p_c`` live in the genotype coordinates, as pycma's do, and so
+    do the stop rules of :class:`Minimizer` that read them. ``ask`` returns
+    phenotypes, ``tell`` takes phenotypes; :meth:`get_mean` is the
+    phenotype mean.
     """
 
     def __init__(
@@ -87,10 +104,23 @@ class CMA_ES_pycma(evosax.algorithms.CMA_ES):
         solution: jax.Array,
         fitness_shaping_fn=None,
         metrics_fn=cma_es.metrics_fn,
+        conditioncov_alleviate: tuple[float, float] | None = (1e8, 1e12),
     ):
-        """evosax's constructor, with :func:`_pycma_weights` as the default fitness shaping."""
+        """evosax's constructor, with :func:`_pycma_weights` as the default fitness shaping.
+
+        Args:
+          population_size: λ.
+          solution: a solution of the searched shape.
+          fitness_shaping_fn: evosax's fitness shaping (``None``: by rank, as pycma).
+          metrics_fn: evosax's metrics.
+          conditioncov_alleviate: pycma's option of that name: the coordinate
+            condition and the condition of C at which C's scaling moves into
+            the genotype-phenotype map (``None``: never).
+        """
         shaping = fitness_shaping_fn or _pycma_weights
         super().__init__(population_size, solution, shaping, metrics_fn)
+        alleviate = conditioncov_alleviate or (np.inf, np.inf)
+        self.alleviate_coordinates, self.alleviate_axes = float(alleviate[0]), float(alleviate[-1])
 
     @property
     def _default_params(self):
@@ -118,34 +148,108 @@ class CMA_ES_pycma(evosax.algorithms.CMA_ES):
             jax.scipy.special.gammaln((n + 1) / 2) - jax.scipy.special.gammaln(n / 2)
         )
         return params.replace(
-            weights=weights, c_1=c_1, c_mu=c_mu, c_std=c_std, d_std=d_std, chi_n=chi_n
+            weights=weights,
+            c_1=c_1,
+            c_mu=c_mu,
+            c_std=c_std,
+            d_std=d_std,
+            chi_n=chi_n,
+            std_max=jnp.inf,  # pycma bounds σ by no constant
         )
+
+    def _initial_C(self):
+        return jnp.diag(jnp.exp(1e-4 / self.num_dims * jnp.arange(self.num_dims)))
 
     def _init(self, key, params):
         state = super()._init(key, params)
         fields = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
         # pycma's initial C: the identity with a tiny spread, which breaks the symmetry
-        fields["C"] = jnp.diag(jnp.exp(1e-4 / self.num_dims * jnp.arange(self.num_dims)))
-        return _PycmaState(**fields, flat_generations=jnp.int32(0))
+        fields["C"] = self._initial_C()
+        eye = jnp.eye(self.num_dims)
+        return _PycmaState(
+            **fields,
+            flat_generations=jnp.int32(0),
+            scaling=jnp.ones(self.num_dims),
+            transform=eye,
+            transform_inv=eye,
+            transformed=jnp.bool_(False),
+        )
+
+    def get_mean(self, state):
+        """The mean in the search space (the phenotype of ``state.mean``)."""
+        return self._unravel_solution(state.transform @ state.mean)
 
     def _ask(self, key, state, params):
-        """evosax's sampling from pycma's eigendecomposition of the symmetrised C.
+        """pycma's alleviation of C's conditioning, then sampling from C's eigendecomposition.
 
         evosax's ``ask`` adds ``1e-8 I`` to C, keeps it, and floors the eigenvalues
         at 1e-8: absolute constants that, next to C's smallest eigenvalues on
-        a badly conditioned problem (1e-6 at condition 1e12, even with C
-        centred on 1 as :class:`Minimizer` keeps it), widen the narrow axes
-        generation after generation. pycma adds nothing; the floor here, the
-        float's resolution relative to the largest eigenvalue (below it an
-        eigenvalue is rounding noise), only keeps ``C^(-1/2)`` finite.
+        a badly conditioned problem, widen the narrow axes generation after
+        generation. pycma adds nothing; the floor here, the float's
+        resolution relative to the largest eigenvalue (below it an eigenvalue
+        is rounding noise), only keeps ``C^(-1/2)`` finite.
+
+        Before sampling, as pycma's ``ask``: at a coordinate condition
+        ``max C_ii / min C_ii`` of at least ``alleviate_coordinates``, C
+        becomes its correlation matrix, ``scaling *= sqrt(C_ii)`` and ``p_c /=
+        sqrt(C_ii)``; then, once per run, at a condition of at least
+        ``alleviate_axes`` (of C as last decomposed, as pycma's ``B`` and ``D``
+        are then), the map ``diag(scaling) C^(1/2)`` moves into ``transform``,
+        the mean and ``p_c`` into the new coordinates, and C and ``scaling``
+        start again. Candidates are ``transform (mean + σ scaling C^(1/2) z)``.
         """
+        dtype = state.mean.dtype
         C = (state.C + state.C.T) / 2
+        diagonal = jnp.diag(C)
+        coordinates = jnp.max(diagonal) / jnp.min(diagonal) >= self.alleviate_coordinates
+        factors = jnp.where(coordinates, jnp.sqrt(diagonal), 1.0)
+        correlation = C / jnp.outer(factors, factors)
+        C = jnp.where(coordinates, (correlation + correlation.T) / 2, C)
+        scaling = state.scaling * factors
+        p_c = state.p_c / factors
+
         eigenvalues, B = jnp.linalg.eigh(C)
         floor = jnp.finfo(C.dtype).eps * jnp.max(eigenvalues)
         D = jnp.sqrt(jnp.maximum(eigenvalues, floor))
-        z = jax.random.normal(key, (self.population_size, self.num_dims))
-        population = state.mean + state.std * (z * D) @ B.T
-        return population, state.replace(C=C, B=B, D=D)
+
+        # C as last decomposed: this generation's if the coordinates changed, else the last one's
+        B_last = jnp.where(coordinates, B, state.B)
+        D_last = jnp.where(coordinates, D, state.D)
+        axes = ~state.transformed & ((D_last[-1] / D_last[0]) ** 2 >= self.alleviate_axes)
+        root = (B_last * D_last) @ B_last.T
+        root_inv = (B_last / D_last) @ B_last.T
+        transform = jnp.where(axes, scaling[:, None] * root, state.transform)
+        transform_inv = jnp.where(axes, root_inv / scaling, state.transform_inv)
+        mean = jnp.where(axes, transform_inv @ state.mean, state.mean)
+        p_c = jnp.where(axes, root_inv @ p_c, p_c)
+        scaling = jnp.where(axes, 1.0, scaling)
+        C0 = self._initial_C().astype(dtype)
+        C = jnp.where(axes, C0, C)
+        B = jnp.where(axes, jnp.eye(self.num_dims, dtype=dtype), B)
+        D = jnp.where(axes, jnp.sqrt(jnp.diag(C0)), D)
+
+        z = jax.random.normal(key, (self.population_size, self.num_dims), dtype)
+        genotypes = mean + state.std * scaling * ((z * D) @ B.T)
+        population = genotypes @ transform.T
+        return population, state.replace(
+            C=C,
+            B=B,
+            D=D,
+            mean=mean,
+            p_c=p_c,
+            scaling=scaling,
+            transform=transform,
+            transform_inv=transform_inv,
+            transformed=state.transformed | axes,
+        )
+
+    def _tell(self, key, population, fitness, state, params):
+        """evosax's update, in the coordinates where C is the covariance: genotype / scaling."""
+        encoded = (population @ state.transform_inv.T) / state.scaling
+        new = super()._tell(
+            key, encoded, fitness, state.replace(mean=state.mean / state.scaling), params
+        )
+        return new.replace(mean=new.mean * state.scaling)
 
     def tell(self, key, population, fitness, state, params):
         """evosax's ``tell``, and the count of flat generations.
@@ -474,6 +578,7 @@ STOP_REASONS = (
     "noeffectcoord",
     "noeffectaxis",
     "tolxstagnation",
+    "tolupsigma",
 )
 RESTART_STRATEGIES = ("ipop", "bipop")
 
@@ -496,12 +601,19 @@ class StopRules:
         equals the one at rank ``⌊3λ/4⌋`` (strategies that count them,
         ``CMA_ES_pycma``).
       tolfacupx: some ``σ·sqrt(C_ii)`` exceeds ``σ0`` times it (CMA-ES family).
+      tolupsigma: ``σ / sqrt(λ_max(C))`` exceeds ``σ0`` times it: σ has grown
+        while C shrank, "creeping" (CMA-ES family).
       tolxstagnation: ``(δ, t0, f)``: stop when the mean has stayed within
         ``δ·sqrt(max(1, t / T))`` of where it was ``t`` generations ago, for
         ``t > T = t0 + f·g`` generations (``None``: off).
       noeffect: stop when adding ``0.2 σ·sqrt(C_ii)`` leaves some coordinate
         of the mean unchanged (``noeffectcoord``), or ``0.1 σ`` times the
         principal axis ``g mod n`` leaves the mean unchanged (``noeffectaxis``).
+
+    With ``CMA_ES_pycma``, as in pycma, the rules read the genotype: its mean,
+    ``σ·scaling·sqrt(C_ii)`` for ``σ·sqrt(C_ii)``, and C after pycma's
+    alleviation of its conditioning (so ``tolconditioncov`` practically
+    never fires, C's condition starting again at 1e12).
     """
 
     tolfun: float = 1e-11
@@ -513,6 +625,7 @@ class StopRules:
     tolflatfitness: int = 1
     tolfacupx: float = 1e3
     noeffect: bool = True
+    tolupsigma: float = 1e20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -653,6 +766,9 @@ class Minimizer:
         rules, n, lam = self.stop_rules, self.task.num_dims, population_size
         short = int(10 + 30 * n / lam)  # pycma keeps this many generations of the best
         optimal_value = getattr(self.task, "optimal_value", None)
+        # CMA_ES_pycma has no absolute constants to keep C away from, and keeps σ and C as
+        # pycma does (tolupsigma reads them)
+        rescale = not isinstance(es.strategy, CMA_ES_pycma)
 
         def run(
             key, x0, sigma, task_state, max_generations, budget_generations, target, tolstagnation
@@ -682,7 +798,8 @@ class Minimizer:
 
             def body(c):
                 state, m = es.engine.step(c["state"], jax.random.fold_in(run_key, c["gen"]))
-                state = state.replace(strategy_state=_rescale_covariance(state.strategy_state))
+                if rescale:
+                    state = state.replace(strategy_state=_rescale_covariance(state.strategy_state))
                 gen = c["gen"] + 1
                 f_best, f_worst = m["fitness_best"], m["fitness_worst"]
                 improved = f_best < c["best"]
@@ -709,9 +826,11 @@ class Minimizer:
                     (hist_size > 9) & (hist_range < rules.tolfunhist),
                 ]
                 covariance = hasattr(s, "C") and hasattr(s, "p_c")
-                spread = s.std * jnp.sqrt(jnp.diag(s.C)) if covariance else None
+                scaling = getattr(s, "scaling", 1.0)  # pycma's sigma_vec
+                spread = s.std * scaling * jnp.sqrt(jnp.diag(s.C)) if covariance else None
                 checks.append(
-                    jnp.all(spread < rules.tolx) & jnp.all(s.std * jnp.abs(s.p_c) < rules.tolx)
+                    jnp.all(spread < rules.tolx)
+                    & jnp.all(s.std * jnp.abs(scaling * s.p_c) < rules.tolx)
                     if covariance
                     else False
                 )
@@ -742,7 +861,7 @@ class Minimizer:
                 noeffect = covariance and rules.noeffect
                 checks.append(jnp.any(s.mean == s.mean + 0.2 * spread) if noeffect else False)
                 if rules.noeffect and hasattr(s, "B") and hasattr(s, "D"):
-                    axis = 0.1 * s.std * s.D[gen % n] * s.B[:, gen % n]
+                    axis = 0.1 * s.std * s.D[gen % n] * scaling * s.B[:, gen % n]
                     checks.append(jnp.all(s.mean == s.mean + axis))
                 else:
                     checks.append(False)
@@ -756,6 +875,10 @@ class Minimizer:
                     anchor = jnp.where(moved, s.mean, anchor)
                     anchor_gen = jnp.where(moved, gen, anchor_gen)
                     checks.append(gen - anchor_gen > threshold)
+                else:
+                    checks.append(False)
+                if hasattr(s, "D") and hasattr(s, "std"):
+                    checks.append(s.std / jnp.max(s.D) > rules.tolupsigma * sigma)
                 else:
                     checks.append(False)
                 fired = jnp.stack([jnp.asarray(x) for x in checks])

@@ -221,7 +221,7 @@ class ShardedES:
     def mean_solution(self, state: ESState) -> jax.Array:
         """The strategy's mean (or, population-based, its best solution so far)."""
         s = state.strategy_state
-        return s.best_solution if self.population_based else s.mean
+        return s.best_solution if self.population_based else self.strategy.get_mean(s)
 
     def step(self, state: ESState, key: jax.Array) -> tuple[ESState, dict]:
         """One generation: ask, sharded evaluation, tell. Pure and jittable.

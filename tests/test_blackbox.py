@@ -20,6 +20,7 @@ from evorl_pop.algorithms.es import (
     CMA_ES_pycma,
     ESConfig,
     Minimizer,
+    StopRules,
     default_max_generations,
     default_tolstagnation,
     minimize,
@@ -168,6 +169,94 @@ def test_cma_es_pycma_counts_flat_generations_as_pycma():
     assert counts == [1, 2, 0, 1, 0]
 
 
+_ROTATION = np.linalg.qr(np.random.default_rng(0).normal(size=(3, 3)))[0]
+
+
+def _ellipsoid(exponent, rotated):
+    """A 3-D ellipsoid of condition ``10**exponent``, optimum at 0.3, optionally rotated."""
+    scales = 10.0 ** (exponent * np.arange(3) / 2)
+    rotation = _ROTATION if rotated else np.eye(3)
+    return lambda x: float(np.sum(scales * (rotation @ (x - 0.3)) ** 2))
+
+
+def _phenotype_covariance(transform, scaling, sigma, C):
+    A = np.asarray(transform) * np.asarray(scaling)
+    return float(sigma) ** 2 * A @ np.asarray(C) @ A.T
+
+
+@pytest.mark.parametrize(
+    "exponent, rotated, generations",
+    [
+        # axis-parallel: C's diagonal reaches a ratio of 1e8, its scales move into sigma_vec
+        (10, False, 100),
+        # rotated: C's condition reaches 1e12, its root moves into the genotype-phenotype map
+        (14, True, 120),
+    ],
+)
+def test_cma_es_pycma_alleviates_conditioning_as_pycma(exponent, rotated, generations):
+    n, lam, x0 = 3, 7, np.linspace(-2.0, 3.0, 3)
+    f = _ellipsoid(exponent, rotated)
+    es = cma.CMAEvolutionStrategy(x0, 0.7, {"popsize": lam, "verbose": -9, "seed": 3})
+    es.adapt_sigma.initialize(es)
+    events = []
+    with jax.enable_x64(True):
+        strategy = CMA_ES_pycma(population_size=lam, solution=jnp.zeros(n))
+        params = strategy.default_params.replace(std_init=jnp.float64(0.7))
+        state = strategy.init(jax.random.key(0), jnp.asarray(x0), params)
+        ask, tell = jax.jit(strategy.ask), jax.jit(strategy.tell)
+        for generation in range(generations):
+            scaling = np.asarray(state.scaling)
+            _, state = ask(jax.random.key(generation), state, params)
+            xs = es.ask()  # pycma alleviates in ask, before sampling; so does the strategy
+            # the same generation, the same action
+            assert bool(state.transformed) == (not es.gp.isidentity), generation
+            np.testing.assert_allclose(state.scaling, es.sigma_vec.scaling, rtol=1e-5)
+            if not np.array_equal(scaling, np.asarray(state.scaling)):
+                events.append(generation)
+            fitness = [f(x) for x in xs]
+            es.tell(xs, fitness)
+            state, _ = tell(
+                jax.random.key(generation),
+                jnp.asarray(np.array(xs)),
+                jnp.asarray(fitness),
+                state,
+                params,
+            )
+            # the distribution in the search space: mean and covariance, pycma's
+            # covariance whitened (near a condition of 1e12 the rounding of C's
+            # narrow axes, in either, is amplified by 1e6 in its wide ones)
+            transform = np.eye(n) if es.gp.isidentity else es.gp._tf_matrix
+            expected = _phenotype_covariance(transform, es.sigma_vec.scaling, es.sigma, es.sm.C)
+            got = _phenotype_covariance(state.transform, state.scaling, state.std, state.C)
+            w, V = np.linalg.eigh(expected)
+            whiten = (V / np.sqrt(w)) @ V.T
+            mean = np.asarray(state.transform) @ np.asarray(state.mean)
+            tolerance = 1e-4 if w.max() / w.min() < 1e11 else 3e-3
+            assert np.linalg.norm(whiten @ (mean - es.gp.pheno(es.mean))) < tolerance, generation
+            assert np.max(np.abs(whiten @ (got - expected) @ whiten)) < tolerance, generation
+            # and in pycma's coordinates, where the stop rules look
+            np.testing.assert_allclose(state.C, es.sm.C, rtol=0, atol=3e-3 * np.max(es.sm.C))
+            if es.gp.isidentity:
+                np.testing.assert_allclose(state.mean, es.mean, rtol=1e-12)
+        if rotated:
+            assert not es.gp.isidentity and np.all(np.asarray(state.scaling) == 1.0)
+            np.testing.assert_allclose(
+                state.transform, es.gp._tf_matrix, atol=1e-4 * np.max(np.abs(es.gp._tf_matrix))
+            )
+        else:
+            assert es.gp.isidentity and len(events) == 1, events
+        # the candidates follow the distribution in the search space
+        many = CMA_ES_pycma(population_size=200_000, solution=jnp.zeros(n))
+        population, asked = many.ask(jax.random.key(7), state, params)
+        covariance = _phenotype_covariance(asked.transform, asked.scaling, asked.std, asked.C)
+        w, V = np.linalg.eigh(covariance)
+        whiten = (V / np.sqrt(w)) @ V.T
+        centred = np.asarray(population) - np.asarray(asked.transform) @ np.asarray(asked.mean)
+        assert np.max(np.abs(whiten @ (np.cov(centred.T) - covariance) @ whiten)) < 0.02
+        assert np.linalg.norm(whiten @ centred.mean(0)) < 0.02
+        np.testing.assert_allclose(many.get_mean(asked), asked.transform @ asked.mean)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Function(BlackBoxTask):
     f: Callable = jnp.sum
@@ -184,18 +273,24 @@ def _first_exp(x):
     return jnp.exp(x[0])
 
 
+def _first(x):
+    return x[0]
+
+
 @pytest.mark.parametrize(
-    "rule, f, x0, sigma",
+    "rule, f, x0, sigma, options",
     [
         # a coordinate so large that 0.2 σ sqrt(C_ii) does not change it (pycma
         # misses it in coordinate 0: ``any`` of its indices)
-        ("noeffectcoord", _first_squared, [1.0, 1e20], 1.0),
+        ("noeffectcoord", _first_squared, [1.0, 1e20], 1.0, {}),
         # a slope without end: σ grows past 1e3 σ0
-        ("tolfacupx", _first_exp, [0.0, 0.0], 1e-3),
+        ("tolfacupx", _first_exp, [0.0, 0.0], 1e-3, {}),
+        # a linear function: σ grows while C's largest axis shrinks, σ / sqrt(λ_max(C)) > 1e2 σ0
+        ("tolupsigma", _first, [0.0, 0.0], 1.0, {"tolupsigma": 1e2}),
     ],
 )
-def test_minimize_stops_on_the_rule_pycma_stops_on(rule, f, x0, sigma):
-    es = cma.CMAEvolutionStrategy(x0, sigma, {"popsize": 6, "verbose": -9, "seed": 1})
+def test_minimize_stops_on_the_rule_pycma_stops_on(rule, f, x0, sigma, options):
+    es = cma.CMAEvolutionStrategy(x0, sigma, {"popsize": 6, "verbose": -9, "seed": 1} | options)
     while not es.stop():
         xs = es.ask()
         es.tell(xs, [float(f(x)) for x in xs])
@@ -211,11 +306,12 @@ def test_minimize_stops_on_the_rule_pycma_stops_on(rule, f, x0, sigma):
         result = minimize(
             config,
             jax.random.key(0),
-            target=-1.0,
+            target=-np.inf,
             max_evaluations=6000,
             x0=np.array(x0),
             mesh=make_mesh(1),
             task=_Function(num_dims=2, f=f),
+            stop_rules=StopRules(**options),
         )
     assert [r.stop for r in result.runs] == [rule], result.runs
     # within a few generations of pycma's stop
