@@ -207,15 +207,15 @@ def load(path: str | os.PathLike) -> RunConfig:
     return resolve_config([path])
 
 
-def read_mapping(path: str | os.PathLike, text: str | None = None) -> dict:
-    """A YAML (or ``.toml``) config file (or its ``text``) as a plain mapping, unchecked.
+def read_mapping(path: str | os.PathLike) -> dict:
+    """A YAML (or ``.toml``) config file as a plain mapping, unchecked.
 
     Raises:
       ConfigError: the file is missing or does not parse.
     """
     path = Path(path)
     try:
-        text = path.read_text() if text is None else text
+        text = path.read_text()
     except OSError as err:
         raise ConfigError(f"Cannot read the config file {str(path)!r}: {err.strerror}.") from None
     try:

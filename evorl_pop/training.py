@@ -147,7 +147,7 @@ class Session:
         self.rows = [] if ckpt is None else (ckpt.metrics_rows or "").splitlines(keepends=True)
         # A new run checkpoints even at generation 0, so that `-g 0` can be resumed.
         self.saved_generation = self.generation if ckpt else -1
-        self.start, self.metrics, self.note = time.perf_counter(), None, ""  # note: for the log
+        self.start, self.metrics = time.perf_counter(), None
 
     def callback(self, state, metrics) -> None:
         """Records a chunk's metrics (see :func:`train_loop`), then checkpoints if due."""
