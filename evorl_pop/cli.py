@@ -151,10 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _precheck(args, sources, overrides) -> None:
-    """Joins a multi-process run, then sets host devices and precision, before JAX starts.
-
-    Errors in the config are left to the full check that follows.
-    """
+    """Joins a multi-process run, sets host devices and precision (config errors: later)."""
     from evorl_pop import multihost
 
     joined = multihost.initialize(

@@ -129,13 +129,9 @@ def from_dict(data: Mapping, check: bool = True) -> RunConfig:
     Raises:
       ConfigError: an unknown key (with the nearest valid one), a wrong type or value.
     """
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"A run config must be a mapping, got {data!r}.")
-    algorithm = data.get("algorithm", "es")
-    if not isinstance(algorithm, str):
-        raise ConfigError(f"algorithm: expected a string, got {algorithm!r}.")
-    cls = _spec(algorithm).config_class
     _check_scalars({k: v for k, v in data.items() if k != "algorithm_config"}, RunConfig)
+    algorithm = data.get("algorithm", "es")
+    cls = _spec(algorithm).config_class
     if isinstance(data.get("algorithm_config"), Mapping):
         _check_scalars(data["algorithm_config"], cls)
     schema = OmegaConf.structured(RunConfig(algorithm, algorithm_config=cls()))

@@ -91,8 +91,7 @@ def _init_state(algorithm, init_key, mesh):
 
 
 def _run(session: training.Session, algorithm, mesh, what: str, progress, figure, stop):
-    """Runs a session with the run's log open; Ctrl-C ends in an ``Interrupted`` that says
-    what the folder holds."""
+    """Runs a session with the run's log open; Ctrl-C ends in an ``Interrupted``."""
     config, run_dir = session.config, session.run_dir
     names = [getattr(config.algorithm_config, n, None) for n in ("strategy", "task")]
     desc = " ".join([config.algorithm, *(str(n) for n in names if n)])
@@ -162,7 +161,6 @@ def train(
             run_dir.rmdir()  # the empty folder default_run_dir made for this run
         raise
     with training.deferred_interrupts() as stop, rundir.hold(run_dir, True, config, overwrite):
-        multihost.barrier("evorl_pop.train.folder")  # no process starts before the folder is ready
         state = _init_state(algorithm, init_key, mesh)
         session = training.Session(run_dir, config, run_key, state)
         return _run(session, algorithm, mesh, f"new run in {run_dir}", progress, figure, stop)
