@@ -76,50 +76,38 @@ def save(path: str | os.PathLike, ckpt: Checkpoint) -> None:
     config_lib.write_atomic(path, MAGIC + hashlib.sha256(body).digest() + body)
 
 
-def _file(path: str | os.PathLike) -> Path:
-    return Path(path) / FILENAME if Path(path).is_dir() else Path(path)
+def load(path: str | os.PathLike) -> Checkpoint:
+    """Reads and verifies a checkpoint file (or a run folder's).
 
-
-def read_bytes(path: str | os.PathLike) -> bytes:
-    """The raw bytes of a checkpoint file (or of a run folder's); CheckpointError if unreadable."""
-    path = _file(path)
+    Raises:
+      CheckpointError: the file is missing, unreadable, damaged or of an unknown format.
+    """
+    path = Path(path) / FILENAME if Path(path).is_dir() else Path(path)
+    name = repr(str(path))
     try:
-        return path.read_bytes()
+        data = path.read_bytes()
     except FileNotFoundError:
         raise CheckpointError(
-            f"No checkpoint at {str(path)!r}: the run wrote none yet (it stops before its "
+            f"No checkpoint at {name}: the run wrote none yet (it stops before its "
             "first checkpoint, see --checkpoint-every) or this is not a run folder."
         ) from None
     except OSError as err:
-        raise CheckpointError(
-            f"Cannot read the checkpoint {str(path)!r}: {err.strerror}."
-        ) from None
-
-
-def load(path: str | os.PathLike) -> Checkpoint:
-    """Reads and verifies a checkpoint file (or a run folder's)."""
-    return parse(read_bytes(path), _file(path))
-
-
-def parse(data: bytes, path: str | os.PathLike = FILENAME) -> Checkpoint:
-    """Verifies and decodes a checkpoint file's bytes (``path``: for messages);
-    CheckpointError when they are truncated, damaged or of an unknown format."""
-    path = str(path)
+        raise CheckpointError(f"Cannot read the checkpoint {name}: {err.strerror}.") from None
     digest, body = data[len(MAGIC) : len(MAGIC) + 32], data[len(MAGIC) + 32 :]
     if data[: len(MAGIC)] != MAGIC:
-        raise CheckpointError(f"{path!r} is not an evorl-pop checkpoint (bad header).")
+        raise CheckpointError(f"{name} is not an evorl-pop checkpoint (bad header).")
     if hashlib.sha256(body).digest() != digest:
         raise CheckpointError(
-            f"The checkpoint {path!r} is damaged (checksum mismatch: truncated or "
+            f"The checkpoint {name} is damaged (checksum mismatch: truncated or "
             "overwritten). Nothing was changed; restore it from a copy or start the run again."
         )
     try:
         p = flax.serialization.msgpack_restore(body)
     except Exception as err:  # msgpack raises several types for bad input
-        raise CheckpointError(f"The checkpoint {path!r} does not decode: {err}") from None
+        raise CheckpointError(f"The checkpoint {name} does not decode: {err}") from None
     if p.get("format") != FORMAT_VERSION:
         raise CheckpointError(
-            f"The checkpoint {path!r} has format {p.get('format')!r}; this version of "
+            f"The checkpoint {name} has format {p.get('format')!r}; this version of "
             f"evorl-pop reads format {FORMAT_VERSION}."
         )
     rows = p.get("metrics_rows")

@@ -78,7 +78,7 @@ PROCESSES = [
     ("--num-processes", "processes in the run", N1),
     ("--process-id", "this process's index", {"type": int, "metavar": "I"}),
     ("--heartbeat-timeout", "seconds until a silent process counts as dead (default: 30)",
-     {"type": int, "metavar": "S"}),
+     {"type": int, "default": 30, "metavar": "S"}),
 ]
 PLOT = [
     ("runs", "run folders (or metrics.csv files)", {"nargs": "+", "metavar": "RUN"}),
@@ -151,26 +151,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _precheck(args, sources, overrides) -> None:
-    """Joins a multi-process run, then sets host devices and precision, before JAX starts.
-
-    Errors in the config are left to the full check that follows.
-    """
+    """Joins a multi-process run, sets host devices and precision (config errors: later)."""
     from evorl_pop import multihost
 
-    timeout = {"heartbeat_timeout": args.heartbeat_timeout} if args.heartbeat_timeout else {}
-    # A joined process's device count comes from the environment.
-    joined = multihost.initialize(args.coordinator, args.num_processes, args.process_id, **timeout)
+    joined = multihost.initialize(
+        args.coordinator, args.num_processes, args.process_id, args.heartbeat_timeout
+    )
     try:
         data = config_lib.merge(sources, overrides)
     except ConfigError:
         return
     devices, note, xla = data.get("devices", "auto"), None, backend.host_device_count()
     try:
-        if not joined and isinstance(devices, int):
+        if joined:
+            pass  # a joined process's device count comes from the environment
+        elif isinstance(devices, int):
             note = backend.set_host_devices(devices)
-        elif not joined and devices in ("auto", None) and xla is not None:
+        elif devices in ("auto", None) and xla is not None:
             note = f"devices={devices} keeps the {xla} that XLA_FLAGS names"
-        elif not joined and devices in ("auto", None):
+        elif devices in ("auto", None):
             backend.use_all_cores()
         backend.set_precision(data.get("precision", "float32"))
     except ValueError as err:
@@ -179,53 +178,44 @@ def _precheck(args, sources, overrides) -> None:
         print(f"evorl-pop {args.command}: {note}", file=sys.stderr)
 
 
-def _train_overrides(args) -> list[str]:
+def _overrides(args) -> list[str]:
+    """The command's setting flags as ``key=value`` overrides, then ``--set``'s."""
     flags = ("algorithm", "strategy", "task", "population_size", "generations", "seed", "chunk",
              "checkpoint_every", "devices", "precision")  # fmt: skip
-    given = [f"{f}={getattr(args, f)}" for f in flags if getattr(args, f) is not None]
+    given = [f"{f}={getattr(args, f)}" for f in flags if getattr(args, f, None) is not None]
     return given + args.overrides
 
 
-def _report(args, result, writer: bool) -> int:
-    if args.quiet or not writer:
-        return 0
-    h, parts = result.history, [f"generation {result.generation}"]
-    parts.append(f"{result.env_steps:,} env steps")
-    if len(h.get("fitness_best", ())):
-        parts += [f"best {h['fitness_best'][-1]:.6g}", f"mean {h['fitness_mean'][-1]:.6g}"]
-    print(f"done: {', '.join([*parts, f'{result.wall_time:.1f}s'])}", file=sys.stderr)
+def _cmd_train(args) -> int:
+    """``train`` and ``resume``."""
+    resume, overrides = args.command == "resume", _overrides(args)
+    sources = [os.path.join(args.run, "config.yaml")] if resume else []
+    sources += [args.config] if args.config else []
+    _precheck(args, [s for s in sources if os.path.exists(s)], overrides)
+    from evorl_pop import rundir, runner  # uses JAX: only once devices and precision are set
+
+    show = dict(progress=not args.quiet, figure=not args.no_figure)
+    if resume:
+        result = runner.resume(args.run, overrides, args.config, args.more, args.force, **show)
+    else:
+        config = config_lib.resolve_config(sources, overrides)
+        if args.print_config:
+            sys.stdout.write(config_lib.dumps(config))
+            return 0
+        run_dir = args.out or rundir.default_run_dir(config, args.runs_root)
+        if not args.quiet and rundir.is_writer():
+            print(f"run folder: {run_dir}", file=sys.stderr)
+        result = runner.train(config, run_dir, overwrite=args.overwrite, **show)
+    if not args.quiet and rundir.is_writer():
+        h, parts = result.history, [f"generation {result.generation}"]
+        parts.append(f"{result.env_steps:,} env steps")
+        if len(h.get("fitness_best", ())):
+            parts += [f"best {h['fitness_best'][-1]:.6g}", f"mean {h['fitness_mean'][-1]:.6g}"]
+        print(f"done: {', '.join([*parts, f'{result.wall_time:.1f}s'])}", file=sys.stderr)
     return 0
 
 
-def _cmd_train(args) -> int:
-    sources, overrides = [args.config] if args.config else [], _train_overrides(args)
-    _precheck(args, sources, overrides)
-    from evorl_pop import rundir, runner  # uses JAX: only once devices and precision are set
-
-    config = config_lib.resolve_config(sources, overrides)
-    if args.print_config:
-        sys.stdout.write(config_lib.dumps(config))
-        return 0
-    args.run = str(args.out or rundir.default_run_dir(config, args.runs_root))  # for Ctrl-C
-    if not args.quiet and rundir.is_writer():
-        print(f"run folder: {args.run}", file=sys.stderr)
-    result = runner.train(config, args.run, not args.quiet, args.overwrite, not args.no_figure)
-    return _report(args, result, rundir.is_writer())
-
-
-def _cmd_resume(args) -> int:
-    sources = [os.path.join(args.run, "config.yaml"), args.config]
-    devices = [] if args.devices is None else [f"devices={args.devices}"]
-    _precheck(args, [s for s in sources if s and os.path.exists(s)], args.overrides + devices)
-    from evorl_pop import rundir, runner  # uses JAX: only once devices and precision are set
-
-    result = runner.resume(
-        args.run, generations=args.generations, more=args.more, overrides=args.overrides,
-        config_file=args.config, force=args.force, devices=args.devices, chunk=args.chunk,
-        checkpoint_every=args.checkpoint_every, progress=not args.quiet,
-        figure=not args.no_figure,
-    )  # fmt: skip
-    return _report(args, result, rundir.is_writer())
+_cmd_resume = _cmd_train
 
 
 def _launch_run_folder(command: list[str]) -> str | None:
@@ -241,7 +231,7 @@ def _launch_run_folder(command: list[str]) -> str | None:
         return getattr(args, "out", None)
     from evorl_pop import rundir  # this process never computes: its devices do not matter
 
-    config = config_lib.resolve_config([args.config] if args.config else [], _train_overrides(args))
+    config = config_lib.resolve_config([args.config] if args.config else [], _overrides(args))
     command += ["--out", str(rundir.default_run_dir(config, args.runs_root))]
     return command[-1]
 

@@ -129,13 +129,9 @@ def from_dict(data: Mapping, check: bool = True) -> RunConfig:
     Raises:
       ConfigError: an unknown key (with the nearest valid one), a wrong type or value.
     """
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"A run config must be a mapping, got {data!r}.")
-    algorithm = data.get("algorithm", "es")
-    if not isinstance(algorithm, str):
-        raise ConfigError(f"algorithm: expected a string, got {algorithm!r}.")
-    cls = _spec(algorithm).config_class
     _check_scalars({k: v for k, v in data.items() if k != "algorithm_config"}, RunConfig)
+    algorithm = data.get("algorithm", "es")
+    cls = _spec(algorithm).config_class
     if isinstance(data.get("algorithm_config"), Mapping):
         _check_scalars(data["algorithm_config"], cls)
     schema = OmegaConf.structured(RunConfig(algorithm, algorithm_config=cls()))
@@ -207,15 +203,15 @@ def load(path: str | os.PathLike) -> RunConfig:
     return resolve_config([path])
 
 
-def read_mapping(path: str | os.PathLike, text: str | None = None) -> dict:
-    """A YAML (or ``.toml``) config file (or its ``text``) as a plain mapping, unchecked.
+def read_mapping(path: str | os.PathLike) -> dict:
+    """A YAML (or ``.toml``) config file as a plain mapping, unchecked.
 
     Raises:
       ConfigError: the file is missing or does not parse.
     """
     path = Path(path)
     try:
-        text = path.read_text() if text is None else text
+        text = path.read_text()
     except OSError as err:
         raise ConfigError(f"Cannot read the config file {str(path)!r}: {err.strerror}.") from None
     try:

@@ -12,7 +12,6 @@ import contextlib
 import ctypes
 import json
 import os
-import queue
 import signal
 import socket
 import subprocess
@@ -40,7 +39,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _child_setup() -> None:  # pragma: no cover - runs in the child before exec
+def _child_setup() -> None:  # runs in the child before exec
     # A launcher started in the background inherits an ignored SIGINT; the
     # children must still turn the Ctrl-C it passes on into KeyboardInterrupt.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -67,10 +66,6 @@ def describe_exit(returncode: int) -> str:
     with contextlib.suppress(ValueError):
         return f"signal {signal.Signals(-returncode).name}"
     return f"signal {-returncode}"
-
-
-class _Stop(Exception):  # SIGTERM to the launcher
-    pass
 
 
 def launch(
@@ -154,17 +149,12 @@ def launch(
         except OSError as error:
             say(f"cannot write {pid_file}: {error.strerror}")
 
-    exits: queue.Queue = queue.Queue()
     readers = [
         threading.Thread(target=_forward, args=(s, sink, f"[p{i}] ", lock), daemon=True)
         for i, c in enumerate(children)
         for s, sink in ((c.stdout, out), (c.stderr, err))
     ]
-    waiters = [
-        threading.Thread(target=lambda i=i, c=c: exits.put((i, c.wait())), daemon=True)
-        for i, c in enumerate(children)
-    ]
-    for t in readers + waiters:
+    for t in readers:
         t.start()
 
     def stop(first_signal: int) -> None:
@@ -177,11 +167,9 @@ def launch(
             deadline = time.monotonic() + wait
             while any(c.poll() is None for c in running) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            if all(c.poll() is not None for c in children):
-                return
 
     def on_sigterm(signum, frame):
-        raise _Stop()
+        raise SystemExit(128 + signum)
 
     # Ctrl-C must reach the launcher even when it was started with SIGINT ignored.
     handlers = {signal.SIGTERM: on_sigterm, signal.SIGINT: signal.default_int_handler}
@@ -189,33 +177,29 @@ def launch(
     previous = {sig: signal.signal(sig, h) for sig, h in handlers.items()} if main else {}
     status = 0
     try:
-        remaining = num_processes
-        while remaining:
-            try:  # a timeout lets the signal handlers run
-                i, code = exits.get(timeout=0.2)
-            except queue.Empty:
+        while (codes := [c.poll() for c in children]) != [0] * num_processes:
+            i = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
+            if i is None:
+                time.sleep(0.1)
                 continue
-            remaining -= 1
-            if code != 0:
-                what = describe_exit(code)
-                say(f"process {i} (pid {children[i].pid}) failed with {what}; stopping the others")
-                stop(signal.SIGTERM)
-                status = 128 - code if code < 0 else code
-                say(f"error: process {i} failed ({what})")
-                break
+            what = describe_exit(codes[i])
+            say(f"process {i} (pid {children[i].pid}) failed with {what}; stopping the others")
+            stop(signal.SIGTERM)
+            status = 128 - codes[i] if codes[i] < 0 else codes[i]
+            say(f"error: process {i} failed ({what})")
+            break
     except KeyboardInterrupt:
         say("interrupted: passing Ctrl-C on to every process")
         stop(signal.SIGINT)
         status = 130
-    except _Stop:
+    except SystemExit:  # SIGTERM
         say("terminated: stopping every process")
         stop(signal.SIGTERM)
         status = 128 + signal.SIGTERM
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        if any(c.poll() is None for c in children):
-            stop(signal.SIGKILL)
+        stop(signal.SIGKILL)
         for t in readers:
             t.join(timeout=5.0)
     return status

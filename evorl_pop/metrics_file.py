@@ -75,15 +75,12 @@ def read(path: str | os.PathLike) -> dict[str, np.ndarray]:
     return out
 
 
-def _write_if_changed(path: Path, data: str) -> None:
-    if not (path.exists() and path.read_text() == data):
-        write_atomic(path, data.encode())
-
-
 def restore(path: str | os.PathLike, columns, rows: str) -> None:
     """Makes the file hold exactly a header of ``columns`` and ``rows`` (atomically):
     a resumed run so drops rows past its checkpoint and writes back lost or cut ones."""
-    _write_if_changed(Path(path), ",".join(columns) + "\n" + rows)
+    path, data = Path(path), ",".join(columns) + "\n" + rows
+    if not (path.exists() and path.read_text() == data):
+        write_atomic(path, data.encode())
 
 
 def truncate(path: str | os.PathLike, generation: int) -> tuple[str, ...] | None:
@@ -93,10 +90,10 @@ def truncate(path: str | os.PathLike, generation: int) -> tuple[str, ...] | None
     lines = _whole_lines(path.read_text() if path.exists() else "")
     if not lines:
         return None
-    numbered = [(line.split(",", 1)[0], line) for line in lines[1:]]
-    keep = lines[:1] + [line for g, line in numbered if g.isdigit() and int(g) <= generation]
-    _write_if_changed(path, "".join(keep))
-    return tuple(next(csv.reader(lines[:1])))
+    columns = tuple(next(csv.reader(lines[:1])))
+    rows = [ln for ln in lines[1:] if (g := ln.split(",", 1)[0]).isdigit() and int(g) <= generation]
+    restore(path, columns, "".join(rows))
+    return columns
 
 
 class MetricsWriter:

@@ -155,21 +155,6 @@ def to_host(x) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(_key_data(x), tiled=True))
 
 
-def tree_to_host(tree):
-    """:func:`to_host` on every leaf of a pytree."""
-    return jax.tree.map(to_host, tree)
-
-
-def needs_collective(tree) -> bool:
-    """Whether :func:`tree_to_host` would communicate (a leaf sharded across processes)."""
-    return any(
-        isinstance(x, jax.Array)
-        and not x.is_fully_addressable
-        and not x.sharding.is_fully_replicated
-        for x in jax.tree.leaves(tree)
-    )
-
-
 def share(fn):
     """Runs ``fn()`` on process 0 only; its result, or the exception it raised, on every process.
 
@@ -199,12 +184,6 @@ def any_process(flag: bool) -> bool:
     if jax.process_count() == 1:
         return bool(flag)
     return bool(np.any(multihost_utils.process_allgather(np.asarray(flag))))
-
-
-def barrier(name: str) -> None:
-    """Waits until every process reaches the barrier of this name (no-op for one process)."""
-    if jax.process_count() > 1:
-        multihost_utils.sync_global_devices(name)
 
 
 def put(x, sharding):

@@ -101,12 +101,8 @@ def plot_runs(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    if x not in ("generation", "steps"):
-        raise ValueError(f"x must be 'generation' or 'steps', got {x!r}.")
-    if band not in ("minmax", "std"):
-        raise ValueError(f"band must be 'minmax' or 'std', got {band!r}.")
-    if not runs:
-        raise ValueError("Give at least one run.")
+    if not runs or x not in ("generation", "steps") or band not in ("minmax", "std"):
+        raise ValueError(f"Need runs, x generation or steps, band minmax or std: {x}, {band}.")
     columns = [METRICS.get(m, m) for m in metrics]
     loaded = [load_run(r) for r in runs]
     for (_, m), r in zip(loaded, runs, strict=True):
@@ -124,52 +120,44 @@ def plot_runs(
 
     hyperparameters = member_hyperparameters(loaded[0][1])
     panels = 1 + len(hyperparameters)
-    fig, axes = plt.subplots(1, panels, figsize=(7 + 4 * (panels - 1), 4.2), dpi=120, squeeze=False)
-    ax, xlabel = axes[0, 0], "generation" if x == "generation" else "environment steps"
-    xs = loaded[0][1]["generation" if x == "generation" else "env_steps"]
-    # Row g's values were used from the end of interval g - 1 to the end of interval g.
-    edges = np.concatenate([[0], xs])
-    for member_ax, (name, values) in zip(axes[0, 1:], hyperparameters.items(), strict=True):
-        member_ax.plot(edges, np.vstack([values, values[-1:]]), linewidth=1, drawstyle="steps-post")
-        if np.all(values > 0) and values.max() / values.min() > 30:
-            member_ax.set_yscale("log")
-        member_ax.set_xlabel(xlabel)
-        member_ax.set_title(f"{name} per member", fontsize=10)
-        member_ax.grid(alpha=0.3)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    all_values = []
-    for i, group in enumerate(groups.values()):
-        label = _label(group[0][0], differing)
-        if len(group) > 1:
-            label += f", {len(group)} runs"
-        for j, column in enumerate(columns):
-            # One experiment: a colour per metric; several: a colour per experiment.
-            color = colors[(j if len(groups) == 1 else i) % len(colors)]
-            xs, mean, lo, hi = _aggregate(group, column, x, band)
-            name = next((k for k, v in METRICS.items() if v == column), column)
-            ax.plot(xs, mean, _STYLES.get(column, "-."), color=color, label=f"{label}: {name}")
-            if len(group) > 1:
-                ax.fill_between(xs, lo, hi, color=color, alpha=0.18, linewidth=0)
-            all_values.append(np.asarray(mean)[np.isfinite(mean)])
-    values = np.concatenate(all_values) if all_values else np.array([])
-    if log_y is None:
-        log_y = bool(values.size) and values.min() > 0 and values.max() / values.min() > 1e3
-    if log_y:
-        ax.set_yscale("log")
-    ax.set(xlabel=xlabel, ylabel="fitness")
-    if title is None:
-        title = "Fitness"
-        if any(len(g) > 1 for g in groups.values()):
-            title += f" (mean over runs, band: {'min-max' if band == 'minmax' else '±1 std'})"
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    written = [out, out.with_suffix(".svg")] if svg else [out]
-    for path in written:
-        fig.savefig(path)
+    style = {"axes.titlesize": 10, "axes.grid": True, "grid.alpha": 0.3, "legend.fontsize": 7}
+    with plt.rc_context(style):
+        fig, axes = plt.subplots(1, panels, figsize=(3 + 4 * panels, 4.2), dpi=120, squeeze=False)
+        ax, xlabel = axes[0, 0], "generation" if x == "generation" else "environment steps"
+        xs = loaded[0][1]["generation" if x == "generation" else "env_steps"]
+        # Row g's values were used from the end of interval g - 1 to the end of interval g.
+        edges = np.concatenate([[0], xs])
+        for member_ax, (name, values) in zip(axes[0, 1:], hyperparameters.items(), strict=True):
+            member_ax.plot(edges, np.vstack([values, values[-1:]]), lw=1, drawstyle="steps-post")
+            scale = "log" if np.all(values > 0) and values.max() / values.min() > 30 else "linear"
+            member_ax.set(xlabel=xlabel, title=f"{name} per member", yscale=scale)
+        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        finite = []
+        for i, group in enumerate(groups.values()):
+            count = f", {len(group)} runs" if len(group) > 1 else ""
+            label = _label(group[0][0], differing) + count
+            for j, column in enumerate(columns):
+                # One experiment: a colour per metric; several: a colour per experiment.
+                color = colors[(j if len(groups) == 1 else i) % len(colors)]
+                xs, mean, lo, hi = _aggregate(group, column, x, band)
+                name = next((k for k, v in METRICS.items() if v == column), column)
+                ax.plot(xs, mean, _STYLES.get(column, "-."), color=color, label=f"{label}: {name}")
+                if len(group) > 1:
+                    ax.fill_between(xs, lo, hi, color=color, alpha=0.18, linewidth=0)
+                finite.extend(mean[np.isfinite(mean)])
+        if log_y is None:
+            log_y = bool(finite) and min(finite) > 0 and max(finite) / min(finite) > 1e3
+        if title is None and any(len(g) > 1 for g in groups.values()):
+            title = f"Fitness (mean over runs, band: {'min-max' if band == 'minmax' else '±1 std'})"
+        ax.set(xlabel=xlabel, ylabel="fitness", yscale="log" if log_y else "linear")
+        ax.set_title(title or "Fitness")
+        ax.legend(loc="best")
+        fig.tight_layout()
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        written = [out, out.with_suffix(".svg")] if svg else [out]
+        for path in written:
+            fig.savefig(path)
     plt.close(fig)
     return written
 

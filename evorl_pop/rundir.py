@@ -56,11 +56,9 @@ def is_writer() -> bool:
 def _mkdir(path: Path, exist_ok: bool) -> None:
     try:
         path.mkdir(parents=True, exist_ok=exist_ok)
-    except FileExistsError:
-        if exist_ok:  # a file where the folder should be
-            raise RunError(f"Cannot create {str(path)!r}: a file is there.") from None
-        raise
     except OSError as err:
+        if isinstance(err, FileExistsError) and not exist_ok:
+            raise  # another run took the name first
         raise RunError(
             f"Cannot create the run folder {str(path)!r}: {err.strerror}; choose another --out "
             "(or --runs-root)."
@@ -80,12 +78,10 @@ def default_run_dir(config: RunConfig, root: str | os.PathLike = "runs") -> Path
         return base
     for n in itertools.count(1):
         path = base if n == 1 else base.with_name(f"{base.name}-{n}")
-        try:
+        with contextlib.suppress(FileExistsError):
             _mkdir(path, exist_ok=False)
             RESERVED.add(path)
             return path
-        except FileExistsError:
-            continue
 
 
 @contextlib.contextmanager
@@ -93,7 +89,9 @@ def hold(run_dir: Path, new: bool, config: RunConfig | None = None, overwrite: b
     """Holds the run folder's lock while the run writes it.
 
     ``new``: create the folder, refuse one holding files of a run unless
-    ``overwrite``, and write ``config``; else the folder must hold a checkpoint.
+    ``overwrite``, and write ``config``. Else the folder must hold a checkpoint,
+    and the context yields ``(checkpoint, config.yaml's mapping)`` as process 0
+    read them (the checkpoint's config when there is no ``config.yaml``).
     """
     handle = None
 
@@ -104,7 +102,7 @@ def hold(run_dir: Path, new: bool, config: RunConfig | None = None, overwrite: b
         elif not run_dir.is_dir():
             raise RunError(f"No run folder at {str(run_dir)!r}.")
         else:
-            ckpt_lib.read_bytes(run_dir)  # a folder without a run gets no lock file
+            ckpt = ckpt_lib.load(run_dir)  # a folder without a run gets no lock file
         handle = open(run_dir / LOCK_FILENAME, "a+")  # noqa: SIM115 (held until the run ends)
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -118,14 +116,12 @@ def hold(run_dir: Path, new: bool, config: RunConfig | None = None, overwrite: b
             ) from None
         # A refusal leaves even the lock file as it was.
         present = [n for n in (*RECORDS, LOG_FILENAME, FIGURE_FILENAME) if (run_dir / n).exists()]
-        if new and present and not overwrite and any(n in RECORDS for n in present):
+        if new and present and not overwrite:
             raise RunError(
                 f"{str(run_dir)!r} holds a run already ({', '.join(present)}). Continue it with "
                 f"`evorl-pop resume {run_dir}`, or pass --overwrite to start afresh there."
-            )
-        if new and present and not overwrite:
-            raise RunError(
-                f"{str(run_dir)!r} holds files a run writes ({', '.join(present)}); pass "
+                if any(n in RECORDS for n in present)
+                else f"{str(run_dir)!r} holds files a run writes ({', '.join(present)}); pass "
                 "--overwrite to replace them, or choose another folder."
             )
         for name in present if new else ():
@@ -136,12 +132,14 @@ def hold(run_dir: Path, new: bool, config: RunConfig | None = None, overwrite: b
         handle.write(f"{os.getpid()}\n")
         handle.flush()
         if new:
-            config_lib.save(config, run_dir / CONFIG_FILENAME)
+            return config_lib.save(config, run_dir / CONFIG_FILENAME)
+        path = run_dir / CONFIG_FILENAME
+        return ckpt, config_lib.read_mapping(path) if path.exists() else ckpt.config
 
     try:
         with writing(run_dir):
-            multihost.share(acquire)
-        yield
+            held = multihost.share(acquire)
+        yield held
     finally:
         if handle is not None:
             handle.close()  # releases the lock
@@ -160,36 +158,16 @@ def writing(run_dir: Path):
         ) from None
 
 
-def read(run_dir: Path) -> tuple[ckpt_lib.Checkpoint, dict]:
-    """``(checkpoint, config.yaml's mapping)`` of a run folder, as process 0 reads them
-    (the checkpoint's config when there is no ``config.yaml``)."""
-    path = run_dir / CONFIG_FILENAME
-
-    def load():
-        try:
-            text = path.read_text() if path.exists() else None
-        except OSError as err:
-            raise RunError(f"Cannot read {str(path)!r}: {err.strerror}.") from None
-        return ckpt_lib.read_bytes(run_dir), text
-
-    data, text = multihost.share(load)
-    ckpt = ckpt_lib.parse(data, run_dir / ckpt_lib.FILENAME)
-    return ckpt, ckpt.config if text is None else config_lib.read_mapping(path, text)
-
-
 @contextlib.contextmanager
 def logging_to(run_dir: Path):
     """Appends the ``evorl_pop.run`` log to ``RUN/train.log`` (on the writing process)."""
-    handler = None
-    if is_writer():
-        handler = logging.FileHandler(run_dir / LOG_FILENAME)
-        handler.setFormatter(logging.Formatter("%(asctime)s  %(message)s", "%Y-%m-%d %H:%M:%S"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
+    handler = logging.FileHandler(run_dir / LOG_FILENAME) if is_writer() else logging.NullHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s  %(message)s", "%Y-%m-%d %H:%M:%S"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
     try:
         yield
     finally:
-        if handler is not None:
-            logger.removeHandler(handler)
-            handler.close()
+        logger.removeHandler(handler)
+        handler.close()

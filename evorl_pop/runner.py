@@ -74,7 +74,7 @@ def _build(config: RunConfig):
 
 
 def _init_state(algorithm, init_key, mesh):
-    """The initial state, every array not yet on a ``NamedSharding`` replicated on ``mesh``:
+    """The initial state, replicated on ``mesh`` where the algorithm did not place it:
     a state placed otherwise than a compiled chunk's output would compile it again."""
     # Traced, a placement is a sharding constraint and every process computes the same
     # state; eagerly, JAX would compare values across processes (NaN != NaN).
@@ -83,15 +83,15 @@ def _init_state(algorithm, init_key, mesh):
     replicated = NamedSharding(mesh, PartitionSpec())
 
     def place(x):
-        placed = x.committed and isinstance(x.sharding, NamedSharding)
-        return multihost.put(x, replicated) if isinstance(x, jax.Array) and not placed else x
+        if isinstance(x, jax.Array) and not (x.committed and isinstance(x.sharding, NamedSharding)):
+            return multihost.put(x, replicated)
+        return x
 
     return jax.tree.map(place, state)
 
 
 def _run(session: training.Session, algorithm, mesh, what: str, progress, figure, stop):
-    """Runs a session with the run's log open; Ctrl-C ends in an ``Interrupted`` that says
-    what the folder holds."""
+    """Runs a session with the run's log open; Ctrl-C ends in an ``Interrupted``."""
     config, run_dir = session.config, session.run_dir
     names = [getattr(config.algorithm_config, n, None) for n in ("strategy", "task")]
     desc = " ".join([config.algorithm, *(str(n) for n in names if n)])
@@ -105,8 +105,6 @@ def _run(session: training.Session, algorithm, mesh, what: str, progress, figure
             )  # fmt: skip
             for line in config_lib.dumps(config).splitlines():
                 logger.info("  %s", line)
-            if session.note:
-                logger.info("%s", session.note)
             try:
                 state, history = training.train_loop(
                     algorithm, session.state, session.run_key,
@@ -128,22 +126,14 @@ def _run(session: training.Session, algorithm, mesh, what: str, progress, figure
             what = f"no checkpoint was written; start again (with --overwrite to reuse {run_dir})."
         raise training.Interrupted(what) from None
     if figure and session.writer:
-        draw_figure(run_dir)
+        from evorl_pop import plotting  # matplotlib: only when a figure is drawn
+
+        try:
+            plotting.plot_runs([run_dir], out=run_dir / rundir.FIGURE_FILENAME)
+        except ValueError as err:  # e.g. no rows yet
+            logger.info("no figure: %s", err)
     return RunResult(run_dir, state, history, session.generation, session.env_steps,
                      session.wall_time)  # fmt: skip
-
-
-def draw_figure(run_dir: Path) -> Path | None:
-    """Redraws ``RUN/fitness.png``; returns its path, or ``None`` when there are no metrics yet."""
-    from evorl_pop import plotting  # matplotlib: only when a figure is drawn
-
-    if not (Path(run_dir) / metrics_file.FILENAME).exists():
-        return None
-    try:
-        return plotting.plot_runs([run_dir], out=Path(run_dir) / rundir.FIGURE_FILENAME)[0]
-    except ValueError as err:  # e.g. no rows yet
-        logger.info("no figure: %s", err)
-        return None
 
 
 def train(
@@ -171,7 +161,6 @@ def train(
             run_dir.rmdir()  # the empty folder default_run_dir made for this run
         raise
     with training.deferred_interrupts() as stop, rundir.hold(run_dir, True, config, overwrite):
-        multihost.barrier("evorl_pop.train.folder")  # no process starts before the folder is ready
         state = _init_state(algorithm, init_key, mesh)
         session = training.Session(run_dir, config, run_key, state)
         return _run(session, algorithm, mesh, f"new run in {run_dir}", progress, figure, stop)
@@ -179,14 +168,10 @@ def train(
 
 def resume(
     run_dir: str | os.PathLike,
-    generations: int | None = None,
-    more: int | None = None,
     overrides=(),
     config_file: str | os.PathLike | None = None,
+    more: int | None = None,
     force: bool = False,
-    devices: int | None = None,
-    chunk: int | None = None,
-    checkpoint_every: int | None = None,
     progress: bool = True,
     figure: bool = True,
 ) -> RunResult:
@@ -198,11 +183,12 @@ def resume(
 
     Args:
       run_dir: the run folder.
-      generations: the new total; more: or this many beyond the checkpoint.
-      overrides, config_file: ``key=value`` strings and a YAML / TOML file over ``config.yaml``.
+      overrides, config_file: ``key=value`` strings and a YAML / TOML file over
+        ``config.yaml``; ``generations=N`` sets a new total, ``devices=N``,
+        ``chunk=N`` or ``checkpoint_every=N`` new run settings (another device
+        count agrees with an uninterrupted run to float tolerance, not bit for bit).
+      more: run this many generations beyond the checkpoint.
       force: continue even if the config differs from the checkpoint's.
-      devices, chunk, checkpoint_every: new run settings (another device count
-        agrees with an uninterrupted run to float tolerance, not bit for bit).
       progress, figure: as for :func:`train`.
 
     Raises:
@@ -212,17 +198,14 @@ def resume(
       ConfigError: a bad override.
     """
     run_dir = Path(run_dir)
-    with training.deferred_interrupts() as stop, rundir.hold(run_dir, False):
-        ckpt, source = rundir.read(run_dir)
+    with training.deferred_interrupts() as stop, rundir.hold(run_dir, False) as (ckpt, source):
         saved = config_lib.from_dict(ckpt.config)
-        if jax.process_count() > 1 and devices is None:
-            devices = jax.device_count()  # a run over several processes uses all their devices
-        total = ckpt.generation + more if more is not None else generations
-        values = (total, chunk, checkpoint_every, devices)
-        settings = zip(config_lib.RESUMABLE_FIELDS, values, strict=True)
+        # A run over several processes uses all their devices, unless told otherwise.
+        multi = [f"devices={jax.device_count()}"] if jax.process_count() > 1 else []
+        total = [] if more is None else [f"generations={ckpt.generation + more}"]
         config = config_lib.resolve_config(
             [source, *([config_file] if config_file is not None else [])],
-            [*overrides, *(f"{k}={v}" for k, v in settings if v is not None)],
+            [*multi, *overrides, *total],
         )
         changed = config_lib.differences(saved, config)
         if changed and not force:
@@ -238,10 +221,6 @@ def resume(
             )
         algorithm, mesh, init_key, _ = _build(config)
         state = ckpt_lib.restore_state(_init_state(algorithm, init_key, mesh), ckpt)
-        if (at := int(multihost.to_host(state.generation))) != ckpt.generation:
-            raise ckpt_lib.CheckpointError(
-                f"The checkpoint says generation {ckpt.generation} but its state is at {at}."
-            )
 
         def repair():
             path = run_dir / metrics_file.FILENAME
@@ -258,7 +237,6 @@ def resume(
             columns, rows = multihost.share(repair)
         ckpt = dataclasses.replace(ckpt, metrics_columns=columns, metrics_rows=rows)
         session = training.Session(run_dir, config, ckpt_lib.restore_key(ckpt), state, ckpt)
-        if changed:
-            session.note = f"config changed (--force): {'; '.join(changed)}"
         what = f"resume from generation {ckpt.generation}"
+        what += f" with a changed config (--force: {'; '.join(changed)})" if changed else ""
         return _run(session, algorithm, mesh, what, progress, figure, stop)

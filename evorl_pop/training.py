@@ -89,7 +89,7 @@ def train_loop(
         t0 = time.perf_counter()
         state, metrics = compiled[length](state)
         # Under jax.distributed the metrics span every process's devices: read this process's copy.
-        metrics = multihost.tree_to_host(metrics)
+        metrics = jax.tree.map(multihost.to_host, metrics)
         elapsed = time.perf_counter() - t0
         done += length
         for name, values in metrics.items():
@@ -139,15 +139,14 @@ class Session:
 
     def __init__(self, run_dir: Path, config: RunConfig, run_key, state, ckpt=None):
         self.run_dir, self.config, self.run_key, self.state = run_dir, config, run_key, state
-        self.writer = jax.process_index() == 0
-        self.generation = ckpt.generation if ckpt else 0
-        self.env_steps = ckpt.env_steps if ckpt else 0
-        self.wall_base = self.wall_time = ckpt.wall_time if ckpt else 0.0
+        self.writer, self.start, self.metrics = jax.process_index() == 0, time.perf_counter(), None
+        counters = (ckpt.generation, ckpt.env_steps, ckpt.wall_time) if ckpt else (0, 0, 0.0)
+        self.generation, self.env_steps, self.wall_time = counters
+        self.wall_base = self.wall_time
         self.columns = ckpt.metrics_columns if ckpt and ckpt.metrics_columns else None
-        self.rows = [] if ckpt is None else (ckpt.metrics_rows or "").splitlines(keepends=True)
+        self.rows = (ckpt.metrics_rows or "").splitlines(keepends=True) if ckpt else []
         # A new run checkpoints even at generation 0, so that `-g 0` can be resumed.
         self.saved_generation = self.generation if ckpt else -1
-        self.start, self.metrics, self.note = time.perf_counter(), None, ""  # note: for the log
 
     def callback(self, state, metrics) -> None:
         """Records a chunk's metrics (see :func:`train_loop`), then checkpoints if due."""
@@ -157,14 +156,13 @@ class Session:
         rows = []
         for i in range(n):
             self.env_steps += int(metrics["env_steps"][i]) if "env_steps" in metrics else 0
-            row = {
-                "generation": generation - n + 1 + i,
-                "env_steps": self.env_steps,
+            row = {"env_steps_gen" if k == "env_steps" else k: v[i] for k, v in metrics.items()}
+            row.update(
+                generation=generation - n + 1 + i,
+                env_steps=self.env_steps,
                 # Time within a chunk is shared out evenly: the host sees only its end.
-                "wall_time": self.wall_time + (wall - self.wall_time) * (i + 1) / n,
-            }
-            for name, values in metrics.items():
-                row.setdefault("env_steps_gen" if name == "env_steps" else name, values[i])
+                wall_time=self.wall_time + (wall - self.wall_time) * (i + 1) / n,
+            )
             rows.append(row)
         self.wall_time, self.generation, self.state = wall, generation, state
         self.columns = self.columns or metrics_file.columns_for(metrics)
@@ -196,10 +194,14 @@ class Session:
         """
         if self.state is None or self.saved_generation == self.generation:
             return
-        if not collective and multihost.needs_collective(self.state):
+        if not collective and any(  # a leaf that only a gather across processes reads
+            isinstance(x, jax.Array)
+            and not (x.is_fully_addressable or x.sharding.is_fully_replicated)
+            for x in jax.tree.leaves(self.state)
+        ):
             logger.info("no checkpoint at generation %d (interrupted)", self.generation)
             return
-        state = multihost.tree_to_host(self.state)
+        state = jax.tree.map(multihost.to_host, self.state)
         if self.writer:
             ckpt = ckpt_lib.Checkpoint(
                 state, multihost.to_host(self.run_key), str(jax.random.key_impl(self.run_key)),
