@@ -293,14 +293,20 @@ def main(argv=None) -> int:
 
     Returns:
       The exit status: 0 on success, 1 for a run or checkpoint error, 2 for a
-      bad config or usage, 130 when interrupted.
+      bad config or usage, 130 when interrupted, 141 when the reader of its
+      output has gone (``evorl-pop list | head``).
     """
     args = build_parser().parse_args(argv)
     from evorl_pop.checkpoint import CheckpointError  # no JAX backend starts on import
     from evorl_pop.rundir import RunError
 
     try:
-        return globals()[f"_cmd_{args.command}"](args)
+        status = globals()[f"_cmd_{args.command}"](args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return status
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush
+        return 141  # as a program that SIGPIPE ended
     except (CheckpointError, RunError, ValueError) as err:  # ConfigError: a ValueError
         # A ValueError is a usage error, e.g. more devices than there are.
         status = 1 if isinstance(err, CheckpointError | RunError) else 2

@@ -329,6 +329,21 @@ def test_list(capsys):
         assert word in out
 
 
+def test_output_into_a_closed_pipe_ends_quietly():
+    # `evorl-pop list | head -1`: the reader is gone before the output ends
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "evorl_pop.cli", "list"],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
 def test_plot_two_runs(tmp_path, capsys):
     runs = []
     for seed in (0, 1):
