@@ -97,9 +97,15 @@ class BraxEnv:
                 ) from err
         self.env = envs.get_environment(name, backend=backend)
         dim = int(self.env.action_size)
+        # Tracing a brax step takes seconds of Python, and a rollout traces it
+        # in several loops (and again under vmap): jitted, it is traced once
+        # per input type and its jaxpr reused. The observation's shape comes
+        # from a trace too (brax's observation_size runs a reset op by op).
+        self._reset, self._step = jax.jit(self.env.reset), jax.jit(self.env.step)
+        obs = jax.eval_shape(self._reset, jax.random.key(0)).obs
         self.spec = EnvSpec(
             name=BRAX_PREFIX + name,
-            obs_shape=(int(self.env.observation_size),),
+            obs_shape=(int(obs.shape[-1]),),
             discrete=False,
             action_dim=dim,
             action_low=(-1.0,) * dim,
@@ -109,14 +115,14 @@ class BraxEnv:
         )
 
     def reset(self, key):
-        inner = self.env.reset(key)
+        inner = self._reset(key)
         # jnp.zeros_like keeps the obs's sharding type (varying inside shard_map)
         zero = jnp.zeros_like(inner.done, jnp.int32)
         return inner.obs, BraxState(inner, zero, zero.astype(bool))
 
     def step(self, key, state: BraxState, action):
         del key  # brax's dynamics are deterministic
-        new = self.env.step(state.inner, action)
+        new = self._step(state.inner, action)
         inner = jax.tree.map(lambda old, x: jnp.where(state.done, old, x), state.inner, new)
         time = state.time + 1
         done = state.done | (new.done > 0) | (time >= self.spec.max_steps)
