@@ -15,14 +15,13 @@ tracker that moves the paddle towards the ball.
 import argparse
 from pathlib import Path
 
-import gymnax
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from evorl_pop import checkpoint
-from evorl_pop.envs import make_env
+from evorl_pop.envs import ObsNorm, make_env
 from evorl_pop.networks import make_policy
 
 ACTIONS = ("no-op", "left", "right")
@@ -33,20 +32,19 @@ def replay(run: Path, steps: int, last: int) -> None:
     cfg = ckpt.config["algorithm_config"]
     if ckpt.config["algorithm"] != "es" or cfg["task"] != "Breakout-MinAtar":
         raise SystemExit(f"{run} is not an es run on Breakout-MinAtar.")
-    spec = make_env(cfg["task"]).spec
+    game = make_env(cfg["task"])  # its gymnax env and params are stepped below
+    spec = game.spec
     policy = make_policy(spec, cfg["hidden_sizes"], cfg["activation"], kind=cfg["policy"])
     _, unravel = ravel_pytree(policy.init(jax.random.key(0)))
     params = unravel(jnp.asarray(ckpt.state["strategy_state"]["mean"]))
-    stats = ckpt.state.get("task_state") if cfg["normalize_obs"] else None
+    saved = ckpt.state.get("task_state") if cfg["normalize_obs"] else None
+    norm = ObsNorm(**{k: jnp.asarray(v) for k, v in saved.items()}) if saved else None
 
     @jax.jit
     def act(obs):
-        if stats is not None:  # the engine's normaliser: clipped at 5 standard deviations
-            mean, var = jnp.asarray(stats["mean"]), jnp.asarray(stats["var"])
-            obs = jnp.clip((obs - mean) / jnp.sqrt(var + 1e-8), -5.0, 5.0)
-        return policy(params, obs)
+        return policy(params, obs if norm is None else norm.normalize(obs))
 
-    env, env_params = gymnax.make("Breakout-MinAtar")
+    env, env_params = game.env, game.params
     print(f"{run}: generation {ckpt.generation}, {ckpt.env_steps:,} environment steps")
     for start in (0, 9):
         seed = 0
