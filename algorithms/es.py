@@ -428,6 +428,9 @@ class ESConfig:
         most accurate) or ``'mjx'`` (where mujoco's MJX is installed).
       episodes: control tasks: episodes per candidate.
       normalize_obs: control tasks: running observation normalisation.
+      virtual_batch_norm: control tasks: standardise the policy's hidden
+        layers over a fixed batch of observations of random play (Salimans et
+        al. 2017), folded into each candidate's weights.
       rollout_lanes: control tasks: episodes a device steps at once, each lane
         taking the next pending episode as its own ends (``None``: 16 on a
         CPU, the whole slice on an accelerator).
@@ -456,6 +459,7 @@ class ESConfig:
     backend: str = "spring"
     episodes: int = 1
     normalize_obs: bool = False
+    virtual_batch_norm: bool = False
     rollout_lanes: int | None = None
     eval_episodes: int = 8
     eval_mode: str = "vmap"
@@ -465,7 +469,7 @@ class ESConfig:
     def validate(self) -> None:
         """Raises :class:`~evorl_pop.config.ConfigError` naming a value that cannot run."""
         from evorl_pop.config import ConfigError, check_choice
-        from evorl_pop.tasks import task_names
+        from evorl_pop.tasks import BLACKBOX_FUNCTIONS, task_names
 
         check_choice("strategy", self.strategy, STRATEGIES)
         check_choice("task", self.task, task_names())
@@ -483,6 +487,13 @@ class ESConfig:
                 raise ConfigError(f"{name} must be at least {least}, got {getattr(self, name)}.")
         if (lanes := self.rollout_lanes) is not None and lanes < 1:
             raise ConfigError(f"rollout_lanes must be at least 1 (or null), got {lanes}.")
+        blackbox = self.task in BLACKBOX_FUNCTIONS or self.task.startswith(BBOB_PREFIX)
+        for name in ("normalize_obs", "virtual_batch_norm"):
+            if blackbox and getattr(self, name):
+                raise ConfigError(
+                    f"{name} applies to environment tasks (a policy network), not to the "
+                    f"black-box task {self.task!r}: leave it false."
+                )
         if any(h < 1 for h in self.hidden_sizes):
             raise ConfigError(f"hidden_sizes must be at least 1, got {list(self.hidden_sizes)}.")
         for name in ("sigma_init", "learning_rate"):
@@ -507,6 +518,7 @@ class ESConfig:
             backend=self.backend if self.task.startswith(BRAX_PREFIX) else None,
             policy=self.policy,
             lanes=self.rollout_lanes,
+            virtual_batch_norm=self.virtual_batch_norm,
         )
 
 

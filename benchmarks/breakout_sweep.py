@@ -23,7 +23,9 @@ A setting is a JSON object; its keys and defaults (those of
     sticky 0 (training only: the probability that the previous action is
       repeated instead, MinAtar's sticky actions);
     random_start 0 (training only: up to this many uniformly random actions
-      at the start of each episode); generations (overrides --generations).
+      at the start of each episode); vbn false (virtual batch normalisation,
+      as ``virtual_batch_norm`` of the ES config); generations (overrides
+      --generations).
 
 Without ``--settings`` it runs :data:`SETTINGS`. Prints one line per
 setting: per seed the mean-policy return averaged over the last 50
@@ -44,7 +46,9 @@ from evosax.algorithms import Open_ES
 from jax.flatten_util import ravel_pytree
 
 from evorl_pop.algorithms.es import make_strategy
-from evorl_pop.networks import CNN, MLP
+from evorl_pop.envs import make_env, random_observations
+from evorl_pop.networks import CNN, MLP, Policy, fold_virtual_batch_norm
+from evorl_pop.tasks import VBN_BATCH
 
 EPISODE_LENGTH = 500
 EVAL_EPISODES = 8
@@ -60,6 +64,7 @@ DEFAULTS = dict(
     temperature=0.0,
     sticky=0.0,
     random_start=0,
+    vbn=False,
 )
 SETTINGS = [
     dict(name="default"),
@@ -90,6 +95,15 @@ def build(setting, env, env_params):
         module = MLP(tuple(s["hidden"]), num_actions, s["activation"], obs_rank=len(obs_shape))
     flat0, unravel = ravel_pytree(module.init(jax.random.key(0), jnp.zeros(obs_shape)))
     pop, episodes = s["population"], s["episodes"]
+    if s["vbn"]:  # as ControlTask(..., virtual_batch_norm=True) does
+        wrapped = make_env("Breakout-MinAtar")
+        reference = jax.jit(lambda k: random_observations(wrapped, k, VBN_BATCH))(jax.random.key(0))
+        policy = Policy(module, wrapped.spec)
+        fold = jax.vmap(
+            lambda f: ravel_pytree(fold_virtual_batch_norm(policy, unravel(f), reference))[0]
+        )
+    else:
+        fold = lambda f: f  # noqa: E731
 
     def act(flat, obs, key):
         logits = module.apply(unravel(flat), obs)
@@ -100,6 +114,7 @@ def build(setting, env, env_params):
     def play(flats, key, train):
         """One episode per row of ``flats``: returns and the steps taken."""
         width = flats.shape[0]
+        flats = fold(flats)
         key, k_start, k_reset = jax.random.split(key, 3)
         sticky = s["sticky"] if train else 0.0
         random_steps = s["random_start"] if train else 0

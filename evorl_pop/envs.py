@@ -259,6 +259,41 @@ class ObsMoments:
         return cls(jnp.float32(0.0), jnp.zeros(obs_shape), jnp.zeros(obs_shape))
 
 
+def random_observations(env: Env, key: jax.Array, count: int, every: int = 8) -> jax.Array:
+    """Observations of uniformly random play: one every ``every`` steps, ``count`` in all.
+
+    An episode that ends is followed by a new one, so the observations span
+    the states random play meets (for example the reference batch of virtual
+    batch normalisation, :func:`evorl_pop.networks.fold_virtual_batch_norm`).
+
+    Args:
+      env: an :class:`Env`.
+      key: PRNG key of the resets, actions and steps.
+      count: observations to return.
+      every: steps between two kept observations.
+
+    Returns:
+      An array of shape ``(count, *env.spec.obs_shape)``.
+    """
+    spec = env.spec
+
+    def random_action(key):
+        if spec.discrete:
+            return jax.random.randint(key, (), 0, spec.action_dim)
+        low, high = np.asarray(spec.action_low), np.asarray(spec.action_high)
+        return jax.random.uniform(key, (spec.action_dim,), minval=low, maxval=high)
+
+    def step(carry, key):
+        k_action, k_step, k_reset = jax.random.split(key, 3)
+        obs, state, _, done = env.step(k_step, carry[1], random_action(k_action))
+        fresh = env.reset(k_reset)
+        return jax.tree.map(lambda a, b: jnp.where(done, a, b), fresh, (obs, state)), obs
+
+    key, reset_key = jax.random.split(key)
+    _, seen = jax.lax.scan(step, env.reset(reset_key), jax.random.split(key, count * every))
+    return seen[every - 1 :: every]
+
+
 # --- rollouts ------------------------------------------------------------------
 
 EXIT_CHECK_STEPS = 25  # steps scanned between two "has every episode ended?" checks

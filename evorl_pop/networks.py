@@ -165,3 +165,54 @@ def make_policy(
             f"layer output {spec.action_dim} value(s)."
         )
     return policy
+
+
+def fold_virtual_batch_norm(policy: Policy, params: Any, reference: jax.Array, eps: float = 1e-5):
+    """Virtual batch normalisation (Salimans et al. 2017), folded into the weights.
+
+    Every hidden layer's pre-activations are standardised, unit by unit, with
+    their mean and standard deviation over a fixed ``reference`` batch of
+    observations, computed with these weights; the output layer is left as it
+    is. A standardised layer is ``act((W x + b - mu) / sd)``, the layer with
+    kernel ``W / sd`` and bias ``(b - mu) / sd``: folded once per candidate, it
+    costs one forward pass of the reference batch, not one per step. Every
+    hidden unit then varies over the states the batch holds, whatever the
+    scale of the weights, so a small perturbation changes what the policy does
+    (without it, ES on Atari games finds policies that ignore their input).
+
+    Args:
+      policy: a :class:`Policy` with the built-in :class:`MLP` or :class:`CNN`.
+      params: its parameters.
+      reference: observations, shape ``(n, *obs_shape)`` (e.g.
+        :func:`evorl_pop.envs.random_observations`), as the policy sees them.
+      eps: added to the variance.
+
+    Returns:
+      Parameters of the same structure whose network computes the normalised one.
+    """
+    module = policy.module
+    if not isinstance(module, MLP | CNN):
+        raise ValueError(
+            f"virtual batch normalisation folds into the built-in mlp and cnn policies, not a "
+            f"{type(module).__name__}; leave virtual_batch_norm off for a custom module."
+        )
+    act = ACTIVATIONS[module.activation]
+    folded = jax.tree.map(lambda x: x, params)  # new dicts, the same arrays
+    layers, x = folded["params"], jnp.asarray(reference, jnp.float32)
+
+    def standardise(layer, pre, axes):
+        mu, sd = pre.mean(axes), jnp.sqrt(pre.var(axes) + eps)
+        layer["kernel"], layer["bias"] = layer["kernel"] / sd, (layer["bias"] - mu) / sd
+        return act((pre - mu) / sd)
+
+    if isinstance(module, CNN):
+        for i, width in enumerate(module.channels):
+            layer = layers[f"Conv_{i}"]
+            pre = nn.Conv(width, (3, 3), padding="VALID").apply({"params": layer}, x)
+            x = standardise(layer, pre, (0, 1, 2))
+        layers = layers["MLP_0"]
+    x = jnp.reshape(x, (x.shape[0], -1))
+    for j, size in enumerate(module.hidden_sizes):
+        layer = layers[f"Dense_{j}"]
+        x = standardise(layer, nn.Dense(size).apply({"params": layer}, x), 0)
+    return folded

@@ -24,12 +24,24 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 from evosax.problems.bbob.bbob_fns import bbob_fns
 from jax.flatten_util import ravel_pytree
 
 from evorl_pop.blackbox import BBOB_PREFIX, BBOBTask, bbob_task_names, float_dtype
-from evorl_pop.envs import Env, EpisodeStats, ObsMoments, ObsNorm, evaluate_episodes, make_env
-from evorl_pop.networks import make_policy
+from evorl_pop.envs import (
+    Env,
+    EpisodeStats,
+    ObsMoments,
+    ObsNorm,
+    evaluate_episodes,
+    make_env,
+    random_observations,
+)
+from evorl_pop.networks import fold_virtual_batch_norm, make_policy
+
+#: Observations in the reference batch of virtual batch normalisation.
+VBN_BATCH = 128
 
 
 @flax.struct.dataclass
@@ -146,6 +158,7 @@ class ControlTask:
         backend: str | None = None,
         policy: str = "auto",
         lanes: int | None = None,
+        virtual_batch_norm: bool = False,
     ):
         """Builds the task.
 
@@ -170,6 +183,11 @@ class ControlTask:
           lanes: episodes a device steps at once, taking the next pending
             episode as one ends (``None``: 16 on a CPU, the whole slice on an
             accelerator; see :func:`evorl_pop.envs.rollout_queue`).
+          virtual_batch_norm: standardise every hidden layer of the policy over
+            a fixed batch of :data:`VBN_BATCH` observations of random play
+            (normalised as the policy sees them), folded into each candidate's
+            weights before its episodes (see
+            :func:`~evorl_pop.networks.fold_virtual_batch_norm`).
         """
         if episodes < 1:
             raise ValueError(f"episodes must be at least 1, got {episodes}.")
@@ -196,6 +214,11 @@ class ControlTask:
         self.lanes = lanes
         template = self.policy.init(jax.random.key(0))
         flat, self.unravel = ravel_pytree(template)
+        self.reference = None
+        if virtual_batch_norm:
+            fold_virtual_batch_norm(self.policy, template, jnp.zeros((1, *self.spec.obs_shape)))
+            collect = jax.jit(lambda key: random_observations(self.env, key, VBN_BATCH))
+            self.reference = np.asarray(collect(jax.random.key(0)))
         self.num_dims = int(flat.size)
         self.name = self.spec.name
 
@@ -207,10 +230,14 @@ class ControlTask:
 
     def _episodes(self, solution, key, task_state, episodes) -> EpisodeStats:
         obs_norm = task_state if self.normalize_obs else None
+        params = self.unravel(solution)
+        if self.reference is not None:
+            seen = self.reference if obs_norm is None else obs_norm.normalize(self.reference)
+            params = fold_virtual_batch_norm(self.policy, params, seen)
         return evaluate_episodes(
             self.env,
             self.policy,
-            self.unravel(solution),
+            params,
             key,
             episodes,
             obs_norm,

@@ -168,6 +168,14 @@ def test_overrides_parse_and_check():
         config_lib.resolve_config([], ["population_size"])
 
 
+def test_policy_settings_on_a_black_box_task_are_refused():
+    for field in ("normalize_obs", "virtual_batch_norm"):
+        with pytest.raises(ConfigError, match=rf"{field} applies to environment tasks.*'sphere'"):
+            config_lib.resolve_config([], ["task=sphere", f"{field}=true"])
+    vbn = config_lib.resolve_config([], ["task=Breakout-MinAtar", "virtual_batch_norm=true"])
+    assert vbn.algorithm_config.virtual_batch_norm is True
+
+
 def test_top_level_algorithm_field_says_where_it_belongs():
     with pytest.raises(ConfigError, match="population_size.*under algorithm_config"):
         config_lib.from_dict({"population_size": 64})

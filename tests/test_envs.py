@@ -7,11 +7,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.flatten_util import ravel_pytree
 
 from evorl_pop import make_mesh
 from evorl_pop.algorithms.es import ES, ESConfig
-from evorl_pop.envs import ENV_FACTORIES, UNLISTED_GYMNAX, make_env, rollout
-from evorl_pop.networks import CNN, MLP, make_policy
+from evorl_pop.envs import ENV_FACTORIES, UNLISTED_GYMNAX, make_env, random_observations, rollout
+from evorl_pop.networks import CNN, MLP, fold_virtual_batch_norm, make_policy
 from evorl_pop.tasks import ControlTask
 
 BRAX = sorted(name for name in ENV_FACTORIES if name.startswith("brax/"))
@@ -63,6 +64,78 @@ def test_image_observations_get_a_cnn_and_others_a_flattened_mlp():
     )
 
 
+def _vbn_forward(module, params, reference, obs, eps=1e-5):
+    """Virtual batch normalisation as defined: the reference batch goes through the
+    network beside the input, each hidden layer normalised with the batch's statistics."""
+    act = {"tanh": jnp.tanh, "relu": jax.nn.relu}[module.activation]
+    layers, x, ref = params["params"], obs[None], reference
+
+    def layer(apply, axes):
+        nonlocal x, ref
+        pre_ref, pre_x = apply(ref), apply(x)
+        mu, var = pre_ref.mean(axes), pre_ref.var(axes)
+        ref, x = act((pre_ref - mu) / jnp.sqrt(var + eps)), act((pre_x - mu) / jnp.sqrt(var + eps))
+
+    if isinstance(module, CNN):
+        conv = layers["Conv_0"]
+        layer(lambda v: jax.lax.conv(v.transpose(0, 3, 1, 2), conv["kernel"].transpose(3, 2, 0, 1),
+                                     (1, 1), "VALID").transpose(0, 2, 3, 1) + conv["bias"],
+              (0, 1, 2))  # fmt: skip
+        layers = layers["MLP_0"]
+    x, ref = x.reshape(1, -1), ref.reshape(len(ref), -1)
+    for j in range(len(module.hidden_sizes)):
+        dense = layers[f"Dense_{j}"]
+        layer(lambda v, d=dense: v @ d["kernel"] + d["bias"], 0)
+    out = layers[f"Dense_{len(module.hidden_sizes)}"]
+    return (x @ out["kernel"] + out["bias"])[0]
+
+
+@pytest.mark.parametrize("name, kind", [("Breakout-MinAtar", "cnn"), ("Acrobot-v1", "mlp")])
+def test_virtual_batch_norm_is_folded_into_the_weights(name, kind):
+    env = make_env(name)
+    reference = jax.jit(lambda k: random_observations(env, k, 64))(jax.random.key(0))
+    assert reference.shape == (64, *env.spec.obs_shape)
+    assert len(np.unique(np.asarray(reference).reshape(64, -1), axis=0)) > 32  # varied states
+    policy = make_policy(env.spec, (16, 8), kind=kind)
+    params = policy.init(jax.random.key(1))
+    folded = fold_virtual_batch_norm(policy, params, reference)
+    for obs in reference[:3]:
+        np.testing.assert_allclose(
+            policy.module.apply(folded, obs),
+            _vbn_forward(policy.module, params, reference, obs),
+            rtol=2e-4,
+            atol=2e-5,
+        )
+    # normalised layers do not depend on the scale of the weights before them
+    # (up to eps, here negligible)
+    folded = fold_virtual_batch_norm(policy, params, reference, eps=1e-12)
+    scaled = jax.tree.map(lambda x: x, params)
+    first = scaled["params"]["Conv_0" if kind == "cnn" else "Dense_0"]
+    first["kernel"], first["bias"] = 7.0 * first["kernel"], 7.0 * first["bias"]
+    np.testing.assert_allclose(
+        policy.module.apply(fold_virtual_batch_norm(policy, scaled, reference, 1e-12), reference),
+        policy.module.apply(folded, reference),
+        rtol=1e-4,
+        atol=1e-5,
+    )
+    # the candidate's own weights are left as they were
+    np.testing.assert_array_equal(
+        ravel_pytree(params)[0], ravel_pytree(policy.init(jax.random.key(1)))[0]
+    )
+
+
+def test_virtual_batch_norm_needs_a_built_in_policy():
+    import flax.linen as nn
+
+    class Linear(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(2)(x)
+
+    with pytest.raises(ValueError, match=r"built-in mlp and cnn policies, not a Linear"):
+        ControlTask("CartPole-v1", policy_module=Linear(), virtual_batch_norm=True)
+
+
 def test_unlisted_environment_says_why():
     assert "MNISTBandit-bsuite" in UNLISTED_GYMNAX
     with pytest.raises(ValueError, match=r"'MNISTBandit-bsuite' is not offered: it downloads"):
@@ -71,7 +144,11 @@ def test_unlisted_environment_says_why():
 
 @pytest.mark.parametrize(
     "task, extra",
-    [("brax/hopper", dict(normalize_obs=True)), ("Breakout-MinAtar", dict(episode_length=20))],
+    [
+        ("brax/hopper", dict(normalize_obs=True)),
+        ("Breakout-MinAtar", dict(episode_length=20)),
+        ("Breakout-MinAtar", dict(episode_length=20, normalize_obs=True, virtual_batch_norm=True)),
+    ],
 )
 def test_brax_and_minatar_are_device_count_invariant(task, extra):
     config = ESConfig(task=task, **{**TINY, **extra})
