@@ -1,6 +1,6 @@
 """OpenES on Breakout-MinAtar with the CNN policy (3x3 conv, 16 channels, dense 64).
 
-    python examples/openes_minatar.py [--generations 1000] [--pop 128]
+    python examples/openes_minatar.py [--generations 1000] [--pop 128] [--vbn]
 
 Writes runs/examples/openes-breakout and figures/openes_breakout.png. The
 10x10x4 observation goes through the CNN (``policy='cnn'``, which ``'auto'``
@@ -12,6 +12,9 @@ from _common import parse, train_and_plot
 
 def _arguments(parser):
     parser.add_argument("--pop", type=int, default=128, help="population size")
+    parser.add_argument(
+        "--vbn", action="store_true", help="virtual batch normalisation of the policy"
+    )
 
 
 args = parse(__doc__.splitlines()[0], _arguments, generations=1000)
@@ -31,6 +34,7 @@ config = RunConfig(
         policy="cnn",
         episode_length=500,
         eval_episodes=8,
+        virtual_batch_norm=args.vbn,
     ),
     seed=args.seed,
     generations=args.generations,
