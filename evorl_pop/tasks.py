@@ -216,7 +216,9 @@ class ControlTask:
         flat, self.unravel = ravel_pytree(template)
         self.reference = None
         if virtual_batch_norm:
-            fold_virtual_batch_norm(self.policy, template, jnp.zeros((1, *self.spec.obs_shape)))
+            # a custom module fails here, before any observation is collected
+            one = jax.ShapeDtypeStruct((1, *self.spec.obs_shape), jnp.float32)
+            jax.eval_shape(lambda r: fold_virtual_batch_norm(self.policy, template, r), one)
             collect = jax.jit(lambda key: random_observations(self.env, key, VBN_BATCH))
             self.reference = np.asarray(collect(jax.random.key(0)))
         self.num_dims = int(flat.size)
