@@ -24,8 +24,9 @@ A setting is a JSON object; its keys and defaults (those of
       repeated instead, MinAtar's sticky actions);
     random_start 0 (training only: up to this many uniformly random actions
       at the start of each episode); vbn false (virtual batch normalisation,
-      as ``virtual_batch_norm`` of the ES config); generations (overrides
-      --generations).
+      as ``virtual_batch_norm`` of the ES config); common false (common
+      random numbers: in training every candidate's episodes start from the
+      same keys); generations (overrides --generations).
 
 Without ``--settings`` it runs :data:`SETTINGS`. Prints one line per
 setting: per seed the mean-policy return averaged over the last 50
@@ -65,6 +66,7 @@ DEFAULTS = dict(
     sticky=0.0,
     random_start=0,
     vbn=False,
+    common=False,
 )
 SETTINGS = [
     dict(name="default"),
@@ -119,9 +121,11 @@ def build(setting, env, env_params):
         sticky = s["sticky"] if train else 0.0
         random_steps = s["random_start"] if train else 0
         n_random = jax.random.randint(k_start, (width,), 0, random_steps + 1)
-        obs, state = jax.vmap(env.reset_env, (0, None))(
-            jax.random.split(k_reset, width), env_params
-        )
+        if train and s["common"]:  # every candidate plays the same starts
+            reset_keys = jnp.tile(jax.random.split(k_reset, episodes), (width // episodes,))
+        else:
+            reset_keys = jax.random.split(k_reset, width)
+        obs, state = jax.vmap(env.reset_env, (0, None))(reset_keys, env_params)
 
         def running(c):
             return (c["t"] < EPISODE_LENGTH) & ~jnp.all(c["done"])
