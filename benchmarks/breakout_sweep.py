@@ -26,7 +26,10 @@ A setting is a JSON object; its keys and defaults (those of
       at the start of each episode); vbn false (virtual batch normalisation,
       as ``virtual_batch_norm`` of the ES config); common false (common
       random numbers: in training every candidate's episodes start from the
-      same keys); generations (overrides --generations).
+      same keys); survival 0 (training only: the fitness adds this times the
+      fraction of the 500 steps the episode lasted, so that among equal
+      returns the longer rally ranks higher); generations (overrides
+      --generations).
 
 Without ``--settings`` it runs :data:`SETTINGS`. Prints one line per
 setting: per seed the mean-policy return averaged over the last 50
@@ -67,6 +70,7 @@ DEFAULTS = dict(
     random_start=0,
     vbn=False,
     common=False,
+    survival=0.0,
 )
 SETTINGS = [
     dict(name="default"),
@@ -114,7 +118,7 @@ def build(setting, env, env_params):
         return jnp.argmax(logits)
 
     def play(flats, key, train):
-        """One episode per row of ``flats``: returns and the steps taken."""
+        """One episode per row of ``flats``: returns, the steps taken, each episode's length."""
         width = flats.shape[0]
         flats = fold(flats)
         key, k_start, k_reset = jax.random.split(key, 3)
@@ -144,6 +148,7 @@ def build(setting, env, env_params):
                 done=c["done"] | d | (c["t"] + 1 >= EPISODE_LENGTH),
                 ret=c["ret"] + jnp.where(c["done"], 0.0, r),
                 steps=c["steps"] + jnp.sum(~c["done"]),
+                length=c["length"] + ~c["done"],
                 t=c["t"] + 1,
                 key=key,
                 prev=a,
@@ -155,12 +160,13 @@ def build(setting, env, env_params):
             done=jnp.zeros(width, bool),
             ret=jnp.zeros(width),
             steps=0,
+            length=jnp.zeros(width, jnp.int32),
             t=0,
             key=key,
             prev=jnp.zeros(width, jnp.int32),
         )
         c = jax.lax.while_loop(running, step, c)
-        return c["ret"], c["steps"]
+        return c["ret"], c["steps"], c["length"]
 
     if s["weight_decay"] > 0:
         strategy = Open_ES(
@@ -181,11 +187,12 @@ def build(setting, env, env_params):
     def generation(state, key):
         k_ask, k_play, k_tell, k_eval = jax.random.split(key, 4)
         x, state = strategy.ask(k_ask, state, params)
-        returns, steps = play(jnp.repeat(x, episodes, axis=0), k_play, train=True)
+        returns, steps, length = play(jnp.repeat(x, episodes, axis=0), k_play, train=True)
         fitness = returns.reshape(pop, episodes).mean(1)
-        state, _ = strategy.tell(k_tell, x, -fitness, state, params)  # evosax minimises
+        bonus = s["survival"] * length.reshape(pop, episodes).mean(1) / EPISODE_LENGTH
+        state, _ = strategy.tell(k_tell, x, -(fitness + bonus), state, params)  # evosax minimises
         mean = jnp.repeat(state.mean[None], EVAL_EPISODES, axis=0)
-        eval_returns, _ = play(mean, k_eval, train=False)
+        eval_returns, _, _ = play(mean, k_eval, train=False)
         return state, dict(best=fitness.max(), eval=eval_returns.mean(), steps=steps)
 
     return init, generation, flat0.size
