@@ -118,7 +118,7 @@ def build(setting, env, env_params):
         return jnp.argmax(logits)
 
     def play(flats, key, train):
-        """One episode per row of ``flats``: returns, the steps taken, each episode's length."""
+        """One episode per row of ``flats``: its return and its length in steps."""
         width = flats.shape[0]
         flats = fold(flats)
         key, k_start, k_reset = jax.random.split(key, 3)
@@ -147,7 +147,6 @@ def build(setting, env, env_params):
                 state=state,
                 done=c["done"] | d | (c["t"] + 1 >= EPISODE_LENGTH),
                 ret=c["ret"] + jnp.where(c["done"], 0.0, r),
-                steps=c["steps"] + jnp.sum(~c["done"]),
                 length=c["length"] + ~c["done"],
                 t=c["t"] + 1,
                 key=key,
@@ -159,14 +158,13 @@ def build(setting, env, env_params):
             state=state,
             done=jnp.zeros(width, bool),
             ret=jnp.zeros(width),
-            steps=0,
             length=jnp.zeros(width, jnp.int32),
             t=0,
             key=key,
             prev=jnp.zeros(width, jnp.int32),
         )
         c = jax.lax.while_loop(running, step, c)
-        return c["ret"], c["steps"], c["length"]
+        return c["ret"], c["length"]
 
     if s["weight_decay"] > 0:
         strategy = Open_ES(
@@ -187,13 +185,13 @@ def build(setting, env, env_params):
     def generation(state, key):
         k_ask, k_play, k_tell, k_eval = jax.random.split(key, 4)
         x, state = strategy.ask(k_ask, state, params)
-        returns, steps, length = play(jnp.repeat(x, episodes, axis=0), k_play, train=True)
+        returns, length = play(jnp.repeat(x, episodes, axis=0), k_play, train=True)
         fitness = returns.reshape(pop, episodes).mean(1)
         bonus = s["survival"] * length.reshape(pop, episodes).mean(1) / EPISODE_LENGTH
         state, _ = strategy.tell(k_tell, x, -(fitness + bonus), state, params)  # evosax minimises
         mean = jnp.repeat(state.mean[None], EVAL_EPISODES, axis=0)
-        eval_returns, _, _ = play(mean, k_eval, train=False)
-        return state, dict(best=fitness.max(), eval=eval_returns.mean(), steps=steps)
+        eval_returns, _ = play(mean, k_eval, train=False)
+        return state, dict(best=fitness.max(), eval=eval_returns.mean(), steps=length.sum())
 
     return init, generation, flat0.size
 
