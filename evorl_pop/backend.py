@@ -1,4 +1,4 @@
-"""What must be settled before JAX's backend starts: host devices and precision.
+"""What must be settled before JAX compiles: host devices, precision, the compilation cache.
 
 JAX reads the number of simulated CPU devices (``XLA_FLAGS``) and should
 read its 64-bit mode once, when its backend starts; importing ``jax`` does not
@@ -12,7 +12,8 @@ command line, the examples and scripts call :func:`set_host_devices` (or
     mesh = evorl_pop.make_mesh()
 
 A user's own ``XLA_FLAGS`` device count is kept unless a count is asked for
-explicitly.
+explicitly. :func:`use_compilation_cache` keeps compiled programs on disk
+for the next run that compiles them.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ MAX_HOST_DEVICES = 512
 #: environment tasks; black-box evaluations are so cheap that only very large
 #: populations gain from more devices.
 MIN_PER_DEVICE = {"env": 64, "blackbox": 4096}
+#: A folder for :func:`use_compilation_cache`, or ``off``.
+CACHE_ENV = "EVORL_POP_COMPILATION_CACHE"
+#: The compilation cache's size limit: past it the least recently used programs go.
+CACHE_MAX_BYTES = 2 * 2**30
 
 
 def _cgroup_cpus(root: Path) -> float | None:
@@ -171,3 +176,38 @@ def set_precision(precision: str) -> None:
             "before anything uses JAX (or run the command in a new process)."
         )
     jax.config.update("jax_enable_x64", wanted)
+
+
+def use_compilation_cache(path: str | os.PathLike | None = None) -> str | None:
+    """Turns on JAX's persistent compilation cache, so that a run compiling what an
+    earlier one compiled (a resume, a rerun, another seed) loads it from disk:
+    on a CPU a generation of a brax task takes tens of seconds to compile.
+
+    Call it before the first compile. Only programs that took a second or
+    more to compile are kept, up to :data:`CACHE_MAX_BYTES` in all.
+
+    Args:
+      path: the folder (``None``: ``$EVORL_POP_COMPILATION_CACHE``, else
+        ``$XDG_CACHE_HOME/evorl_pop/jax``, by default ``~/.cache/evorl_pop/jax``);
+        ``'off'``: no cache. A folder already given to JAX
+        (``JAX_COMPILATION_CACHE_DIR``) is kept.
+
+    Returns:
+      The cache folder, or ``None``: off, or the folder cannot be written.
+    """
+    if jax.config.jax_compilation_cache_dir:
+        return jax.config.jax_compilation_cache_dir
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "evorl_pop/jax"
+    path = str(path or os.environ.get(CACHE_ENV) or default)
+    if path.lower() in ("off", "none", "0", "false", ""):
+        return None
+    path = os.path.expanduser(path)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return None  # JAX would fail at the first compile instead
+    if not os.access(path, os.W_OK | os.X_OK):
+        return None
+    jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
+    jax.config.update("jax_compilation_cache_dir", path)
+    return path

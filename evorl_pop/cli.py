@@ -151,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _precheck(args, sources, overrides) -> None:
-    """Joins a multi-process run, sets host devices and precision (config errors: later)."""
+    """Joins a multi-process run, sets host devices, precision and the compilation cache
+    (config errors: later)."""
     from evorl_pop import multihost
 
     joined = multihost.initialize(
@@ -172,6 +173,7 @@ def _precheck(args, sources, overrides) -> None:
         elif devices in ("auto", None):
             backend.use_all_cores()
         backend.set_precision(data.get("precision", "float32"))
+        backend.use_compilation_cache()
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if note and not args.quiet:

@@ -99,9 +99,9 @@ def _run(session: training.Session, algorithm, mesh, what: str, progress, figure
         with rundir.writing(run_dir), rundir.logging_to(run_dir):
             logger.info(
                 "%s: %s  (evorl_pop %s, jax %s, %s backend, %s device(s) on the population "
-                "axis, %d process(es))",
+                "axis, %d process(es), compilation cache: %s)",
                 what, desc, evorl_pop.__version__, jax.__version__, jax.default_backend(),
-                mesh.size, jax.process_count(),
+                mesh.size, jax.process_count(), jax.config.jax_compilation_cache_dir or "off",
             )  # fmt: skip
             for line in config_lib.dumps(config).splitlines():
                 logger.info("  %s", line)

@@ -53,6 +53,7 @@ def parse(description: str, add_arguments=None, **defaults):
             backend.use_all_cores()
         elif note := backend.set_host_devices(args.devices):
             print(f"note: {note}", file=sys.stderr)
+        backend.use_compilation_cache()
     except ValueError as err:
         parser.error(str(err))
     return args

@@ -1,12 +1,20 @@
 """Eight simulated CPU devices for every test; a test picks the first n."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 # Must happen before JAX initialises its backend.
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
     os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count=8".strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One compilation cache for this test session (its worker processes and the
+# commands they start inherit it), not the user's, removed at the end.
+if "PYTEST_XDIST_WORKER" not in os.environ and "EVORL_POP_COMPILATION_CACHE" not in os.environ:
+    os.environ["EVORL_POP_COMPILATION_CACHE"] = tempfile.mkdtemp(prefix="evorl_pop-test-jax-")
+    atexit.register(shutil.rmtree, os.environ["EVORL_POP_COMPILATION_CACHE"], True)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -106,3 +106,76 @@ def test_examples_explicit_devices_win_over_xla_flags(monkeypatch, capsys):
 
 def test_run_config_devices_default_to_auto():
     assert RunConfig().devices == "auto" and RunConfig().precision == "float32"
+
+
+@pytest.fixture
+def cache_config():
+    """JAX's compilation cache settings, unset for the test and restored after it."""
+    names = ("jax_compilation_cache_dir", "jax_compilation_cache_max_size")
+    saved = [getattr(jax.config, name) for name in names]
+    jax.config.update(names[0], None)
+    yield
+    for name, value in zip(names, saved, strict=True):
+        jax.config.update(name, value)
+
+
+def test_compilation_cache_folder_and_opting_out(cache_config, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv(backend.CACHE_ENV, "off")
+    assert backend.use_compilation_cache() is None
+    assert jax.config.jax_compilation_cache_dir is None
+    monkeypatch.delenv(backend.CACHE_ENV)
+    default = str(tmp_path / "xdg" / "evorl_pop" / "jax")
+    assert backend.use_compilation_cache() == default and Path(default).is_dir()
+    assert jax.config.jax_compilation_cache_dir == default
+    assert jax.config.jax_compilation_cache_max_size == backend.CACHE_MAX_BYTES
+    # A folder JAX already has (JAX_COMPILATION_CACHE_DIR, or set before) is kept.
+    assert backend.use_compilation_cache(tmp_path / "other") == default
+    jax.config.update("jax_compilation_cache_dir", None)
+    monkeypatch.setenv(backend.CACHE_ENV, str(tmp_path / "env"))
+    assert backend.use_compilation_cache() == str(tmp_path / "env")
+    jax.config.update("jax_compilation_cache_dir", None)
+    assert backend.use_compilation_cache(tmp_path / "arg") == str(tmp_path / "arg")
+    jax.config.update("jax_compilation_cache_dir", None)
+    # A folder that cannot be made: no cache rather than a failure at the first compile.
+    (tmp_path / "a-file").write_text("")
+    assert backend.use_compilation_cache(tmp_path / "a-file" / "cache") is None
+    assert jax.config.jax_compilation_cache_dir is None
+
+
+def test_a_rerun_loads_its_programs_from_the_cache_and_repeats_the_run(tmp_path):
+    cache = tmp_path / "cache"
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "",
+        "JAX_PLATFORMS": "cpu",
+        backend.CACHE_ENV: str(cache),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # keep every program
+    }
+    job = ["--task", "CartPole-v1", "--pop", "16", "-g", "4", "--chunk", "2", "--devices", "1"]
+
+    def train(name):
+        out = subprocess.run(
+            [sys.executable, "-m", "evorl_pop.cli", "train", *job, "-q", "--no-figure",
+             "--out", str(tmp_path / name)],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert "Error reading persistent compilation cache" not in out.stderr
+        return {p.name: p.read_bytes() for p in cache.iterdir() if p.name.endswith("-atime")}
+
+    first = train("first")
+    assert first, "the first run left nothing in the cache"
+    second = train("second")
+    # The rerun compiled nothing new (no new entries) and read every entry it had
+    # (a read stamps the entry's access time).
+    assert second.keys() == first.keys()
+    assert all(second[name] != first[name] for name in first)
+    log = (tmp_path / "second" / "train.log").read_text()
+    assert f"compilation cache: {cache}" in log
+
+    def rows(name):  # all but the wall time
+        lines = (tmp_path / name / "metrics.csv").read_text().splitlines()
+        return [line.split(",")[:2] + line.split(",")[3:] for line in lines]
+
+    assert rows("second") == rows("first")
