@@ -199,7 +199,7 @@ def use_compilation_cache(path: str | os.PathLike | None = None) -> str | None:
         return jax.config.jax_compilation_cache_dir
     default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "evorl_pop/jax"
     path = str(path or os.environ.get(CACHE_ENV) or default)
-    if path.lower() in ("off", "none", "0", "false", ""):
+    if path.lower() in ("off", "none", "0", "false"):
         return None
     path = os.path.expanduser(path)
     try:
