@@ -1,6 +1,6 @@
 """OpenES on Breakout-MinAtar: several seeds of several settings, the seeds vmapped.
 
-    python benchmarks/breakout_sweep.py [--settings FILE.json] [--seeds 4]
+    python benchmarks/breakout_sweep.py [--settings FILE.json] [--seeds 4 | --seed-list 0,3]
         [--generations 1000] [--budget SECONDS] [--out sweep.jsonl]
 
 Each setting trains ``--seeds`` independent OpenES runs at once, the seeds a
@@ -197,15 +197,20 @@ def build(setting, env, env_params):
 
 
 def run(setting, seeds, generations, env, env_params, chunk=50):
-    """Trains ``seeds`` runs of one setting; returns the per-seed summary."""
+    """Trains the runs ``seeds`` (indices) of one setting; returns the per-seed summary.
+
+    Seed ``i`` draws from the ``i``-th of split keys, which does not depend on
+    how many seeds run beside it, so a seed trains alike alone or with others.
+    """
     init, generation, num_params = build(setting, env, env_params)
     generations = setting.get("generations", generations)
-    states = jax.jit(jax.vmap(init))(jax.random.split(jax.random.key(0), seeds))
+    seeds, count = jnp.asarray(seeds), max(seeds) + 1
+    states = jax.jit(jax.vmap(init))(jax.random.split(jax.random.key(0), count)[seeds])
 
     @jax.jit
     def generations_of(states, key):
         def one(states, k):
-            return jax.vmap(generation)(states, jax.random.split(k, seeds))
+            return jax.vmap(generation)(states, jax.random.split(k, count)[seeds])
 
         return jax.lax.scan(one, states, jax.random.split(key, chunk))
 
@@ -222,6 +227,7 @@ def run(setting, seeds, generations, env, env_params, chunk=50):
         seconds=round(time.perf_counter() - start, 1),
         env_steps=out["steps"].sum(0).tolist(),
         eval_last50=[round(float(v), 2) for v in ev[-50:].mean(0)],
+        eval_curve=np.round(ev.T, 3).tolist(),
         eval_max=[round(float(v), 2) for v in ev.max(0)],
         best_candidate=[float(v) for v in out["best"].max(0)],
     )
@@ -230,7 +236,8 @@ def run(setting, seeds, generations, env, env_params, chunk=50):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--settings", help="JSON file with a list of settings")
-    parser.add_argument("--seeds", type=int, default=4)
+    parser.add_argument("--seeds", type=int, default=4, help="train seeds 0..N-1")
+    parser.add_argument("--seed-list", help="comma-separated seed indices instead, e.g. 0,3")
     parser.add_argument("--generations", type=int, default=1000)
     parser.add_argument(
         "--budget", type=float, default=float("inf"), help="seconds: start no setting after"
@@ -239,13 +246,14 @@ def main():
     args = parser.parse_args()
     settings = json.load(open(args.settings)) if args.settings else SETTINGS
     env, env_params = gymnax.make("Breakout-MinAtar")
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; {args.seeds} seeds per setting")
+    seeds = [int(i) for i in args.seed_list.split(",")] if args.seed_list else range(args.seeds)
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; seeds {list(seeds)}")
     start = time.perf_counter()
     for setting in settings:
         if time.perf_counter() - start > args.budget:
             print(f"budget spent, skipped: {setting.get('name', setting)}")
             continue
-        r = run(setting, args.seeds, args.generations, env, env_params)
+        r = run(setting, list(seeds), args.generations, env, env_params)
         if args.out:
             with open(args.out, "a") as f:
                 f.write(json.dumps(r) + "\n")
