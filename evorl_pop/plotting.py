@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -61,11 +62,13 @@ def _aggregate(runs, metric: str, x: str, band: str):
         start = max(m["env_steps"][0] for _, m in runs)
         xs = np.linspace(start, end, 200)
         ys = np.stack([np.interp(xs, m["env_steps"], m[metric]) for _, m in runs])
-    mean = np.nanmean(ys, axis=0)
-    if band == "std":
-        std = np.nanstd(ys, axis=0)
-        return xs, mean, mean - std, mean + std
-    return xs, mean, np.nanmin(ys, axis=0), np.nanmax(ys, axis=0)
+    with warnings.catch_warnings():  # a generation without finite fitness is a gap, not news
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(ys, axis=0)
+        if band == "std":
+            std = np.nanstd(ys, axis=0)
+            return xs, mean, mean - std, mean + std
+        return xs, mean, np.nanmin(ys, axis=0), np.nanmax(ys, axis=0)
 
 
 def plot_runs(
