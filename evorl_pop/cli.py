@@ -286,7 +286,7 @@ def _cmd_list(args) -> int:
     ):
         print(f"{title}:")
         print(textwrap.fill(", ".join(sorted(names)), 88, initial_indent="  ",
-                            subsequent_indent="  "))  # fmt: skip
+                            subsequent_indent="  ", break_on_hyphens=False))  # fmt: skip
     return 0
 
 

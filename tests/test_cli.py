@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -327,6 +328,13 @@ def test_list(capsys):
     out = capsys.readouterr().out
     for word in ["algorithms:", "es ", "CMA_ES", "Open_ES", "CartPole-v1", "sphere", "rosenbrock"]:
         assert word in out
+    # every name whole, never split at a line end ("Freeway-" / "MinAtar")
+    from evorl_pop.algorithms.es import STRATEGIES
+    from evorl_pop.blackbox import bbob_task_names
+    from evorl_pop.envs import ENV_FACTORIES
+
+    names = {*STRATEGIES, *ENV_FACTORIES, *bbob_task_names()}
+    assert names <= set(re.split(r"[,\s]+", out)), names - set(re.split(r"[,\s]+", out))
 
 
 def test_output_into_a_closed_pipe_ends_quietly():
