@@ -210,6 +210,8 @@ def test_train_refuses_to_overwrite_a_run(tmp_path, capsys):
         (["--set", "generations=-3"], ["generations", ">= 0"]),
         (["--set", "rollout_lanes=0"], ["rollout_lanes", "at least 1"]),
         (["--task", "sphear"], ["sphear", "sphere"]),
+        (["--strategy", "cma_es"], ["'cma_es'", "Did you mean 'CMA_ES'"]),
+        (["--task", "cartpole"], ["'cartpole'", "Did you mean 'CartPole-v1'"]),
     ],
 )
 def test_train_config_errors(tmp_path, capsys, args, words):
