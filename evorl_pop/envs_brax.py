@@ -20,6 +20,9 @@ when the first brax environment is built.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import warnings
 from typing import Any
 
 import flax.struct
@@ -41,9 +44,20 @@ DEFAULT_BACKEND = "spring"
 DEFAULT_EPISODE_LENGTH = 1000
 
 
+@contextlib.contextmanager
+def _quiet():
+    """Hides two notices no user can act on: mujoco prints "Failed to import warp" when
+    MJX's optional GPU backend is absent, and brax warns, for every model it loads, that
+    brax itself is no longer maintained."""
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Brax System, piplines", UserWarning)
+        yield
+
+
 def _import_brax_envs():
     try:
-        import brax.envs
+        with _quiet():
+            import brax.envs
     except ImportError as err:
         raise ValueError(
             f"brax tasks need brax, which is not installed ({err}); "
@@ -95,7 +109,8 @@ class BraxEnv:
                     f"backend='mjx' needs mujoco's MJX, which does not import ({err}); "
                     "pip install mujoco-mjx, or use backend='spring'."
                 ) from err
-        self.env = envs.get_environment(name, backend=backend)
+        with _quiet():
+            self.env = envs.get_environment(name, backend=backend)
         dim = int(self.env.action_size)
         # Tracing a brax step takes seconds of Python, and a rollout traces it
         # in several loops (and again under vmap): jitted, it is traced once

@@ -1,6 +1,7 @@
 """Environments and policies: every listed environment trains, brax tasks,
 image observations, episode ends, and the errors for bad input."""
 
+import subprocess
 import sys
 
 import jax
@@ -225,6 +226,17 @@ def test_brax_name_without_brax_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "brax.envs", None)
     with pytest.raises(ValueError, match=r"brax tasks need brax.*pip install -e '\.\[brax\]'"):
         ESConfig(task="brax/hopper").make_task()
+
+
+def test_brax_tasks_start_without_third_party_noise():
+    # a fresh process: brax and mujoco print their notices on first import
+    code = "from evorl_pop.envs import make_env; make_env('brax/inverted_pendulum')"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    assert "warp" not in result.stderr and "maintained" not in result.stderr, result.stderr
 
 
 def test_policy_that_does_not_fit_the_observation():
