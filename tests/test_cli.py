@@ -336,7 +336,8 @@ def test_list(capsys):
     from evorl_pop.envs import ENV_FACTORIES
 
     names = {*STRATEGIES, *ENV_FACTORIES, *bbob_task_names()}
-    assert names <= set(re.split(r"[,\s]+", out)), names - set(re.split(r"[,\s]+", out))
+    tokens = set(re.split(r"[,\s]+", out))
+    assert names <= tokens, names - tokens
 
 
 def test_output_into_a_closed_pipe_ends_quietly():
