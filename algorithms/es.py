@@ -13,7 +13,6 @@ devices of a mesh::
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 
 import evosax.algorithms
@@ -29,6 +28,7 @@ from evorl_pop.blackbox import BBOB_PREFIX, float_dtype, objective_errors
 from evorl_pop.engine import ESState, ShardedES
 from evorl_pop.envs import BRAX_PREFIX
 from evorl_pop.noise_table import NoiseTableOpen_ES
+from evorl_pop.registry import did_you_mean
 from evorl_pop.tasks import make_task
 from evorl_pop.training import train_loop
 
@@ -333,8 +333,7 @@ def make_strategy(
         size the strategy cannot take.
     """
     if name not in STRATEGIES:
-        close = difflib.get_close_matches(name, STRATEGIES, n=3)
-        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+        hint = did_you_mean(name, STRATEGIES, 3)
         raise ValueError(
             f"Unknown strategy {name!r}.{hint} Valid strategies: {', '.join(sorted(STRATEGIES))}."
         )

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 from evosax.problems.bbob.bbob_fns import bbob_fns
 from evosax.problems.bbob.meta_bbob import MetaBBOBProblem
+
+from evorl_pop.registry import did_you_mean
 
 #: The 24 noiseless BBOB functions in suite order (f1 ... f24), by evosax's names.
 BBOB_FUNCTIONS: tuple[str, ...] = tuple(bbob_fns)
@@ -120,8 +121,7 @@ class BBOBTask:
 
     def __post_init__(self):
         if self.function not in BBOB_FUNCTIONS:
-            close = difflib.get_close_matches(self.function, BBOB_FUNCTIONS, n=3)
-            hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+            hint = did_you_mean(self.function, BBOB_FUNCTIONS, 3)
             raise ValueError(
                 f"Unknown BBOB function {self.function!r}.{hint} "
                 f"Valid: {', '.join(BBOB_FUNCTIONS)}."

@@ -297,9 +297,6 @@ def validate(config: RunConfig) -> None:
 def check_choice(name: str, value: str, valid) -> None:
     """ConfigError, with the nearest valid value, unless ``value`` is in ``valid``."""
     if value not in valid:
-        lower = {str(v).lower(): v for v in valid}  # 'cma_es' finds CMA_ES
-        close = difflib.get_close_matches(str(value).lower(), list(lower), n=1)
-        hint = f" Did you mean {lower[close[0]]!r}?" if close else ""
-        raise ConfigError(
-            f"{name}: unknown value {value!r}.{hint} Valid: {', '.join(sorted(valid))}."
-        )
+        hint = registry.did_you_mean(value, valid)
+        listed = ", ".join(sorted(valid))
+        raise ConfigError(f"{name}: unknown value {value!r}.{hint} Valid: {listed}.")

@@ -25,7 +25,6 @@ another simulator plugs in by implementing the same three members.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -35,6 +34,8 @@ import gymnax
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from evorl_pop.registry import did_you_mean
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,8 +200,7 @@ def make_env(name: str, **env_kwargs) -> Env:
     if name in UNLISTED_GYMNAX:
         raise ValueError(f"{name!r} is not offered: it {UNLISTED_GYMNAX[name]}.")
     if name not in ENV_FACTORIES:
-        close = difflib.get_close_matches(name, ENV_FACTORIES, n=3)
-        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+        hint = did_you_mean(name, ENV_FACTORIES, 3)
         raise ValueError(
             f"Unknown environment {name!r}.{hint} Valid environments: "
             f"{', '.join(sorted(ENV_FACTORIES))}."

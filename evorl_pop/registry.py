@@ -20,6 +20,14 @@ import difflib
 import importlib
 
 
+def did_you_mean(value, valid, n: int = 1) -> str:
+    """`` Did you mean 'X'?`` naming the ``n`` valid names nearest ``value``, ignoring
+    case ('cma_es' finds CMA_ES), or ``''`` when none is near."""
+    lower = {str(v).lower(): v for v in valid}
+    close = difflib.get_close_matches(str(value).lower(), list(lower), n=n)
+    return f" Did you mean {', '.join(repr(lower[c]) for c in close)}?" if close else ""
+
+
 @dataclasses.dataclass(frozen=True)
 class AlgorithmSpec:
     """Where to find one algorithm.
@@ -150,8 +158,7 @@ def get(name: str) -> AlgorithmSpec:
       ValueError: an unknown or unavailable name, with the nearest valid one.
     """
     if name not in _REGISTRY:
-        close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(name, _REGISTRY)
         raise ValueError(f"Unknown algorithm {name!r}.{hint} Available: {', '.join(names())}.")
     spec = _REGISTRY[name]
     spec.load()  # raises a clear error when the module is missing

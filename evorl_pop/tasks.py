@@ -17,7 +17,6 @@ conversion to the minimisation convention of evosax is
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,6 +38,7 @@ from evorl_pop.envs import (
     random_observations,
 )
 from evorl_pop.networks import fold_virtual_batch_norm, make_policy
+from evorl_pop.registry import did_you_mean
 
 #: Observations in the reference batch of virtual batch normalisation.
 VBN_BATCH = 128
@@ -87,8 +87,7 @@ BLACKBOX_FUNCTIONS: dict[str, Callable] = {
 
 
 def _unknown(kind: str, name: str, valid) -> ValueError:
-    close = difflib.get_close_matches(name, list(valid), n=3)
-    hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+    hint = did_you_mean(name, valid, 3)
     return ValueError(f"Unknown {kind} {name!r}.{hint} Valid: {', '.join(sorted(valid))}.")
 
 

@@ -212,6 +212,7 @@ def test_train_refuses_to_overwrite_a_run(tmp_path, capsys):
         (["--task", "sphear"], ["sphear", "sphere"]),
         (["--strategy", "cma_es"], ["'cma_es'", "Did you mean 'CMA_ES'"]),
         (["--task", "cartpole"], ["'cartpole'", "Did you mean 'CartPole-v1'"]),
+        (["--algorithm", "ES"], ["'ES'", "Did you mean 'es'"]),
     ],
 )
 def test_train_config_errors(tmp_path, capsys, args, words):
