@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import os
 import tempfile
 import tomllib
@@ -110,9 +109,7 @@ def _key_error(err: ConfigKeyError, algorithm: str) -> ConfigError:
             f"{key!r} is a field of the {algorithm} config: put it under algorithm_config "
             f"(in a file), or pass --set {key}=... (a bare algorithm field is found there)."
         )
-    valid = [*_RUN_FIELDS, *algorithm_keys]
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
+    hint = registry.did_you_mean(key, [*_RUN_FIELDS, *algorithm_keys], cutoff=0.5)
     return ConfigError(f"Unknown key {key!r} in the {algorithm} run config.{hint}")
 
 

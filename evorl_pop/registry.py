@@ -20,11 +20,11 @@ import difflib
 import importlib
 
 
-def did_you_mean(value, valid, n: int = 1) -> str:
+def did_you_mean(value, valid, n: int = 1, cutoff: float = 0.6) -> str:
     """`` Did you mean 'X'?`` naming the ``n`` valid names nearest ``value``, ignoring
-    case ('cma_es' finds CMA_ES), or ``''`` when none is near."""
+    case ('cma_es' finds CMA_ES), or ``''`` when none is near (``difflib``'s ``cutoff``)."""
     lower = {str(v).lower(): v for v in valid}
-    close = difflib.get_close_matches(str(value).lower(), list(lower), n=n)
+    close = difflib.get_close_matches(str(value).lower(), list(lower), n=n, cutoff=cutoff)
     return f" Did you mean {', '.join(repr(lower[c]) for c in close)}?" if close else ""
 
 

@@ -204,6 +204,7 @@ def test_train_refuses_to_overwrite_a_run(tmp_path, capsys):
     "args, words",
     [
         (["--set", "populaton_size=8"], ["populaton_size", "Did you mean 'population_size'"]),
+        (["--set", "SIGMA_INIT=0.1"], ["SIGMA_INIT", "Did you mean 'sigma_init'"]),
         (["--set", "population_size=many"], ["population_size", "integer", "many"]),
         (["--pop", "1"], ["population_size", "at least 2"]),
         (["--pop", "0"], ["population_size", "at least 2"]),
