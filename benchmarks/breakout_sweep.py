@@ -1,7 +1,7 @@
 """OpenES on Breakout-MinAtar: several seeds of several settings, the seeds vmapped.
 
     python benchmarks/breakout_sweep.py [--settings FILE.json] [--seeds 4 | --seed-list 0,3]
-        [--generations 1000] [--budget SECONDS] [--out sweep.jsonl]
+        [--generations 1000] [--budget SECONDS] [--out sweep.jsonl] [--progress]
 
 Each setting trains ``--seeds`` independent OpenES runs at once, the seeds a
 vmapped axis of one compiled program, so an accelerator trains four seeds in
@@ -28,8 +28,10 @@ A setting is a JSON object; its keys and defaults (those of
       random numbers: in training every candidate's episodes start from the
       same keys); survival 0 (training only: the fitness adds this times the
       fraction of the 500 steps the episode lasted, so that among equal
-      returns the longer rally ranks higher); generations (overrides
-      --generations).
+      returns the longer rally ranks higher); init "flax" | "zero" (the
+      strategy's initial mean: the network's own initialisation, or every
+      weight zero, as evosax's neuroevolution benchmarks start); generations
+      (overrides --generations).
 
 Without ``--settings`` it runs :data:`SETTINGS`. Prints one line per
 setting: per seed the mean-policy return averaged over the last 50
@@ -71,6 +73,7 @@ DEFAULTS = dict(
     vbn=False,
     common=False,
     survival=0.0,
+    init="flax",
 )
 SETTINGS = [
     dict(name="default"),
@@ -100,6 +103,8 @@ def build(setting, env, env_params):
     else:
         module = MLP(tuple(s["hidden"]), num_actions, s["activation"], obs_rank=len(obs_shape))
     flat0, unravel = ravel_pytree(module.init(jax.random.key(0), jnp.zeros(obs_shape)))
+    if s["init"] == "zero":
+        flat0 = jnp.zeros_like(flat0)
     pop, episodes = s["population"], s["episodes"]
     if s["vbn"]:  # as ControlTask(..., virtual_batch_norm=True) does
         wrapped = make_env("Breakout-MinAtar")
@@ -196,7 +201,7 @@ def build(setting, env, env_params):
     return init, generation, flat0.size
 
 
-def run(setting, seeds, generations, env, env_params, chunk=50):
+def run(setting, seeds, generations, env, env_params, chunk=50, progress=False):
     """Trains the runs ``seeds`` (indices) of one setting; returns the per-seed summary.
 
     Seed ``i`` draws from the ``i``-th of split keys, which does not depend on
@@ -219,6 +224,9 @@ def run(setting, seeds, generations, env, env_params, chunk=50):
         key, k = jax.random.split(key)
         states, out = generations_of(states, k)
         history.append(jax.tree.map(np.asarray, out))
+        if progress:  # the mean policy over the chunk, per seed
+            print(f"  generation {len(history) * chunk}, {time.perf_counter() - start:.0f} s: "
+                  f"{np.round(history[-1]['eval'].mean(0), 2).tolist()}", flush=True)  # fmt: skip
     out = {name: np.concatenate([h[name] for h in history]) for name in history[0]}
     ev = out["eval"]  # (generations, seeds)
     return dict(
@@ -243,6 +251,7 @@ def main():
         "--budget", type=float, default=float("inf"), help="seconds: start no setting after"
     )
     parser.add_argument("--out", help="append one JSON line per setting to this file")
+    parser.add_argument("--progress", action="store_true", help="print every 50 generations")
     args = parser.parse_args()
     settings = json.load(open(args.settings)) if args.settings else SETTINGS
     env, env_params = gymnax.make("Breakout-MinAtar")
@@ -253,7 +262,7 @@ def main():
         if time.perf_counter() - start > args.budget:
             print(f"budget spent, skipped: {setting.get('name', setting)}")
             continue
-        r = run(setting, list(seeds), args.generations, env, env_params)
+        r = run(setting, list(seeds), args.generations, env, env_params, progress=args.progress)
         if args.out:
             with open(args.out, "a") as f:
                 f.write(json.dumps(r) + "\n")
