@@ -103,6 +103,8 @@ def build(setting, env, env_params):
     else:
         module = MLP(tuple(s["hidden"]), num_actions, s["activation"], obs_rank=len(obs_shape))
     flat0, unravel = ravel_pytree(module.init(jax.random.key(0), jnp.zeros(obs_shape)))
+    if s["init"] not in ("flax", "zero"):
+        raise ValueError(f"init must be 'flax' or 'zero', got {s['init']!r}.")
     if s["init"] == "zero":
         flat0 = jnp.zeros_like(flat0)
     pop, episodes = s["population"], s["episodes"]
