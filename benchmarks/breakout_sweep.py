@@ -30,8 +30,12 @@ A setting is a JSON object; its keys and defaults (those of
       fraction of the 500 steps the episode lasted, so that among equal
       returns the longer rally ranks higher); init "flax" | "zero" (the
       strategy's initial mean: the network's own initialisation, or every
-      weight zero, as evosax's neuroevolution benchmarks start); generations
-      (overrides --generations).
+      weight zero, as evosax's neuroevolution benchmarks start); elite 0
+      (> 0: the update follows only this fraction of the population, the
+      best, with CMA-ES's logarithmic recombination weights; ties share the
+      weight of their averaged rank, so a plateau of equal returns gets none:
+      0 keeps evosax's centered ranks, where every candidate counts);
+      generations (overrides --generations).
 
 Without ``--settings`` it runs :data:`SETTINGS`. Prints one line per
 setting: per seed the mean-policy return averaged over the last 50
@@ -74,6 +78,7 @@ DEFAULTS = dict(
     common=False,
     survival=0.0,
     init="flax",
+    elite=0.0,
 )
 SETTINGS = [
     dict(name="default"),
@@ -173,17 +178,32 @@ def build(setting, env, env_params):
         c = jax.lax.while_loop(running, step, c)
         return c["ret"], c["length"]
 
+    if not 0 <= s["elite"] <= 1:
+        raise ValueError(f"elite must be a fraction in [0, 1], got {s['elite']!r}.")
+    shaping = {}
+    if s["elite"] > 0:
+        mu = max(1, int(s["elite"] * pop))
+        w = jnp.log(mu + 0.5) - jnp.log(jnp.arange(1, pop + 1))
+        weights = jnp.where(jnp.arange(pop) < mu, w, 0.0) / w[:mu].sum()
+
+        def elite_shaping(population, fitness, state, params):
+            # evosax minimises: rank 0 is the best; a negative value pulls the mean towards it.
+            ranks = jax.scipy.stats.rankdata(fitness) - 1.0
+            return -weights[ranks.astype(jnp.int32)]
+
+        shaping = dict(fitness_shaping_fn=elite_shaping)
     if s["weight_decay"] > 0:
         strategy = Open_ES(
             pop,
             flat0,
             optimizer=optax.adamw(s["learning_rate"], weight_decay=s["weight_decay"]),
             std_schedule=optax.constant_schedule(s["sigma"]),
+            **shaping,
         )
         params = strategy.default_params
     else:
         strategy, params = make_strategy(
-            "Open_ES", pop, flat0.size, s["learning_rate"], s["sigma"], noise="normal"
+            "Open_ES", pop, flat0.size, s["learning_rate"], s["sigma"], noise="normal", **shaping
         )
 
     def init(key):
