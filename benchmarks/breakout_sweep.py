@@ -46,6 +46,7 @@ environment steps of training.
 import argparse
 import json
 import time
+from types import SimpleNamespace
 
 import gymnax
 import jax
@@ -53,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from evosax.algorithms import Open_ES
+from evosax.core.fitness_shaping import weights_fitness_shaping_fn
 from jax.flatten_util import ravel_pytree
 
 from evorl_pop.algorithms.es import make_strategy
@@ -110,6 +112,8 @@ def build(setting, env, env_params):
     flat0, unravel = ravel_pytree(module.init(jax.random.key(0), jnp.zeros(obs_shape)))
     if s["init"] not in ("flax", "zero"):
         raise ValueError(f"init must be 'flax' or 'zero', got {s['init']!r}.")
+    if not 0 <= s["elite"] <= 1:
+        raise ValueError(f"elite must be a fraction in [0, 1], got {s['elite']!r}.")
     if s["init"] == "zero":
         flat0 = jnp.zeros_like(flat0)
     pop, episodes = s["population"], s["episodes"]
@@ -178,8 +182,6 @@ def build(setting, env, env_params):
         c = jax.lax.while_loop(running, step, c)
         return c["ret"], c["length"]
 
-    if not 0 <= s["elite"] <= 1:
-        raise ValueError(f"elite must be a fraction in [0, 1], got {s['elite']!r}.")
     shaping = {}
     if s["elite"] > 0:
         mu = max(1, int(s["elite"] * pop))
@@ -187,9 +189,10 @@ def build(setting, env, env_params):
         weights = jnp.where(jnp.arange(pop) < mu, w, 0.0) / w[:mu].sum()
 
         def elite_shaping(population, fitness, state, params):
-            # evosax minimises: rank 0 is the best; a negative value pulls the mean towards it.
-            ranks = jax.scipy.stats.rankdata(fitness) - 1.0
-            return -weights[ranks.astype(jnp.int32)]
+            # evosax's lookup by averaged rank (rank 0 the best: evosax minimises); a
+            # negative value pulls the mean towards the candidate.
+            elite = SimpleNamespace(weights=weights)
+            return -weights_fitness_shaping_fn(population, fitness, state, elite)
 
         shaping = dict(fitness_shaping_fn=elite_shaping)
     if s["weight_decay"] > 0:
