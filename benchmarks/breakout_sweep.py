@@ -35,7 +35,13 @@ A setting is a JSON object; its keys and defaults (those of
       best, with CMA-ES's logarithmic recombination weights; ties share the
       weight of their averaged rank, so a plateau of equal returns gets none:
       0 keeps evosax's centered ranks, where every candidate counts);
-      generations (overrides --generations).
+      novelty 0 (> 0: NSR-ES, Conti et al. 2018: the update follows
+      (1 - novelty) times the centered rank of the return plus novelty times
+      the centered rank of the candidate's novelty, the mean distance of its
+      behaviour to its 10 nearest neighbours in an archive of the mean
+      policy's past behaviours, one added per generation; a behaviour is the
+      fraction of the episode's steps the paddle spent in each of the 10
+      columns); generations (overrides --generations).
 
 Without ``--settings`` it runs :data:`SETTINGS`. Prints one line per
 setting: per seed the mean-policy return averaged over the last 50
@@ -54,12 +60,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from evosax.algorithms import Open_ES
-from evosax.core.fitness_shaping import weights_fitness_shaping_fn
+from evosax.core.fitness_shaping import (
+    centered_rank_fitness_shaping_fn,
+    identity_fitness_shaping_fn,
+    weights_fitness_shaping_fn,
+)
 from jax.flatten_util import ravel_pytree
 
 from evorl_pop.algorithms.es import make_strategy
 from evorl_pop.envs import make_env, random_observations
-from evorl_pop.networks import CNN, MLP, Policy, fold_virtual_batch_norm
+from evorl_pop.networks import CNN, MLP, Policy, fold_virtual_batch_norm, vbn_reference
 from evorl_pop.tasks import VBN_BATCH
 
 EPISODE_LENGTH = 500
@@ -81,7 +91,11 @@ DEFAULTS = dict(
     survival=0.0,
     init="flax",
     elite=0.0,
+    novelty=0.0,
 )
+COLUMNS = 10  # of the Breakout-MinAtar board: the paddle's positions
+NEIGHBOURS = 10  # novelty: the mean distance to this many nearest archived behaviours
+ARCHIVE = 1000  # behaviours kept (one per generation), the oldest replaced first
 SETTINGS = [
     dict(name="default"),
     dict(name="population 512", population=512),
@@ -112,8 +126,11 @@ def build(setting, env, env_params):
     flat0, unravel = ravel_pytree(module.init(jax.random.key(0), jnp.zeros(obs_shape)))
     if s["init"] not in ("flax", "zero"):
         raise ValueError(f"init must be 'flax' or 'zero', got {s['init']!r}.")
-    if not 0 <= s["elite"] <= 1:
-        raise ValueError(f"elite must be a fraction in [0, 1], got {s['elite']!r}.")
+    for name in ("elite", "novelty"):
+        if not 0 <= s[name] <= 1:
+            raise ValueError(f"{name} must be a fraction in [0, 1], got {s[name]!r}.")
+    if s["elite"] and s["novelty"]:
+        raise ValueError("elite and novelty each set the update's weights: choose one.")
     if s["init"] == "zero":
         flat0 = jnp.zeros_like(flat0)
     pop, episodes = s["population"], s["episodes"]
@@ -121,6 +138,7 @@ def build(setting, env, env_params):
         wrapped = make_env("Breakout-MinAtar")
         reference = jax.jit(lambda k: random_observations(wrapped, k, VBN_BATCH))(jax.random.key(0))
         policy = Policy(module, wrapped.spec)
+        reference = jax.device_get(vbn_reference(policy, reference))
         fold = jax.vmap(
             lambda f: ravel_pytree(fold_virtual_batch_norm(policy, unravel(f), reference))[0]
         )
@@ -134,7 +152,8 @@ def build(setting, env, env_params):
         return jnp.argmax(logits)
 
     def play(flats, key, train):
-        """One episode per row of ``flats``: its return and its length in steps."""
+        """One episode per row of ``flats``: its return, its length in steps, and the
+        fraction of those steps the paddle spent in each column."""
         width = flats.shape[0]
         flats = fold(flats)
         key, k_start, k_reset = jax.random.split(key, 3)
@@ -164,6 +183,7 @@ def build(setting, env, env_params):
                 done=c["done"] | d | (c["t"] + 1 >= EPISODE_LENGTH),
                 ret=c["ret"] + jnp.where(c["done"], 0.0, r),
                 length=c["length"] + ~c["done"],
+                columns=c["columns"] + ~c["done"][:, None] * jax.nn.one_hot(state.pos, COLUMNS),
                 t=c["t"] + 1,
                 key=key,
                 prev=a,
@@ -175,12 +195,13 @@ def build(setting, env, env_params):
             done=jnp.zeros(width, bool),
             ret=jnp.zeros(width),
             length=jnp.zeros(width, jnp.int32),
+            columns=jnp.zeros((width, COLUMNS)),
             t=0,
             key=key,
             prev=jnp.zeros(width, jnp.int32),
         )
         c = jax.lax.while_loop(running, step, c)
-        return c["ret"], c["length"]
+        return c["ret"], c["length"], c["columns"] / jnp.maximum(c["length"], 1)[:, None]
 
     shaping = {}
     if s["elite"] > 0:
@@ -195,6 +216,8 @@ def build(setting, env, env_params):
             return -weights_fitness_shaping_fn(population, fitness, state, elite)
 
         shaping = dict(fitness_shaping_fn=elite_shaping)
+    elif s["novelty"] > 0:  # the generation ranks returns and novelty itself
+        shaping = dict(fitness_shaping_fn=identity_fitness_shaping_fn)
     if s["weight_decay"] > 0:
         strategy = Open_ES(
             pop,
@@ -209,19 +232,35 @@ def build(setting, env, env_params):
             "Open_ES", pop, flat0.size, s["learning_rate"], s["sigma"], noise="normal", **shaping
         )
 
-    def init(key):
-        return strategy.init(key, flat0, params)
+    def init(key):  # the strategy's state, the archive of behaviours and how many it holds
+        return strategy.init(key, flat0, params), jnp.zeros((ARCHIVE, COLUMNS)), 0
 
-    def generation(state, key):
+    def novelty(behaviours, archive, count):
+        distance = jnp.linalg.norm(behaviours[:, None] - archive[None], axis=-1)
+        filled = jnp.arange(ARCHIVE) < count
+        nearest = -jax.lax.top_k(-jnp.where(filled, distance, jnp.inf), NEIGHBOURS)[0]
+        seen = jnp.isfinite(nearest)
+        return jnp.where(seen, nearest, 0.0).sum(1) / jnp.maximum(seen.sum(1), 1)
+
+    def generation(carry, key):
+        state, archive, count = carry
         k_ask, k_play, k_tell, k_eval = jax.random.split(key, 4)
         x, state = strategy.ask(k_ask, state, params)
-        returns, length = play(jnp.repeat(x, episodes, axis=0), k_play, train=True)
+        returns, length, columns = play(jnp.repeat(x, episodes, axis=0), k_play, train=True)
         fitness = returns.reshape(pop, episodes).mean(1)
         bonus = s["survival"] * length.reshape(pop, episodes).mean(1) / EPISODE_LENGTH
-        state, _ = strategy.tell(k_tell, x, -(fitness + bonus), state, params)  # evosax minimises
+        score = -(fitness + bonus)  # evosax minimises
+        if s["novelty"] > 0:
+            behaviours = columns.reshape(pop, episodes, COLUMNS).mean(1)
+            ranked = [centered_rank_fitness_shaping_fn(None, -v, None, None)
+                      for v in (fitness + bonus, novelty(behaviours, archive, count))]  # fmt: skip
+            score = (1 - s["novelty"]) * ranked[0] + s["novelty"] * ranked[1]
+        state, _ = strategy.tell(k_tell, x, score, state, params)
         mean = jnp.repeat(state.mean[None], EVAL_EPISODES, axis=0)
-        eval_returns, _ = play(mean, k_eval, train=False)
-        return state, dict(best=fitness.max(), eval=eval_returns.mean(), steps=length.sum())
+        eval_returns, _, eval_columns = play(mean, k_eval, train=False)
+        archive = archive.at[count % ARCHIVE].set(eval_columns.mean(0))
+        out = dict(best=fitness.max(), eval=eval_returns.mean(), steps=length.sum())
+        return (state, archive, count + 1), out
 
     return init, generation, flat0.size
 

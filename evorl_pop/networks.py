@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -167,7 +168,42 @@ def make_policy(
     return policy
 
 
-def fold_virtual_batch_norm(policy: Policy, params: Any, reference: jax.Array, eps: float = 1e-5):
+#: Candidates folded at a time when :func:`fold_virtual_batch_norm` runs under ``vmap``.
+VBN_FOLD_BATCH = 4
+
+
+@flax.struct.dataclass
+class VBNReference:
+    """A reference batch as the first layer sees it (see :func:`vbn_reference`)."""
+
+    rows: jax.Array  # the first layer's inputs, one per row (3x3 patches for a CNN)
+    mean: jax.Array  # their mean
+    cov: jax.Array  # and covariance
+    out_shape: tuple = flax.struct.field(pytree_node=False)  # the first layer's outputs' axes
+
+
+def vbn_reference(policy: Policy, observations: jax.Array) -> VBNReference:
+    """The reference batch of :func:`fold_virtual_batch_norm`, prepared once for many folds.
+
+    Args:
+      policy: a :class:`Policy` with the built-in :class:`MLP` or :class:`CNN`.
+      observations: shape ``(n, *obs_shape)``, as the policy sees them.
+    """
+    x = jnp.asarray(observations, jnp.float32)
+    if _has_conv(policy.module):
+        shape = (x.shape[0], x.shape[1] - 2, x.shape[2] - 2)  # 3x3, VALID, as CNN's
+        patches = [x[:, i : i + shape[1], j : j + shape[2]] for i in range(3) for j in range(3)]
+        rows = jnp.stack(patches, 3).reshape(-1, 9 * x.shape[-1])  # (kernel row, col, channel)
+    else:
+        shape, rows = x.shape[:1], jnp.reshape(x, (x.shape[0], -1))
+    mean = rows.mean(0)
+    centred = rows - mean
+    return VBNReference(rows, mean, centred.T @ centred / rows.shape[0], shape)
+
+
+def fold_virtual_batch_norm(
+    policy: Policy, params: Any, reference: jax.Array | VBNReference, eps: float = 1e-5
+):
     """Virtual batch normalisation (Salimans et al. 2017), folded into the weights.
 
     Every hidden layer's pre-activations are standardised, unit by unit, with
@@ -180,11 +216,19 @@ def fold_virtual_batch_norm(policy: Policy, params: Any, reference: jax.Array, e
     scale of the weights, so a small perturbation changes what the policy does
     (without it, ES on Atari games finds policies that ignore their input).
 
+    The first layer is linear in the reference batch, so its statistics come
+    from the batch's own mean and covariance (of the 3x3 patches for a CNN;
+    :func:`vbn_reference` computes them once for many folds). Under ``vmap``
+    over candidates, as the engine evaluates a population, the candidates are
+    folded :data:`VBN_FOLD_BATCH` at a time, whose intermediates stay in the
+    processor's cache, rather than all at once.
+
     Args:
       policy: a :class:`Policy` with the built-in :class:`MLP` or :class:`CNN`.
       params: its parameters.
       reference: observations, shape ``(n, *obs_shape)`` (e.g.
-        :func:`evorl_pop.envs.random_observations`), as the policy sees them.
+        :func:`evorl_pop.envs.random_observations`), as the policy sees them,
+        or their :func:`vbn_reference`.
       eps: added to the variance.
 
     Returns:
@@ -196,23 +240,69 @@ def fold_virtual_batch_norm(policy: Policy, params: Any, reference: jax.Array, e
             f"virtual batch normalisation folds into the built-in mlp and cnn policies, not a "
             f"{type(module).__name__}; leave virtual_batch_norm off for a custom module."
         )
+    if not isinstance(reference, VBNReference):
+        reference = vbn_reference(policy, reference)
+
+    @jax.custom_batching.custom_vmap
+    def fold(params, reference):
+        return _fold(module, params, reference, eps)
+
+    @fold.def_vmap
+    def fold_in_batches(axis_size, in_batched, params, reference):
+        def batched(tree, flags):  # every leaf with the leading axis
+            return jax.tree.map(
+                lambda x, b: x if b else jnp.broadcast_to(x, (axis_size, *jnp.shape(x))),
+                tree,
+                flags,
+            )
+
+        params = batched(params, in_batched[0])
+        if any(jax.tree.leaves(in_batched[1])):  # one reference per candidate
+            reference = batched(reference, in_batched[1])
+            out = jax.lax.map(lambda a: _fold(module, *a, eps), (params, reference),
+                              batch_size=VBN_FOLD_BATCH)  # fmt: skip
+        else:
+            out = jax.lax.map(lambda p: _fold(module, p, reference, eps), params,
+                              batch_size=VBN_FOLD_BATCH)  # fmt: skip
+        return out, jax.tree.map(lambda _: True, out)
+
+    return fold(params, reference)
+
+
+def _has_conv(module) -> bool:
+    return isinstance(module, CNN) and len(module.channels) > 0
+
+
+def _fold(module, params, reference: VBNReference, eps):
     act = ACTIVATIONS[module.activation]
     folded = jax.tree.map(lambda x: x, params)  # new dicts, the same arrays
-    layers, x = folded["params"], jnp.asarray(reference, jnp.float32)
+    layers = folded["params"]
+    dense = layers["MLP_0"] if isinstance(module, CNN) else layers
+    rows, mean, cov, shape = reference.rows, reference.mean, reference.cov, reference.out_shape
+    conv, n = _has_conv(module), len(module.hidden_sizes)
+    if not (conv or n):
+        return folded  # no hidden layer: only the output layer, which stays as it is
+
+    def scale(layer, mu, sd):
+        layer["kernel"], layer["bias"] = layer["kernel"] / sd, (layer["bias"] - mu) / sd
 
     def standardise(layer, pre, axes):
         mu, sd = pre.mean(axes), jnp.sqrt(pre.var(axes) + eps)
-        layer["kernel"], layer["bias"] = layer["kernel"] / sd, (layer["bias"] - mu) / sd
+        scale(layer, mu, sd)
         return act((pre - mu) / sd)
 
-    if isinstance(module, CNN):
-        for i, width in enumerate(module.channels):
-            layer = layers[f"Conv_{i}"]
-            pre = nn.Conv(width, (3, 3), padding="VALID").apply({"params": layer}, x)
-            x = standardise(layer, pre, (0, 1, 2))
-        layers = layers["MLP_0"]
+    # The first layer, W x + b over the rows: mean W m + b, variance diag(W C W^T).
+    first = layers["Conv_0"] if conv else dense["Dense_0"]
+    kernel = first["kernel"].reshape(rows.shape[1], -1)
+    mu = mean @ kernel + first["bias"]
+    scale(first, mu, jnp.sqrt(jnp.einsum("io,ij,jo->o", kernel, cov, kernel) + eps))
+    x = act(rows @ first["kernel"].reshape(kernel.shape) + first["bias"]).reshape(*shape, -1)
+    for i, width in enumerate(module.channels[1:] if conv else (), 1):
+        layer = layers[f"Conv_{i}"]
+        pre = nn.Conv(width, (3, 3), padding="VALID").apply({"params": layer}, x)
+        x = standardise(layer, pre, (0, 1, 2))
     x = jnp.reshape(x, (x.shape[0], -1))
-    for j, size in enumerate(module.hidden_sizes):
-        layer = layers[f"Dense_{j}"]
-        x = standardise(layer, nn.Dense(size).apply({"params": layer}, x), 0)
+    for j in range(0 if conv else 1, n):
+        layer = dense[f"Dense_{j}"]
+        x = standardise(layer, x @ layer["kernel"] + layer["bias"], 0)
     return folded

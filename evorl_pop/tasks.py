@@ -37,7 +37,7 @@ from evorl_pop.envs import (
     make_env,
     random_observations,
 )
-from evorl_pop.networks import fold_virtual_batch_norm, make_policy
+from evorl_pop.networks import fold_virtual_batch_norm, make_policy, vbn_reference
 from evorl_pop.registry import did_you_mean
 
 #: Observations in the reference batch of virtual batch normalisation.
@@ -220,6 +220,8 @@ class ControlTask:
             jax.eval_shape(lambda r: fold_virtual_batch_norm(self.policy, template, r), one)
             collect = jax.jit(lambda key: random_observations(self.env, key, VBN_BATCH))
             self.reference = np.asarray(collect(jax.random.key(0)))
+            # the first layer's view of it, once (raw observations are normalised each time)
+            self.vbn_reference = jax.device_get(vbn_reference(self.policy, self.reference))
         self.num_dims = int(flat.size)
         self.name = self.spec.name
 
@@ -233,7 +235,7 @@ class ControlTask:
         obs_norm = task_state if self.normalize_obs else None
         params = self.unravel(solution)
         if self.reference is not None:
-            seen = self.reference if obs_norm is None else obs_norm.normalize(self.reference)
+            seen = self.vbn_reference if obs_norm is None else obs_norm.normalize(self.reference)
             params = fold_virtual_batch_norm(self.policy, params, seen)
         return evaluate_episodes(
             self.env,

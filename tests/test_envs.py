@@ -13,7 +13,7 @@ from jax.flatten_util import ravel_pytree
 from evorl_pop import make_mesh
 from evorl_pop.algorithms.es import ES, ESConfig
 from evorl_pop.envs import ENV_FACTORIES, UNLISTED_GYMNAX, make_env, random_observations, rollout
-from evorl_pop.networks import CNN, MLP, fold_virtual_batch_norm, make_policy
+from evorl_pop.networks import CNN, MLP, Policy, fold_virtual_batch_norm, make_policy, vbn_reference
 from evorl_pop.tasks import ControlTask
 
 BRAX = sorted(name for name in ENV_FACTORIES if name.startswith("brax/"))
@@ -77,12 +77,12 @@ def _vbn_forward(module, params, reference, obs, eps=1e-5):
         mu, var = pre_ref.mean(axes), pre_ref.var(axes)
         ref, x = act((pre_ref - mu) / jnp.sqrt(var + eps)), act((pre_x - mu) / jnp.sqrt(var + eps))
 
-    if isinstance(module, CNN):
-        conv = layers["Conv_0"]
-        layer(lambda v: jax.lax.conv(v.transpose(0, 3, 1, 2), conv["kernel"].transpose(3, 2, 0, 1),
-                                     (1, 1), "VALID").transpose(0, 2, 3, 1) + conv["bias"],
-              (0, 1, 2))  # fmt: skip
-        layers = layers["MLP_0"]
+    for i in range(len(module.channels) if isinstance(module, CNN) else 0):
+        conv = layers[f"Conv_{i}"]
+        kernel = conv["kernel"].transpose(3, 2, 0, 1)  # HWIO as OIHW
+        layer(lambda v, c=conv, k=kernel: jax.lax.conv(v.transpose(0, 3, 1, 2), k, (1, 1), "VALID")
+              .transpose(0, 2, 3, 1) + c["bias"], (0, 1, 2))  # fmt: skip
+    layers = layers["MLP_0"] if isinstance(module, CNN) else layers
     x, ref = x.reshape(1, -1), ref.reshape(len(ref), -1)
     for j in range(len(module.hidden_sizes)):
         dense = layers[f"Dense_{j}"]
@@ -122,6 +122,64 @@ def test_virtual_batch_norm_is_folded_into_the_weights(name, kind):
     # the candidate's own weights are left as they were
     np.testing.assert_array_equal(
         ravel_pytree(params)[0], ravel_pytree(policy.init(jax.random.key(1)))[0]
+    )
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        CNN((16,), 3, "tanh", channels=(8, 4)),
+        CNN((), 3, "tanh"),
+        MLP((16, 8), 3, "relu", obs_rank=3),
+        MLP((), 3, obs_rank=3),
+    ],
+    ids=["two-convolutions", "linear-head", "mlp", "linear-mlp"],
+)
+def test_virtual_batch_norm_folds_a_population_as_each_candidate_alone(module):
+    env = make_env("Breakout-MinAtar")
+    policy = Policy(module, env.spec)
+    refs = jax.jit(jax.vmap(lambda k: random_observations(env, k, 32)))(
+        jax.random.split(jax.random.key(0), 5)
+    )
+    reference = refs[0]
+    population = jax.vmap(policy.init)(jax.random.split(jax.random.key(1), 5))
+    candidates = [jax.tree.map(lambda x, i=i: x[i], population) for i in range(5)]
+    alone = [fold_virtual_batch_norm(policy, p, reference) for p in candidates]
+    for folded, params in zip(alone[:2], candidates, strict=False):  # as defined, layer by layer
+        for obs in reference[:2]:
+            np.testing.assert_allclose(
+                policy.module.apply(folded, obs),
+                _vbn_forward(policy.module, params, reference, obs),
+                rtol=2e-4,
+                atol=2e-5,
+            )
+    prepared = vbn_reference(policy, reference)
+    together = {
+        # the engine's case: one reference for every candidate (folded a few at a time)
+        "shared": jax.jit(jax.vmap(lambda p: fold_virtual_batch_norm(policy, p, prepared)))(
+            population
+        ),
+        # a reference per candidate
+        "own": jax.jit(jax.vmap(lambda p, r: fold_virtual_batch_norm(policy, p, r)))(
+            population, jnp.stack([reference] * 5)
+        ),
+    }
+    for folded in together.values():
+        for i in range(5):
+            np.testing.assert_allclose(
+                ravel_pytree(jax.tree.map(lambda x, i=i: x[i], folded))[0],
+                ravel_pytree(alone[i])[0],
+                rtol=1e-4,
+                atol=1e-5,
+            )
+    if not module.hidden_sizes and isinstance(module, MLP):  # only an output layer: as it was
+        np.testing.assert_array_equal(ravel_pytree(alone[0])[0], ravel_pytree(candidates[0])[0])
+    own = jax.jit(jax.vmap(lambda p, r: fold_virtual_batch_norm(policy, p, r)))(population, refs)
+    np.testing.assert_allclose(
+        ravel_pytree(jax.tree.map(lambda x: x[3], own))[0],
+        ravel_pytree(fold_virtual_batch_norm(policy, candidates[3], refs[3]))[0],
+        rtol=1e-4,
+        atol=1e-5,
     )
 
 
