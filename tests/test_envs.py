@@ -144,15 +144,16 @@ def test_virtual_batch_norm_folds_a_population_as_each_candidate_alone(module):
     reference = refs[0]
     population = jax.vmap(policy.init)(jax.random.split(jax.random.key(1), 5))
     candidates = [jax.tree.map(lambda x, i=i: x[i], population) for i in range(5)]
-    alone = [fold_virtual_batch_norm(policy, p, reference) for p in candidates]
+    fold_one = jax.jit(lambda p, r: fold_virtual_batch_norm(policy, p, r))
+    alone = [fold_one(p, reference) for p in candidates]
+    defined = jax.jit(lambda p, obs: _vbn_forward(policy.module, p, reference, obs))
     for folded, params in zip(alone[:2], candidates, strict=False):  # as defined, layer by layer
-        for obs in reference[:2]:
-            np.testing.assert_allclose(
-                policy.module.apply(folded, obs),
-                _vbn_forward(policy.module, params, reference, obs),
-                rtol=2e-4,
-                atol=2e-5,
-            )
+        np.testing.assert_allclose(
+            jax.vmap(lambda obs, f=folded: policy.module.apply(f, obs))(reference[:4]),
+            jax.vmap(lambda obs, p=params: defined(p, obs))(reference[:4]),
+            rtol=2e-4,
+            atol=2e-5,
+        )
     prepared = vbn_reference(policy, reference)
     together = {
         # the engine's case: one reference for every candidate (folded a few at a time)
@@ -177,7 +178,7 @@ def test_virtual_batch_norm_folds_a_population_as_each_candidate_alone(module):
     own = jax.jit(jax.vmap(lambda p, r: fold_virtual_batch_norm(policy, p, r)))(population, refs)
     np.testing.assert_allclose(
         ravel_pytree(jax.tree.map(lambda x: x[3], own))[0],
-        ravel_pytree(fold_virtual_batch_norm(policy, candidates[3], refs[3]))[0],
+        ravel_pytree(fold_one(candidates[3], refs[3]))[0],
         rtol=1e-4,
         atol=1e-5,
     )
