@@ -168,7 +168,7 @@ def make_policy(
     return policy
 
 
-#: Candidates folded at a time when :func:`fold_virtual_batch_norm` runs under ``vmap``.
+#: Candidates folded at a time on a CPU when :func:`fold_virtual_batch_norm` runs under ``vmap``.
 VBN_FOLD_BATCH = 4
 
 
@@ -219,9 +219,9 @@ def fold_virtual_batch_norm(
     The first layer is linear in the reference batch, so its statistics come
     from the batch's own mean and covariance (of the 3x3 patches for a CNN;
     :func:`vbn_reference` computes them once for many folds). Under ``vmap``
-    over candidates, as the engine evaluates a population, the candidates are
-    folded :data:`VBN_FOLD_BATCH` at a time, whose intermediates stay in the
-    processor's cache, rather than all at once.
+    over candidates, as the engine evaluates a population, a CPU folds them
+    :data:`VBN_FOLD_BATCH` at a time, whose intermediates stay in its cache,
+    and an accelerator all at once.
 
     Args:
       policy: a :class:`Policy` with the built-in :class:`MLP` or :class:`CNN`.
@@ -257,13 +257,14 @@ def fold_virtual_batch_norm(
             )
 
         params = batched(params, in_batched[0])
+        size = VBN_FOLD_BATCH if jax.default_backend() == "cpu" else axis_size
         if any(jax.tree.leaves(in_batched[1])):  # one reference per candidate
             reference = batched(reference, in_batched[1])
             out = jax.lax.map(lambda a: _fold(module, *a, eps), (params, reference),
-                              batch_size=VBN_FOLD_BATCH)  # fmt: skip
+                              batch_size=size)  # fmt: skip
         else:
             out = jax.lax.map(lambda p: _fold(module, p, reference, eps), params,
-                              batch_size=VBN_FOLD_BATCH)  # fmt: skip
+                              batch_size=size)  # fmt: skip
         return out, jax.tree.map(lambda _: True, out)
 
     return fold(params, reference)

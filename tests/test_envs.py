@@ -135,7 +135,7 @@ def test_virtual_batch_norm_is_folded_into_the_weights(name, kind):
     ],
     ids=["two-convolutions", "linear-head", "mlp", "linear-mlp"],
 )
-def test_virtual_batch_norm_folds_a_population_as_each_candidate_alone(module):
+def test_virtual_batch_norm_folds_a_population_as_each_candidate_alone(module, monkeypatch):
     env = make_env("Breakout-MinAtar")
     policy = Policy(module, env.spec)
     refs = jax.jit(jax.vmap(lambda k: random_observations(env, k, 32)))(
@@ -165,6 +165,11 @@ def test_virtual_batch_norm_folds_a_population_as_each_candidate_alone(module):
             population, jnp.stack([reference] * 5)
         ),
     }
+    with monkeypatch.context() as patch:  # an accelerator folds them all at once
+        patch.setattr(jax, "default_backend", lambda: "gpu")
+        together["at once"] = jax.jit(
+            jax.vmap(lambda p: fold_virtual_batch_norm(policy, p, prepared))
+        )(population)
     for folded in together.values():
         for i in range(5):
             np.testing.assert_allclose(
