@@ -16,6 +16,9 @@ Prints one table, each row timed against the same work done the direct way:
 * ``generation``: whole OpenES generations of the engine (ask, VBN, rollouts
   of up to ``--episode-length`` steps, tell) on one device, untrained
   policies, with either fold.
+* ``generation, RUN`` (with ``--run RUN``): the same from the state of a VBN
+  run's checkpoint, in that run's config (e.g. the plateau that
+  ``examples/openes_minatar.py --vbn --pop 256 --generations 600`` reaches).
 
 Every timing is the best of ``--reps`` calls after a warm-up call.
 """
@@ -28,7 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from evorl_pop import make_mesh, tasks
+from evorl_pop import checkpoint, make_mesh, tasks
+from evorl_pop import config as config_lib
 from evorl_pop.algorithms.es import ES, ESConfig
 from evorl_pop.networks import ACTIVATIONS, CNN, fold_virtual_batch_norm
 
@@ -77,6 +81,7 @@ def main():
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--gens", type=int, default=2, help="generations per timed call")
     parser.add_argument("--episode-length", type=int, default=500)
+    parser.add_argument("--run", help="also time generations from this VBN run's checkpoint")
     args = parser.parse_args()
 
     config = ESConfig(
@@ -102,30 +107,36 @@ def main():
     diff = float(jnp.max(jnp.abs(new - old)) / jnp.max(jnp.abs(old)))
     rows.append((f"fold, population {args.pop}", t_new, t_old, f"max difference {diff:.1e}"))
 
-    def generations(state):
-        return algo.engine.run(state, jax.random.key(1), args.gens)
+    def time_generations(config, start):
+        """Generations of ``config`` from ``start(es)``, with this fold and the direct one."""
+        out = []
+        for fold in (fold_virtual_batch_norm, fold_direct):
+            es = ES(config, mesh=make_mesh(1))
+            if fold is fold_direct:  # the same engine, its task folding the direct way
+                es.task.vbn_reference = es.task.reference
+            saved, tasks.fold_virtual_batch_norm = tasks.fold_virtual_batch_norm, fold
+            try:
+                run = jax.jit(lambda s, es=es: es.engine.run(s, jax.random.key(1), args.gens))
+                t, (_, metrics) = best_time(run, start(es), reps=args.reps)
+            finally:
+                tasks.fold_virtual_batch_norm = saved
+            out.append((t / args.gens, metrics["env_steps"]))
+        (t_new, steps), (t_old, steps_old) = out
+        same = np.array_equal(steps, steps_old)
+        return f"{np.sum(steps) / args.gens:,.0f} steps", t_new, t_old, f"same steps: {same}"
 
-    state = algo.init(jax.random.key(0))
-    t_gen, (_, metrics) = best_time(jax.jit(generations), state, reps=args.reps)
-    steps = int(np.sum(metrics["env_steps"]))
-    # the same engine, its task folding the direct way
-    direct = ES(config, mesh=make_mesh(1))
-    direct.task.vbn_reference = direct.task.reference
-    saved = tasks.fold_virtual_batch_norm
-    tasks.fold_virtual_batch_norm = fold_direct
-    try:
-        t_gen_old, (_, metrics_old) = best_time(
-            jax.jit(lambda s: direct.engine.run(s, jax.random.key(1), args.gens)),
-            direct.init(jax.random.key(0)),
-            reps=args.reps,
+    steps, *times = time_generations(config, lambda es: es.init(jax.random.key(0)))
+    rows.append((f"generation ({steps})", *times))
+    if args.run:
+        ckpt = checkpoint.load(args.run)
+        run_config = config_lib.from_dict(ckpt.config).algorithm_config
+        if not getattr(run_config, "virtual_batch_norm", False):
+            raise SystemExit(f"--run {args.run}: not a run with virtual_batch_norm.")
+        steps, *times = time_generations(
+            run_config,
+            lambda es: checkpoint.restore_state(es.init(jax.random.key(0)), ckpt),
         )
-    finally:
-        tasks.fold_virtual_batch_norm = saved
-    same = np.array_equal(metrics["env_steps"], metrics_old["env_steps"])
-    rows.append(
-        (f"generation ({steps / args.gens:,.0f} steps)", t_gen / args.gens,
-         t_gen_old / args.gens, f"same steps: {same}")
-    )  # fmt: skip
+        rows.append((f"generation, {args.run} at {ckpt.generation} ({steps})", *times))
 
     print(f"jax {jax.__version__}, {jax.devices()[0].platform}, one device; "
           f"Breakout-MinAtar CNN, dense {args.hidden}, {task.num_dims:,} parameters")  # fmt: skip
