@@ -34,29 +34,19 @@ rollouts) after a warm-up call. On a GPU: ``--pop 4096``.
 
 import argparse
 import os
-import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from ceilings import best_time  # noqa: E402  (benchmarks/ceilings.py, next to this file)
 
 from evorl_pop import make_mesh  # noqa: E402
 from evorl_pop.algorithms.es import ES, ESConfig  # noqa: E402
 from evorl_pop.envs_brax import BraxEnv  # noqa: E402
 
 TASKS = {"hopper": "brax/hopper", "halfcheetah": "brax/halfcheetah", "breakout": "Breakout-MinAtar"}
-
-
-def best_time(fn, *args, reps):
-    out = jax.block_until_ready(fn(*args))  # compile and warm up
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t0)
-    return best, out
 
 
 def make_es(task, args, episode_length):

@@ -57,16 +57,6 @@ from evorl_pop.tasks import BlackBoxTask, ControlTask  # noqa: E402
 STEPS = 500
 
 
-def best_time(fn, *args, reps):
-    jax.block_until_ready(fn(*args))  # compile and warm up
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 PENDULUM_JOB = {"hidden_sizes": (16, 16), "activation": "relu"}
 
 
@@ -142,9 +132,9 @@ def bench_overhead(args):
     engine, e_state, _ = engine_generations(256, 1, args.gens)
     hand, h_state = handwritten_generations(256, args.gens)
     # interleave to share the machine's noise
-    t_engine = best_time(engine, e_state, key, reps=args.reps)
-    t_hand = best_time(hand, h_state, key, reps=args.reps)
-    t_engine = min(t_engine, best_time(engine, e_state, key, reps=args.reps))
+    t_engine = ceilings.best_time(engine, e_state, key, reps=args.reps)[0]
+    t_hand = ceilings.best_time(hand, h_state, key, reps=args.reps)[0]
+    t_engine = min(t_engine, ceilings.best_time(engine, e_state, key, reps=args.reps)[0])
     table(
         "1. overhead: OpenES on CartPole-v1, population 256, one device (s / generation)",
         ["engine", "hand-written", "ratio (goal <= 1.05)"],
@@ -339,7 +329,7 @@ def bench_scaling(args):
     rows, times = [], {}
     for n in (1, 2):
         run, state, _ = engine_generations(2048, n, args.gens)
-        times[n] = best_time(run, state, jax.random.key(3), reps=args.reps)
+        times[n] = ceilings.best_time(run, state, jax.random.key(3), reps=args.reps)[0]
         rows.append([n, f"{times[n] / args.gens:.4f}", f"{times[1] / times[n]:.2f}x"])
     table(
         "5. scaling: OpenES on CartPole-v1, population 2048 "

@@ -24,11 +24,11 @@ Every timing is the best of ``--reps`` calls after a warm-up call.
 """
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from ceilings import best_time  # benchmarks/ceilings.py, next to this file
 from jax.flatten_util import ravel_pytree
 
 from evorl_pop import checkpoint, make_mesh, tasks
@@ -62,16 +62,6 @@ def fold_direct(policy, params, reference, eps=1e-5):
         layer = layers[f"Dense_{j}"]
         x = standardise(layer, nn.Dense(size).apply({"params": layer}, x), 0)
     return folded
-
-
-def best_time(fn, *args, reps):
-    out = jax.block_until_ready(fn(*args))  # compile and warm up
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t0)
-    return best, out
 
 
 def main():

@@ -47,6 +47,18 @@ def _time(run, *args, reps: int, key_arg: int):
     return times[len(times) // 2], times[0]
 
 
+def best_time(fn, *args, reps: int):
+    """``(seconds, output)``: the fastest of ``reps`` calls of ``fn(*args)`` after a warm-up
+    call that compiles it, and the warm-up call's output."""
+    out = jax.block_until_ready(fn(*args))
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
 def from_flax(params):
     """``[(kernel, bias), ...]`` of a flax MLP's parameters (any leading axes)."""
     layers = params["params"]
