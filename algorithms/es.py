@@ -19,6 +19,7 @@ import evosax.algorithms
 import jax
 import jax.numpy as jnp
 import jax.scipy.special
+import jax.scipy.stats
 import numpy as np
 import optax
 from evosax.algorithms.distribution_based import cma_es
@@ -295,6 +296,30 @@ NOISE = ("auto", "normal", "table")
 RECOMMENDED = {"Open_ES": {"learning_rate": 0.05, "sigma_init": 0.1}}
 
 
+def elite_shaping(population_size: int, fraction: float):
+    """Open_ES fitness shaping that follows only the best ``fraction`` of the population.
+
+    CMA-ES's logarithmic recombination weights (Hansen 2016) on the best
+    ``max(1, int(fraction * population_size))`` ranks, none on the rest: the
+    mean moves towards the weighted mean of the elite's perturbations, so the
+    rare candidate that does better counts in full instead of being averaged
+    against every candidate tied on a plateau. Tied candidates take the weight
+    of their averaged rank; NaN ranks last.
+
+    Returns:
+      An evosax ``fitness_shaping_fn`` (fitness minimised, as evosax's).
+    """
+    mu = max(1, int(fraction * population_size))
+    w = np.log(mu + 0.5) - np.log(np.arange(1, mu + 1))
+    weights = jnp.asarray(np.concatenate([w / w.sum(), np.zeros(population_size - mu)]))
+
+    def shaping(population, fitness, state, params):
+        ranks = jax.scipy.stats.rankdata(jnp.where(jnp.isnan(fitness), jnp.inf, fitness)) - 1
+        return -weights[ranks.astype(jnp.int32)]  # Open_ES descends: pulls towards the elite
+
+    return shaping
+
+
 def make_strategy(
     name: str,
     population_size: int,
@@ -419,7 +444,9 @@ class ESConfig:
         convolutions for image observations).
       activation: control tasks: ``'tanh'``, ``'relu'`` or ``'elu'``.
       policy: control tasks: ``'auto'`` (a CNN for image observations such as
-        MinAtar's, else an MLP on the flattened observation), ``'mlp'`` or ``'cnn'``.
+        MinAtar's, else an MLP on the flattened observation), ``'mlp'``, ``'cnn'``
+        or ``'keypoints'`` (each image channel's spatial soft-argmax, then
+        the MLP: :class:`~evorl_pop.networks.Keypoints`).
       episode_length: control tasks: steps after which an episode ends
         (``None``: the environment's own limit; 1000 for brax).
       backend: brax tasks: physics backend, ``'spring'`` (default: the
@@ -437,6 +464,9 @@ class ESConfig:
         and report as ``eval_return`` (0: off; black-box tasks: one evaluation).
       eval_mode: ``'vmap'`` (fast) or ``'map'`` (low memory) per device.
       low_communication: OpenES only: each device draws its own noise.
+      elite: Open_ES: the update follows only this fraction of the
+        population, the best, with CMA-ES's logarithmic weights
+        (:func:`elite_shaping`; 0: evosax's centered ranks of all).
       noise: OpenES's sampler: ``'auto'`` or ``'table'`` (a shared table of
         normals read at random offsets, cheaper to draw), or ``'normal'``
         (evosax's own draw); see :func:`make_strategy`.
@@ -464,6 +494,7 @@ class ESConfig:
     eval_mode: str = "vmap"
     low_communication: bool = False
     noise: str = "auto"
+    elite: float = 0.0
 
     def validate(self) -> None:
         """Raises :class:`~evorl_pop.config.ConfigError` naming a value that cannot run."""
@@ -484,6 +515,13 @@ class ESConfig:
                             ("eval_episodes", 0)):  # fmt: skip
             if getattr(self, name) < least:
                 raise ConfigError(f"{name} must be at least {least}, got {getattr(self, name)}.")
+        if not 0 <= self.elite <= 1:
+            raise ConfigError(f"elite must be a fraction in [0, 1], got {self.elite}.")
+        if self.elite and self.strategy != "Open_ES":
+            raise ConfigError(
+                f"elite shapes Open_ES's update; {self.strategy} weighs its candidates "
+                "itself: leave elite at 0."
+            )
         if (lanes := self.rollout_lanes) is not None and lanes < 1:
             raise ConfigError(f"rollout_lanes must be at least 1 (or null), got {lanes}.")
         blackbox = self.task in BLACKBOX_FUNCTIONS or self.task.startswith(BBOB_PREFIX)
@@ -542,7 +580,9 @@ class ES:
             sigma_init=config.sigma_init,
             optimizer=config.optimizer,
             noise=config.noise,
-        )
+            **({"fitness_shaping_fn": elite_shaping(config.population_size, config.elite)}
+               if config.elite else {}),
+        )  # fmt: skip
         self.engine = ShardedES(
             self.strategy,
             self.task,

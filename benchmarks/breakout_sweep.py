@@ -6,8 +6,8 @@
 Each setting trains ``--seeds`` independent OpenES runs at once, the seeds a
 vmapped axis of one compiled program, so an accelerator trains four seeds in
 about the time of one. The policy is the project's (``evorl_pop.networks``:
-the CNN or the MLP, greedy over the logits), the strategy evosax's Open_ES
-built by :func:`evorl_pop.algorithms.es.make_strategy` (evosax's own draw),
+the CNN, the MLP or the keypoints, greedy over the logits), the strategy
+evosax's Open_ES built by :func:`evorl_pop.algorithms.es.make_strategy` (evosax's own draw),
 ranked on the mean return of each candidate's episodes, capped at 500 steps;
 after every generation the strategy's mean plays 8 episodes (the metric
 ``eval_return`` of ``examples/openes_minatar.py``).
@@ -15,7 +15,9 @@ after every generation the strategy's mean plays 8 episodes (the metric
 A setting is a JSON object; its keys and defaults (those of
 ``examples/openes_minatar.py``)::
 
-    policy "cnn" | "mlp"; hidden [64]; activation "tanh"; population 128;
+    policy "cnn" | "mlp" | "keypoints"; hidden [64];
+    channels [] (keypoints: 3x3 convolutions whose maps' keypoints join the
+    input channels'); activation "tanh"; population 128;
     learning_rate 0.05; sigma 0.1; episodes 1 (per candidate);
     weight_decay 0 (Adam with decoupled weight decay when > 0);
     temperature 0 (> 0: actions sampled from softmax(logits / temperature),
@@ -52,7 +54,6 @@ environment steps of training.
 import argparse
 import json
 import time
-from types import SimpleNamespace
 
 import gymnax
 import jax
@@ -63,13 +64,12 @@ from evosax.algorithms import Open_ES
 from evosax.core.fitness_shaping import (
     centered_rank_fitness_shaping_fn,
     identity_fitness_shaping_fn,
-    weights_fitness_shaping_fn,
 )
 from jax.flatten_util import ravel_pytree
 
-from evorl_pop.algorithms.es import make_strategy
+from evorl_pop.algorithms.es import elite_shaping, make_strategy
 from evorl_pop.envs import make_env, random_observations
-from evorl_pop.networks import CNN, MLP, Policy, fold_virtual_batch_norm, vbn_reference
+from evorl_pop.networks import CNN, MLP, Keypoints, Policy, fold_virtual_batch_norm, vbn_reference
 from evorl_pop.tasks import VBN_BATCH
 
 EPISODE_LENGTH = 500
@@ -92,6 +92,7 @@ DEFAULTS = dict(
     init="flax",
     elite=0.0,
     novelty=0.0,
+    channels=[],
 )
 COLUMNS = 10  # of the Breakout-MinAtar board: the paddle's positions
 NEIGHBOURS = 10  # novelty: the mean distance to this many nearest archived behaviours
@@ -121,6 +122,8 @@ def build(setting, env, env_params):
     num_actions = env.num_actions
     if s["policy"] == "cnn":
         module = CNN(tuple(s["hidden"]), num_actions, s["activation"])
+    elif s["policy"] == "keypoints":
+        module = Keypoints(tuple(s["hidden"]), num_actions, s["activation"], tuple(s["channels"]))
     else:
         module = MLP(tuple(s["hidden"]), num_actions, s["activation"], obs_rank=len(obs_shape))
     flat0, unravel = ravel_pytree(module.init(jax.random.key(0), jnp.zeros(obs_shape)))
@@ -204,18 +207,8 @@ def build(setting, env, env_params):
         return c["ret"], c["length"], c["columns"] / jnp.maximum(c["length"], 1)[:, None]
 
     shaping = {}
-    if s["elite"] > 0:
-        mu = max(1, int(s["elite"] * pop))
-        w = jnp.log(mu + 0.5) - jnp.log(jnp.arange(1, pop + 1))
-        weights = jnp.where(jnp.arange(pop) < mu, w, 0.0) / w[:mu].sum()
-
-        def elite_shaping(population, fitness, state, params):
-            # evosax's lookup by averaged rank (rank 0 the best: evosax minimises); a
-            # negative value pulls the mean towards the candidate.
-            elite = SimpleNamespace(weights=weights)
-            return -weights_fitness_shaping_fn(population, fitness, state, elite)
-
-        shaping = dict(fitness_shaping_fn=elite_shaping)
+    if s["elite"] > 0:  # as ESConfig(elite=...) does
+        shaping = dict(fitness_shaping_fn=elite_shaping(pop, s["elite"]))
     elif s["novelty"] > 0:  # the generation ranks returns and novelty itself
         shaping = dict(fitness_shaping_fn=identity_fitness_shaping_fn)
     if s["weight_decay"] > 0:

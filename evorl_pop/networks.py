@@ -1,4 +1,4 @@
-"""Flax networks: MLP and CNN policies for discrete and continuous actions, critics.
+"""Flax networks: MLP, CNN and keypoint policies for discrete and continuous actions, critics.
 
 The policy's torso follows the observation: images (rank 3, height x width x
 channels, e.g. MinAtar's 10x10xC) get a small CNN, everything else an MLP on
@@ -66,6 +66,43 @@ class CNN(nn.Module):
         return jnp.reshape(x, (*batch, self.out_dim))
 
 
+class Keypoints(nn.Module):
+    """Where things are in the image, then an MLP: a spatial soft-argmax per channel.
+
+    Each channel (of the image, and of the optional 3x3 convolutions' feature
+    maps) is standardised over the image and passed through a spatial
+    softmax; its expected row and column, in [-1, 1], are the channel's
+    keypoint (Levine et al. 2016). Where the channels are object masks, as
+    MinAtar's are, a keypoint is where that object is (the centroid of several),
+    so "move the paddle towards the ball" is linear in the MLP's inputs. A
+    lone pixel stands about sqrt(height * width) deviations above the rest of
+    its channel, whatever the weights' scale; an empty channel sits at the centre.
+
+    Takes ``(..., height, width, channels)`` images; leading axes are batch axes.
+    """
+
+    hidden_sizes: Sequence[int]
+    out_dim: int
+    activation: str = "tanh"
+    channels: Sequence[int] = ()
+
+    @nn.compact
+    def __call__(self, x):
+        batch = x.shape[:-3]
+        x = jnp.reshape(x, (-1, *x.shape[-3:])).astype(jnp.float32)
+        maps = [x]
+        for i, width in enumerate(self.channels):
+            maps.append(nn.Conv(width, (3, 3), padding="SAME")(
+                maps[-1] if i == 0 else ACTIVATIONS[self.activation](maps[-1])))  # fmt: skip
+        x = jnp.concatenate([maps[0], *maps[1:][-1:]], -1)
+        z = (x - x.mean((1, 2), keepdims=True)) / (x.std((1, 2), keepdims=True) + 1e-6)
+        p = jax.nn.softmax(z.reshape(z.shape[0], -1, z.shape[-1]), axis=1).reshape(z.shape)
+        rows, cols = (jnp.linspace(-1.0, 1.0, n) for n in x.shape[1:3])
+        points = [jnp.einsum("nhwc,h->nc", p, rows), jnp.einsum("nhwc,w->nc", p, cols)]
+        x = MLP(self.hidden_sizes, self.out_dim, self.activation)(jnp.concatenate(points, -1))
+        return jnp.reshape(x, (*batch, self.out_dim))
+
+
 class Critic(nn.Module):
     """Q(s, a): an MLP on the concatenated observation and action."""
 
@@ -107,7 +144,7 @@ def output_to_action(out: jax.Array, spec: EnvSpec) -> jax.Array:
     return (high + low) / 2 + (high - low) / 2 * jnp.tanh(out)
 
 
-POLICIES = ("auto", "mlp", "cnn")
+POLICIES = ("auto", "mlp", "cnn", "keypoints")
 
 
 def make_policy(
@@ -122,12 +159,13 @@ def make_policy(
     Args:
       spec: the environment's :class:`~evorl_pop.envs.EnvSpec`.
       hidden_sizes: hidden layer widths of the MLP (after the convolutions
-        for the CNN).
+        for the CNN, after the keypoints for ``'keypoints'``; empty: linear).
       activation: ``'tanh'``, ``'relu'`` or ``'elu'``.
       module: a custom flax module mapping one observation to
         ``spec.action_dim`` outputs (logits, or pre-tanh actions).
-      kind: ``'cnn'`` (image observations only), ``'mlp'`` (any observation,
-        flattened) or ``'auto'`` (``'cnn'`` for rank-3 observations).
+      kind: ``'cnn'`` or ``'keypoints'`` (:class:`Keypoints`; image
+        observations only), ``'mlp'`` (any observation, flattened) or
+        ``'auto'`` (``'cnn'`` for rank-3 observations).
 
     Returns:
       A :class:`Policy`.
@@ -141,13 +179,15 @@ def make_policy(
     if kind not in POLICIES:
         raise ValueError(f"Unknown policy {kind!r}; choose from {POLICIES}.")
     image = len(spec.obs_shape) == 3
-    if kind == "cnn" and not image:
+    if kind in ("cnn", "keypoints") and not image:
         raise ValueError(
-            f"policy='cnn' needs image observations (height, width, channels), but "
+            f"policy={kind!r} needs image observations (height, width, channels), but "
             f"{spec.name} observes shape {spec.obs_shape}; use policy='mlp' or 'auto'."
         )
     if module is None:
-        if kind == "cnn" or (kind == "auto" and image):
+        if kind == "keypoints":
+            module = Keypoints(tuple(hidden_sizes), spec.action_dim, activation)
+        elif kind == "cnn" or (kind == "auto" and image):
             module = CNN(tuple(hidden_sizes), spec.action_dim, activation)
         else:
             module = MLP(tuple(hidden_sizes), spec.action_dim, activation, len(spec.obs_shape))
@@ -238,7 +278,7 @@ def fold_virtual_batch_norm(
     if not isinstance(module, MLP | CNN):
         raise ValueError(
             f"virtual batch normalisation folds into the built-in mlp and cnn policies, not a "
-            f"{type(module).__name__}; leave virtual_batch_norm off for a custom module."
+            f"{type(module).__name__}; leave virtual_batch_norm off for this policy."
         )
     if not isinstance(reference, VBNReference):
         reference = vbn_reference(policy, reference)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from evorl_pop import make_mesh
-from evorl_pop.algorithms.es import ES, ESConfig, make_strategy
+from evorl_pop.algorithms.es import ES, ESConfig, elite_shaping, make_strategy
+from evorl_pop.config import ConfigError
 from evorl_pop.engine import ShardedES, _median
 from evorl_pop.fitness import to_minimization, worst_for_nonfinite
 from evorl_pop.noise_table import NoiseTableOpen_ES
@@ -391,3 +392,34 @@ def test_low_communication_requires_openes():
             params,
             low_communication=True,
         )
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_elite_update_follows_the_best_fraction(n):
+    w = np.log(2.5) - np.log([1.0, 2.0])  # CMA-ES's weights for the best 2 of 8
+    w /= w.sum()
+    fitness = jnp.array([3.0, 1.0, jnp.nan, 0.0, 5.0, 2.0, 4.0, 6.0])  # minimised; NaN last
+    expected = np.zeros(8)
+    expected[[3, 1]] = -w
+    np.testing.assert_allclose(elite_shaping(8, 0.25)(None, fitness, None, None), expected)
+
+    # one Open_ES generation with SGD at learning rate 1 moves the mean by
+    # sum_k w_k (x_k - mean) / (n sigma^2) over the best two candidates
+    config = ESConfig(strategy="Open_ES", task="sphere", num_dims=5, x0=1.0, population_size=8,
+                      elite=0.25, optimizer="sgd", learning_rate=1.0, sigma_init=0.5,
+                      noise="normal")  # fmt: skip
+    es = ES(config, mesh=make_mesh(n))
+    state = es.init(jax.random.key(0))
+    key = jax.random.key(1)
+    new, metrics = jax.jit(es.step)(state, key)
+    s = state.strategy_state
+    population, _ = es.strategy.ask(jax.random.split(key, 4)[0], s, es.engine.params)
+    f = np.asarray((population**2).sum(1))
+    best = np.argsort(f)[:2]
+    assert float(metrics["fitness_best"]) == pytest.approx(f.min(), rel=1e-6)
+    step = (w[:, None] * (population[best] - s.mean)).sum(0) / (8 * s.std**2)
+    np.testing.assert_allclose(new.strategy_state.mean, s.mean + step, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ConfigError, match=r"elite shapes Open_ES's update; SNES"):
+        ESConfig(strategy="SNES", elite=0.1).validate()
+    with pytest.raises(ConfigError, match=r"elite must be a fraction in \[0, 1\], got 1.5"):
+        ESConfig(elite=1.5).validate()
