@@ -30,9 +30,11 @@ A setting is a JSON object; its keys and defaults (those of
       random numbers: in training every candidate's episodes start from the
       same keys); survival 0 (training only: the fitness adds this times the
       fraction of the 500 steps the episode lasted, so that among equal
-      returns the longer rally ranks higher); init "flax" | "zero" (the
-      strategy's initial mean: the network's own initialisation, or every
-      weight zero, as evosax's neuroevolution benchmarks start); elite 0
+      returns the longer rally ranks higher); init "flax" | "zero" | "seeded" (the
+      strategy's initial mean: the network's own initialisation, the same
+      for every seed, or every weight zero, as evosax's neuroevolution
+      benchmarks start, or the network's initialisation drawn per seed, as
+      the engine draws it); elite 0
       (> 0: the update follows only this fraction of the population, the
       best, with CMA-ES's logarithmic recombination weights; ties share the
       weight of their averaged rank, so a plateau of equal returns gets none:
@@ -127,8 +129,8 @@ def build(setting, env, env_params):
     else:
         module = MLP(tuple(s["hidden"]), num_actions, s["activation"], obs_rank=len(obs_shape))
     flat0, unravel = ravel_pytree(module.init(jax.random.key(0), jnp.zeros(obs_shape)))
-    if s["init"] not in ("flax", "zero"):
-        raise ValueError(f"init must be 'flax' or 'zero', got {s['init']!r}.")
+    if s["init"] not in ("flax", "zero", "seeded"):
+        raise ValueError(f"init must be 'flax', 'zero' or 'seeded', got {s['init']!r}.")
     for name in ("elite", "novelty"):
         if not 0 <= s[name] <= 1:
             raise ValueError(f"{name} must be a fraction in [0, 1], got {s[name]!r}.")
@@ -226,7 +228,10 @@ def build(setting, env, env_params):
         )
 
     def init(key):  # the strategy's state, the archive of behaviours and how many it holds
-        return strategy.init(key, flat0, params), jnp.zeros((ARCHIVE, COLUMNS)), 0
+        start = flat0
+        if s["init"] == "seeded":  # the network's initialisation drawn for this seed
+            start = ravel_pytree(module.init(jax.random.fold_in(key, 1), jnp.zeros(obs_shape)))[0]
+        return strategy.init(key, start, params), jnp.zeros((ARCHIVE, COLUMNS)), 0
 
     def novelty(behaviours, archive, count):
         distance = jnp.linalg.norm(behaviours[:, None] - archive[None], axis=-1)
