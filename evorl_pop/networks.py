@@ -88,13 +88,13 @@ class Keypoints(nn.Module):
 
     @nn.compact
     def __call__(self, x):
+        act = ACTIVATIONS[self.activation]
         batch = x.shape[:-3]
         x = jnp.reshape(x, (-1, *x.shape[-3:])).astype(jnp.float32)
-        maps = [x]
+        image = x
         for i, width in enumerate(self.channels):
-            maps.append(nn.Conv(width, (3, 3), padding="SAME")(
-                maps[-1] if i == 0 else ACTIVATIONS[self.activation](maps[-1])))  # fmt: skip
-        x = jnp.concatenate([maps[0], *maps[1:][-1:]], -1)
+            x = nn.Conv(width, (3, 3), padding="SAME")(x if i == 0 else act(x))
+        x = jnp.concatenate([image, x], -1) if self.channels else image
         z = (x - x.mean((1, 2), keepdims=True)) / (x.std((1, 2), keepdims=True) + 1e-6)
         p = jax.nn.softmax(z.reshape(z.shape[0], -1, z.shape[-1]), axis=1).reshape(z.shape)
         rows, cols = (jnp.linspace(-1.0, 1.0, n) for n in x.shape[1:3])

@@ -2,7 +2,7 @@
 
     python examples/openes_minatar.py [--generations 1000] [--pop 128] [--vbn]
     python examples/openes_minatar.py --policy keypoints --elite 0.1 --pop 256 \
-        --restarts 24 --restart-generations 100 --generations 300
+        --restarts 48 --restart-generations 100 --generations 300
 
 Writes runs/examples/openes-breakout and figures/openes_breakout.png. The
 10x10x4 observation goes through the CNN (``policy='cnn'``, which ``'auto'``

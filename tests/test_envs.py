@@ -104,6 +104,11 @@ def test_keypoints_are_where_lone_pixels_are():
     np.testing.assert_allclose(
         module.apply(params, jnp.asarray(image[0] * 7.0)), points[0], atol=1e-5
     )
+    # with learned feature maps: their keypoints join the channels', 2 * (3 + 5) inputs
+    convolved = Keypoints((4,), 2, channels=(6, 5))
+    conv_params = convolved.init(jax.random.key(1), jnp.asarray(image))
+    assert conv_params["params"]["MLP_0"]["Dense_0"]["kernel"].shape == (16, 4)
+    assert convolved.apply(conv_params, jnp.asarray(image)).shape == (2, 2)
     with pytest.raises(ValueError, match=r"policy='keypoints' needs image observations"):
         ESConfig(task="CartPole-v1", policy="keypoints").make_task()
 

@@ -344,3 +344,27 @@ def test_resume_refuses_a_checkpoint_of_another_precision(tmp_path, capsys):
     before = _snapshot(run)
     _one_line_error(capsys, ["resume", str(run), "--more", "2", "-q"], 1, "float64", "float32")
     assert _snapshot(run) == before
+
+
+def test_minatar_example_restarts_and_continues_the_best(tmp_path):
+    """examples/openes_minatar.py --restarts: every restart trains, the best by its
+    mean policy's last 10 generations is continued to the total, and the figure is drawn."""
+    example = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "openes_minatar.py")
+    args = ["--policy", "keypoints", "--elite", "0.1", "--pop", "16", "--restarts", "3",
+            "--restart-generations", "2", "--generations", "4", "--devices", "1", "--quiet",
+            "--runs", str(tmp_path / "runs"), "--figures", str(tmp_path / "figures")]  # fmt: skip
+    out = subprocess.run([sys.executable, example, *args], env=_env(), capture_output=True,
+                         text=True, timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    scores = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("seed "):
+            seed, score = line.split(":")[0].split()[1], line.split("mean policy ")[1].split()[0]
+            scores[int(seed)] = float(score)
+    assert sorted(scores) == [0, 1, 2]
+    best = max(scores, key=scores.get)  # the first of ties, as the example
+    assert f"continued seed {best} " in out.stdout and "over 64 fresh episodes" in out.stdout
+    for seed in scores:
+        rows = metrics_file.read(tmp_path / "runs" / f"openes-breakout-keypoints-restart{seed}")
+        assert rows["generation"].tolist() == ([1, 2, 3, 4] if seed == best else [1, 2])
+    assert (tmp_path / "figures" / "openes_breakout_keypoints.png").stat().st_size > 0
