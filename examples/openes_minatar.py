@@ -87,8 +87,11 @@ def restart_and_continue(config, name, figure):
     from evorl_pop import runner
     from evorl_pop.algorithms.es import ES
 
-    if not 0 < args.restart_generations < args.generations:
-        raise SystemExit("--restart-generations must be between 0 and --generations.")
+    if args.restarts < 1 or not 0 < args.restart_generations < args.generations:
+        raise SystemExit(
+            "openes_minatar.py: --restarts must be at least 1 (0: one run), and "
+            "--restart-generations between 0 and --generations."
+        )
     start, runs = time.perf_counter(), []
     first = dataclasses.replace(config, generations=args.restart_generations)
     for seed in range(args.seed, args.seed + args.restarts):
