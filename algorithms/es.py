@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import types
 
 import evosax.algorithms
 import jax
 import jax.numpy as jnp
 import jax.scipy.special
-import jax.scipy.stats
 import numpy as np
 import optax
 from evosax.algorithms.distribution_based import cma_es
+from evosax.core.fitness_shaping import weights_fitness_shaping_fn
 from flax import struct
 
 from evorl_pop.blackbox import BBOB_PREFIX, float_dtype, objective_errors
@@ -313,9 +314,11 @@ def elite_shaping(population_size: int, fraction: float):
     w = np.log(mu + 0.5) - np.log(np.arange(1, mu + 1))
     weights = jnp.asarray(np.concatenate([w / w.sum(), np.zeros(population_size - mu)]))
 
+    elite = types.SimpleNamespace(weights=weights)
+
     def shaping(population, fitness, state, params):
-        ranks = jax.scipy.stats.rankdata(jnp.where(jnp.isnan(fitness), jnp.inf, fitness)) - 1
-        return -weights[ranks.astype(jnp.int32)]  # Open_ES descends: pulls towards the elite
+        # evosax's lookup by rank; Open_ES descends, so a negative value pulls towards the elite
+        return -weights_fitness_shaping_fn(population, fitness, state, elite)
 
     return shaping
 

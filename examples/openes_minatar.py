@@ -75,7 +75,7 @@ config = RunConfig(
 suffix = "-keypoints" if keypoints else ""
 
 
-def restart_and_continue(config, name, figure):
+def restart_and_continue(config, args, name, figure):
     """The ``--restarts`` procedure (see the module's docstring); returns nothing."""
     import dataclasses
     import time
@@ -133,7 +133,7 @@ def restart_and_continue(config, name, figure):
 
 run_name, figure = f"openes-breakout{suffix}", f"openes_breakout{suffix.replace('-', '_')}.png"
 if args.restarts:
-    restart_and_continue(config, run_name, figure)
+    restart_and_continue(config, args, run_name, figure)
 else:
     for name, result in train_and_plot(
         [(run_name, config)],
