@@ -2,7 +2,7 @@
 
     python benchmarks/bench_brax.py [--pop 64] [--backend spring] [--steps 100]
         [--only hopper,halfcheetah,breakout,early,floor] [--reps 3] [--gens 2] [--devices 1]
-        [--lanes N]
+        [--lanes N] [--cores 1]
 
 Prints one table:
 
@@ -29,12 +29,30 @@ Prints one table:
   still running, against their steps at the full-width cost of the same timing.
 
 Every timing is the best of ``--reps`` calls of ``--gens`` generations (or
-rollouts) after a warm-up call. On a GPU: ``--pop 4096``.
+rollouts) after a warm-up call. On a GPU: ``--pop 4096 --cores 0``.
+
+The benchmark runs on ``--cores`` cores (default 1; 0: every core it may
+use), chosen before JAX starts: a run on a CPU has one device per core, so one
+device's work gets one core. Given more, XLA spreads the wide hand-written
+step's operations over them while the engine's narrower lanes gain little,
+and the ratios would compare several cores with one.
 """
 
 import argparse
 import os
 
+
+def pin_cores(argv=None) -> None:
+    """Restricts this process to the first ``--cores`` of its cores, before JAX starts."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--cores", type=int, default=1)
+    cores = parser.parse_known_args(argv)[0].cores
+    allowed = sorted(os.sched_getaffinity(0))
+    if cores > 0:
+        os.sched_setaffinity(0, allowed[:cores])
+
+
+pin_cores()
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 
 import jax  # noqa: E402
@@ -170,12 +188,13 @@ def main():
     parser.add_argument(
         "--lanes", type=int, default=None, help="episodes stepped at once per device"
     )
+    parser.add_argument("--cores", type=int, default=1, help="cores to run on (0: all; see above)")
     args = parser.parse_args()
     only = args.only.split(",")
     print(
         f"jax {jax.__version__}, {jax.default_backend()}, {args.devices} device(s), "
         f"population {args.pop}, brax backend {args.backend}, best of {args.reps}, "
-        f"lanes {args.lanes or 'default'}"
+        f"lanes {args.lanes or 'default'}, cores {sorted(os.sched_getaffinity(0))}"
     )
     print(f"{'row':12s} {'engine steps/s':>15s} {'hand-written':>13s} {'ratio':>7s}  (goal)")
     raw_rate = {}

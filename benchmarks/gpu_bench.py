@@ -120,7 +120,7 @@ def main():
     sys.stdout.flush()
     brax = HERE / "bench_brax.py"
     if brax.exists():
-        print(f"\n{brax.name} --pop 4096", flush=True)
+        print(f"\n{brax.name} --pop 4096 --cores 0", flush=True)
         try:
             # the same import fix as above, then the script as __main__
             boot = (
@@ -129,7 +129,7 @@ def main():
                 f"    evorl_pop.__path__.append({str(HERE.parent)!r})\n"
                 "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
             )
-            cmd = [sys.executable, "-c", boot, str(brax), "--pop", "4096"]
+            cmd = [sys.executable, "-c", boot, str(brax), "--pop", "4096", "--cores", "0"]
             subprocess.run(cmd, timeout=args.brax_timeout, check=True)
         except (subprocess.SubprocessError, OSError) as e:
             print(f"{brax.name} failed: {e}", flush=True)

@@ -1,6 +1,8 @@
 """Shared command-line set-up of the examples (device count before JAX starts)."""
 
 import argparse
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -9,7 +11,23 @@ from evorl_pop import backend
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _one_line_interrupt(kind, value, traceback):
+    """Ctrl-C ends an example in one line: what its run folder holds, not a traceback."""
+    if not issubclass(kind, KeyboardInterrupt):
+        return sys.__excepthook__(kind, value, traceback)
+    # The runner's message says how to continue the run (a checkpoint is written on Ctrl-C).
+    print(f"\n{Path(sys.argv[0]).name}: interrupted{f'; {value}' if str(value) else ''}",
+          file=sys.stderr, flush=True)  # fmt: skip
+    sys.stdout.flush()
+    # End as Python ends on Ctrl-C, killed by SIGINT (it does so only for KeyboardInterrupt
+    # itself, not for the runner's subclass of it).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
 def parse(description: str, add_arguments=None, **defaults):
+    """The examples' shared options, parsed; sets the devices before JAX starts."""
+    sys.excepthook = _one_line_interrupt
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--devices",

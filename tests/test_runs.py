@@ -368,3 +368,22 @@ def test_minatar_example_restarts_and_continues_the_best(tmp_path):
         rows = metrics_file.read(tmp_path / "runs" / f"openes-breakout-keypoints-restart{seed}")
         assert rows["generation"].tolist() == ([1, 2, 3, 4] if seed == best else [1, 2])
     assert (tmp_path / "figures" / "openes_breakout_keypoints.png").stat().st_size > 0
+
+
+def test_ctrl_c_ends_an_example_in_one_line_with_its_checkpoint(tmp_path):
+    """An interrupted example says how to continue instead of printing a traceback."""
+    example = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "openes_pendulum.py")
+    run = tmp_path / "runs" / "openes-pendulum"
+    proc = subprocess.Popen(
+        [sys.executable, example, "--generations", "100000", "--devices", "1", "--quiet",
+         "--runs", str(tmp_path / "runs"), "--figures", str(tmp_path / "figures")],
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    _wait_for(run / metrics_file.FILENAME, proc)  # a chunk has run
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == -signal.SIGINT, err[-3000:]  # as Python ends on Ctrl-C
+    assert "Traceback" not in err, err[-3000:]
+    line = _last_line(err)
+    assert line.startswith("openes_pendulum.py: interrupted; ") and f"resume {run}`" in line, line
+    assert ckpt_lib.load(run).generation >= 10  # the chunk of 10 generations it ran
