@@ -42,17 +42,26 @@ import argparse
 import os
 
 
-def pin_cores(argv=None) -> None:
-    """Restricts this process to the first ``--cores`` of its cores, before JAX starts."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--cores", type=int, default=1)
-    cores = parser.parse_known_args(argv)[0].cores
-    allowed = sorted(os.sched_getaffinity(0))
-    if cores > 0:
-        os.sched_setaffinity(0, allowed[:cores])
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options; parsed before JAX starts, as ``--cores`` must be."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="hopper,halfcheetah,breakout,early")
+    parser.add_argument("--pop", type=int, default=64, help="population size")
+    parser.add_argument("--backend", default="spring", help="brax physics backend")
+    parser.add_argument("--steps", type=int, default=100, help="episode length of the rate rows")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--gens", type=int, default=2, help="generations per timed call")
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument(
+        "--lanes", type=int, default=None, help="episodes stepped at once per device"
+    )
+    parser.add_argument("--cores", type=int, default=1, help="cores to run on (0: all; see above)")
+    return parser.parse_args(argv)
 
 
-pin_cores()
+ARGS = parse_args()
+if ARGS.cores > 0:  # the first --cores of the cores this process may use
+    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: ARGS.cores])
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 
 import jax  # noqa: E402
@@ -176,20 +185,7 @@ def schedule_floor(es, args, lengths):
     return float(np.sum(np.interp(running, widths, cost))), dict(zip(widths, cost, strict=True))
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="hopper,halfcheetah,breakout,early")
-    parser.add_argument("--pop", type=int, default=64, help="population size")
-    parser.add_argument("--backend", default="spring", help="brax physics backend")
-    parser.add_argument("--steps", type=int, default=100, help="episode length of the rate rows")
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--gens", type=int, default=2, help="generations per timed call")
-    parser.add_argument("--devices", type=int, default=1)
-    parser.add_argument(
-        "--lanes", type=int, default=None, help="episodes stepped at once per device"
-    )
-    parser.add_argument("--cores", type=int, default=1, help="cores to run on (0: all; see above)")
-    args = parser.parse_args()
+def main(args):
     only = args.only.split(",")
     print(
         f"jax {jax.__version__}, {jax.default_backend()}, {args.devices} device(s), "
@@ -239,4 +235,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

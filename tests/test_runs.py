@@ -346,15 +346,20 @@ def test_resume_refuses_a_checkpoint_of_another_precision(tmp_path, capsys):
     assert _snapshot(run) == before
 
 
+def _example(name, tmp_path, *args):
+    """The command line of ``examples/NAME`` on one device, quiet, writing under ``tmp_path``."""
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "examples", name)
+    return [sys.executable, path, *args, "--devices", "1", "--quiet",
+            "--runs", str(tmp_path / "runs"), "--figures", str(tmp_path / "figures")]  # fmt: skip
+
+
 def test_minatar_example_restarts_and_continues_the_best(tmp_path):
     """examples/openes_minatar.py --restarts: every restart trains, the best by its
     mean policy's last 10 generations is continued to the total, and the figure is drawn."""
-    example = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "openes_minatar.py")
-    args = ["--policy", "keypoints", "--elite", "0.1", "--pop", "16", "--restarts", "3",
-            "--restart-generations", "2", "--generations", "4", "--devices", "1", "--quiet",
-            "--runs", str(tmp_path / "runs"), "--figures", str(tmp_path / "figures")]  # fmt: skip
-    out = subprocess.run([sys.executable, example, *args], env=_env(), capture_output=True,
-                         text=True, timeout=600)  # fmt: skip
+    argv = _example("openes_minatar.py", tmp_path, "--policy", "keypoints", "--elite", "0.1",
+                    "--pop", "16", "--restarts", "3", "--restart-generations", "2",
+                    "--generations", "4")  # fmt: skip
+    out = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     scores = {}
     for line in out.stdout.splitlines():
@@ -372,11 +377,9 @@ def test_minatar_example_restarts_and_continues_the_best(tmp_path):
 
 def test_ctrl_c_ends_an_example_in_one_line_with_its_checkpoint(tmp_path):
     """An interrupted example says how to continue instead of printing a traceback."""
-    example = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "openes_pendulum.py")
     run = tmp_path / "runs" / "openes-pendulum"
     proc = subprocess.Popen(
-        [sys.executable, example, "--generations", "100000", "--devices", "1", "--quiet",
-         "--runs", str(tmp_path / "runs"), "--figures", str(tmp_path / "figures")],
+        _example("openes_pendulum.py", tmp_path, "--generations", "100000"),
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     _wait_for(run / metrics_file.FILENAME, proc)  # a chunk has run
