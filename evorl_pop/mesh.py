@@ -25,6 +25,8 @@ def make_mesh(num_devices: int | None = None, axis_name: str = POP_AXIS_NAME, de
     devices = list(jax.devices() if devices is None else devices)
     if num_devices is None:
         num_devices = len(devices)
+    if not isinstance(num_devices, int | np.integer):
+        raise ValueError(f"num_devices must be a count or None (all devices), got {num_devices!r}.")
     if not 1 <= num_devices <= len(devices):
         raise ValueError(
             f"num_devices={num_devices} but {len(devices)} device(s) are available. "

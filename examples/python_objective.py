@@ -43,7 +43,7 @@ result = minimize(
     max_evaluations=30_000,
     restarts=4,
     restart_strategy="ipop",
-    mesh=make_mesh(args.devices),
+    mesh=make_mesh(None if args.devices == "auto" else args.devices),  # auto: every core
     task=task,
 )
 print(

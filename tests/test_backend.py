@@ -9,7 +9,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from evorl_pop import backend
+from evorl_pop import backend, make_mesh
 from evorl_pop.config import RunConfig, resolve_config
 
 
@@ -102,6 +102,14 @@ def test_examples_explicit_devices_win_over_xla_flags(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         common.parse("example")
     assert "--devices auto" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("count", ["auto", 2.0, 0, 9999])
+def test_make_mesh_refuses_what_is_not_a_device_count_in_one_line(count):
+    with pytest.raises(ValueError, match="num_devices") as err:
+        make_mesh(count)
+    assert len(str(err.value).splitlines()) == 1
+    assert make_mesh(None).size == jax.device_count() and make_mesh(2).size == 2
 
 
 def test_run_config_devices_default_to_auto():

@@ -1,0 +1,68 @@
+"""Every example runs as a user starts it (its default --devices auto), in two generations."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from evorl_pop import metrics_file
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+# example -> (its figure, its run folders)
+TRAINING = {
+    "openes_cartpole.py": ("openes_cartpole.png", ["openes-cartpole"]),
+    "openes_pendulum.py": ("openes_pendulum.png", ["openes-pendulum"]),
+    "openes_minatar.py": ("openes_breakout.png", ["openes-breakout"]),
+    "openes_brax.py": ("openes_brax.png", ["openes-brax"]),
+    "cmaes_blackbox.py": ("cmaes_blackbox.png", ["cmaes-sphere", "cmaes-ellipsoid",
+                                                 "cmaes-rosenbrock"]),
+    "cemrl_pendulum.py": ("cemrl_pendulum.png", ["cemrl-pendulum"]),
+    "cemrl_brax.py": ("cemrl_brax.png", ["cemrl-brax"]),
+    "erl_pendulum.py": ("erl_pendulum.png", ["erl-pendulum"]),
+    "pbt_pendulum.py": ("pbt_pendulum.png", ["pbt-pendulum"]),
+}  # fmt: skip
+
+
+def _run(name, *args):
+    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}  # the example sets devices
+    out = subprocess.run([sys.executable, str(EXAMPLES / name), *args], env=env,
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_every_example_is_tested():
+    others = {"python_objective.py", "sharded_population.py"}
+    assert {p.name for p in EXAMPLES.glob("[!_]*.py")} == set(TRAINING) | others
+
+
+@pytest.mark.parametrize("name", TRAINING)
+def test_example_trains_and_draws_its_figure(name, tmp_path):
+    figure, runs = TRAINING[name]
+    _run(name, "--generations", "2", "--quiet", "--runs", str(tmp_path / "runs"),
+         "--figures", str(tmp_path / "figures"))  # fmt: skip
+    assert (tmp_path / "figures" / figure).stat().st_size > 0
+    for run in runs:
+        assert metrics_file.read(tmp_path / "runs" / run)["generation"].tolist() == [1, 2]
+
+
+def test_python_objective_example_reaches_rosenbrocks_optimum():
+    stdout = _run("python_objective.py")
+    first = stdout.splitlines()[0]  # f = ... after N evaluations (reached 1e-10), x = [...]
+    assert "(reached 1e-10)" in first and float(first.split()[2]) < 1e-10, stdout
+    x = np.array(first.split("x = [")[1].rstrip("]").split(), float)
+    np.testing.assert_allclose(x, np.ones(8), atol=1e-4)  # scipy's rosen: optimum at x = 1
+
+
+def test_sharded_population_example_equals_the_unsharded_ranking():
+    stdout = _run("sharded_population.py", "--devices", "3", "--pop", "100")  # padded to 102
+    fitness = np.asarray(jnp.sum((3.0 * jax.random.normal(jax.random.key(0), (100, 10))) ** 2, 1))
+    top3 = np.argsort(fitness)[:3].tolist()
+    expected = (f"100 candidates on 3 devices: best {fitness.min():.3f}, worst "
+                f"{fitness.max():.3f}, top-3 indices {top3}")  # fmt: skip
+    assert stdout.strip() == expected
