@@ -25,18 +25,39 @@ def _one_line_interrupt(kind, value, traceback):
     os.kill(os.getpid(), signal.SIGINT)
 
 
-def parse(description: str, add_arguments=None, **defaults):
-    """The examples' shared options, parsed; sets the devices before JAX starts."""
+def parse(description: str, add_arguments=None, runs: bool = True, **defaults):
+    """The examples' shared options, parsed; sets the devices before JAX starts.
+
+    ``runs=False``: only ``--devices`` and ``--seed`` (an example without run folders).
+    """
     sys.excepthook = _one_line_interrupt
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--devices",
         type=lambda text: text if text == "auto" else int(text),
         default=defaults.get("devices", "auto"),
-        help="CPU devices to shard the population over: N, or auto: one per core, at least "
-        "64 candidates each; N replaces a count XLA_FLAGS names (default %(default)s)",
+        help="CPU devices to shard the population over: N, or auto: one per core"
+        f"{', at least 64 candidates each' if runs else ''}; N replaces a count XLA_FLAGS "
+        "names (default %(default)s)",
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
+    if runs:  # the options of examples that train into run folders
+        _add_run_options(parser, defaults)
+    if add_arguments:
+        add_arguments(parser)
+    args = parser.parse_args()
+    try:  # before anything uses JAX
+        if args.devices == "auto":
+            backend.use_all_cores()
+        elif note := backend.set_host_devices(args.devices):
+            print(f"note: {note}", file=sys.stderr)
+        backend.use_compilation_cache()
+    except ValueError as err:
+        parser.error(str(err))
+    return args
+
+
+def _add_run_options(parser, defaults):
     parser.add_argument(
         "--seeds",
         type=int,
@@ -63,18 +84,6 @@ def parse(description: str, add_arguments=None, **defaults):
         help="folder for the figure (default %(default)s)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    if add_arguments:
-        add_arguments(parser)
-    args = parser.parse_args()
-    try:  # before anything uses JAX
-        if args.devices == "auto":
-            backend.use_all_cores()
-        elif note := backend.set_host_devices(args.devices):
-            print(f"note: {note}", file=sys.stderr)
-        backend.use_compilation_cache()
-    except ValueError as err:
-        parser.error(str(err))
-    return args
 
 
 def train_and_plot(

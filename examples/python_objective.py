@@ -11,7 +11,7 @@ covariance update, the restarts) is the same compiled engine as for a JAX task.
 
 from _common import parse
 
-args = parse(__doc__.splitlines()[0])
+args = parse(__doc__.splitlines()[0], runs=False)  # no run folder: --devices, --seed
 
 import jax  # noqa: E402
 
