@@ -41,9 +41,10 @@ def load_run(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:
 
 
 def _label(config: dict, differing: Sequence[str]) -> str:
-    algo, named = config.get("algorithm_config") or {}, ("strategy", "task")
+    algo, named = config.get("algorithm_config") or {}, ("algorithm", "strategy", "task")
     parts = [str(config.get("algorithm", "run")), *(str(algo[n]) for n in named if algo.get(n))]
     extra = [f"{k}={algo.get(k, config.get(k))}" for k in differing if k not in named]
+    extra = extra[:4] + ["..."] * (len(extra) > 4)  # a legend, not a config dump
     return " ".join(parts) + (f" ({', '.join(extra)})" if extra else "")
 
 
@@ -118,8 +119,9 @@ def plot_runs(
         groups.setdefault(yaml.safe_dump(data, sort_keys=True), []).append(item)
     configs = [g[0][0] for g in groups.values()]
     flat = [{**c, **(c.get("algorithm_config") or {})} for c in configs]
-    keys = sorted({k for c in flat for k in c if k not in (*_NOT_GROUPING, "algorithm_config")})
-    differing = [k for k in keys if len({repr(c.get(k)) for c in flat}) > 1]
+    # Settings of every run (another algorithm's own go without saying), not nested ones.
+    keys = set.intersection(*({k for k, v in c.items() if not isinstance(v, dict)} for c in flat))
+    differing = sorted(k for k in keys - {*_NOT_GROUPING} if len({repr(c[k]) for c in flat}) > 1)
 
     hyperparameters = member_hyperparameters(loaded[0][1])
     panels = 1 + len(hyperparameters)
@@ -144,7 +146,8 @@ def plot_runs(
                 color = colors[(j if len(groups) == 1 else i) % len(colors)]
                 xs, mean, lo, hi = _aggregate(group, column, x, band)
                 name = next((k for k, v in METRICS.items() if v == column), column)
-                ax.plot(xs, mean, _STYLES.get(column, "-."), color=color, label=f"{label}: {name}")
+                style = _STYLES.get(column, "-.") + "o" * (len(xs) == 1)  # a lone point: a dot
+                ax.plot(xs, mean, style, color=color, label=f"{label}: {name}")
                 if len(group) > 1:
                     ax.fill_between(xs, lo, hi, color=color, alpha=0.18, linewidth=0)
                 finite.extend(mean[np.isfinite(mean)])

@@ -16,6 +16,7 @@ from flax.traverse_util import flatten_dict
 
 from evorl_pop import checkpoint as ckpt_lib
 from evorl_pop import cli, metrics_file
+from evorl_pop import config as config_lib
 
 # A job that compiles quickly and then runs long enough (a few seconds) to be
 # killed in the middle: OpenES on CartPole, small population, 2 generations a chunk.
@@ -373,6 +374,35 @@ def test_plot_two_runs(tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(["plot", str(tmp_path / "nothing")]) == 2
     assert "No metrics" in capsys.readouterr().err
+
+
+def test_plot_of_other_algorithms_labels_them_briefly_and_shows_a_lone_point(
+    tmp_path, recwarn, monkeypatch
+):
+    import matplotlib
+
+    monkeypatch.setitem(matplotlib.rcParams, "svg.fonttype", "none")  # labels as <text>
+    runs = []
+    for algorithm, generations in (("erl", 1), ("cemrl", 3), ("pbt", 3)):
+        runs.append(tmp_path / algorithm)
+        runs[-1].mkdir()
+        config_lib.save(config_lib.resolve_config([], [f"algorithm={algorithm}"]),
+                        runs[-1] / "config.yaml")  # fmt: skip
+        columns = metrics_file.columns_for(("fitness_best", "fitness_mean", "fitness_worst"))
+        writer = metrics_file.MetricsWriter(runs[-1] / metrics_file.FILENAME, columns)
+        writer.append([dict(generation=g, env_steps=100 * g, wall_time=0.1 * g, fitness_best=-g,
+                            fitness_mean=-2 * g, fitness_worst=-3 * g)
+                       for g in range(1, generations + 1)])  # fmt: skip
+    out = tmp_path / "all.png"
+    assert cli.main(["plot", *map(str, runs), "--out", str(out), "--svg"]) == 0
+    svg = out.with_suffix(".svg").read_text()
+    labels = re.findall(r"<text[^>]*>([^<]*): (?:best|mean|worst)</text>", svg)
+    assert len(labels) == 9 and labels[0].startswith("erl Pendulum-v1"), labels
+    # settings that differ, not every field of three algorithms (nor nested ones, td3)
+    assert all(label.count("=") <= 4 and "td3" not in label for label in labels), labels
+    assert "algorithm=" not in svg
+    assert 'xlink:href="#m' in svg  # erl's single generation is drawn as markers
+    assert not [w for w in recwarn if w.filename.endswith("plotting.py")]
 
 
 def test_metrics_file_truncates_rows_past_a_generation(tmp_path):
