@@ -113,6 +113,8 @@ def plot_runs(
         for c in columns:
             if c not in m:
                 raise ValueError(f"{str(r)!r} has no column {c!r}; it has {sorted(m)}.")
+        if x == "steps" and not m["env_steps"].any():
+            raise ValueError(f"{str(r)!r} took no environment steps: plot it with --x generation.")
     groups: dict[str, list] = {}
     for item in loaded:
         data = {k: v for k, v in item[0].items() if k not in _NOT_GROUPING}

@@ -369,11 +369,18 @@ def test_plot_two_runs(tmp_path, capsys):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert out.with_suffix(".svg").read_text().lstrip().startswith("<?xml")
     out_steps = tmp_path / "steps.png"
-    assert cli.main(["plot", *map(str, runs), "--x", "steps", "-o", str(out_steps)]) == 0
+    cartpole = [tmp_path / f"cartpole{seed}" for seed in (0, 1)]  # runs with environment steps
+    for seed, run in enumerate(cartpole):
+        argv = ["--task", "CartPole-v1", "--pop", "8", "-g", "2", "--seed", str(seed)]
+        assert cli.main(["train", *argv, "--devices", "2", "-q", "--out", str(run)]) == 0
+    assert cli.main(["plot", *map(str, cartpole), "--x", "steps", "-o", str(out_steps)]) == 0
     assert out_steps.exists()
     capsys.readouterr()
     assert cli.main(["plot", str(tmp_path / "nothing")]) == 2
     assert "No metrics" in capsys.readouterr().err
+    # a black-box task has no environment steps to draw against
+    assert cli.main(["plot", *map(str, runs), "--x", "steps", "-o", str(out_steps)]) == 2
+    assert "took no environment steps: plot it with --x generation" in capsys.readouterr().err
 
 
 def test_plot_of_other_algorithms_labels_them_briefly_and_shows_a_lone_point(
