@@ -21,7 +21,7 @@ from evorl_pop import metrics_file
 from evorl_pop.config import read_mapping
 
 METRICS = {"best": "fitness_best", "mean": "fitness_mean", "worst": "fitness_worst"}
-_STYLES = {"fitness_best": "-", "fitness_mean": "--", "fitness_worst": ":"}
+_STYLES = {"fitness_best": "-", "fitness_mean": "--", "fitness_worst": ":", "f_minus_fopt": "-"}
 # Settings that do not make two runs different experiments.
 _NOT_GROUPING = ("seed", "generations", "chunk", "checkpoint_every", "devices")
 _MEMBER_COLUMN = re.compile(r"member(\d+)_(.+)")
@@ -126,7 +126,9 @@ def plot_runs(
     differing = sorted(k for k in keys - {*_NOT_GROUPING} if len({repr(c[k]) for c in flat}) > 1)
 
     hyperparameters = member_hyperparameters(loaded[0][1])
-    panels = 1 + len(hyperparameters)
+    # A task that knows f*: a last panel shows how close the runs came, on a log axis.
+    precision = "f_minus_fopt" not in columns and all("f_minus_fopt" in m for _, m in loaded)
+    panels = 1 + len(hyperparameters) + precision
     style = {"axes.titlesize": 10, "axes.grid": True, "grid.alpha": 0.3, "legend.fontsize": 7}
     with plt.rc_context(style):
         fig, axes = plt.subplots(1, panels, figsize=(3 + 4 * panels, 4.2), dpi=120, squeeze=False)
@@ -134,11 +136,20 @@ def plot_runs(
         xs = loaded[0][1]["generation" if x == "generation" else "env_steps"]
         # Row g's values were used from the end of interval g - 1 to the end of interval g.
         edges = np.concatenate([[0], xs])
-        for member_ax, (name, values) in zip(axes[0, 1:], hyperparameters.items(), strict=True):
+        for member_ax, (name, values) in zip(axes[0, 1:], hyperparameters.items(), strict=False):
             member_ax.plot(edges, np.vstack([values, values[-1:]]), lw=1, drawstyle="steps-post")
             scale = "log" if np.all(values > 0) and values.max() / values.min() > 30 else "linear"
             member_ax.set(xlabel=xlabel, title=f"{name} per member", yscale=scale)
         colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+
+        def draw(axis, group, column, color, label=None):
+            xs, mean, lo, hi = _aggregate(group, column, x, band)
+            style = _STYLES.get(column, "-.") + "o" * (len(xs) == 1)  # a lone point: a dot
+            axis.plot(xs, mean, style, color=color, label=label)
+            if len(group) > 1:
+                axis.fill_between(xs, lo, hi, color=color, alpha=0.18, linewidth=0)
+            return mean[np.isfinite(mean)]
+
         finite = []
         for i, group in enumerate(groups.values()):
             count = f", {len(group)} runs" if len(group) > 1 else ""
@@ -146,13 +157,12 @@ def plot_runs(
             for j, column in enumerate(columns):
                 # One experiment: a colour per metric; several: a colour per experiment.
                 color = colors[(j if len(groups) == 1 else i) % len(colors)]
-                xs, mean, lo, hi = _aggregate(group, column, x, band)
                 name = next((k for k, v in METRICS.items() if v == column), column)
-                style = _STYLES.get(column, "-.") + "o" * (len(xs) == 1)  # a lone point: a dot
-                ax.plot(xs, mean, style, color=color, label=f"{label}: {name}")
-                if len(group) > 1:
-                    ax.fill_between(xs, lo, hi, color=color, alpha=0.18, linewidth=0)
-                finite.extend(mean[np.isfinite(mean)])
+                finite.extend(draw(ax, group, column, color, f"{label}: {name}"))
+            if precision:
+                draw(axes[0, -1], group, "f_minus_fopt", colors[i % len(colors)])
+        if precision:
+            axes[0, -1].set(xlabel=xlabel, title="f − f* (best so far)", yscale="log")
         if log_y is None:
             log_y = bool(finite) and min(finite) > 0 and max(finite) / min(finite) > 1e3
         if title is None and any(len(g) > 1 for g in groups.values()):

@@ -358,7 +358,10 @@ def test_output_into_a_closed_pipe_ends_quietly():
     assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 
-def test_plot_two_runs(tmp_path, capsys):
+def test_plot_two_runs(tmp_path, capsys, monkeypatch):
+    import matplotlib
+
+    monkeypatch.setitem(matplotlib.rcParams, "svg.fonttype", "none")  # titles as <text>
     runs = []
     for seed in (0, 1):
         runs.append(tmp_path / f"seed{seed}")
@@ -367,7 +370,9 @@ def test_plot_two_runs(tmp_path, capsys):
     out = tmp_path / "both.png"
     assert cli.main(["plot", *map(str, runs), "--out", str(out), "--svg", "--band", "std"]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert out.with_suffix(".svg").read_text().lstrip().startswith("<?xml")
+    svg = out.with_suffix(".svg").read_text()
+    assert svg.lstrip().startswith("<?xml")
+    assert "f − f* (best so far)" in svg  # the sphere knows f* = 0: a panel of f − f*
     out_steps = tmp_path / "steps.png"
     cartpole = [tmp_path / f"cartpole{seed}" for seed in (0, 1)]  # runs with environment steps
     for seed, run in enumerate(cartpole):
@@ -407,7 +412,7 @@ def test_plot_of_other_algorithms_labels_them_briefly_and_shows_a_lone_point(
     assert len(labels) == 9 and labels[0].startswith("erl Pendulum-v1"), labels
     # settings that differ, not every field of three algorithms (nor nested ones, td3)
     assert all(label.count("=") <= 4 and "td3" not in label for label in labels), labels
-    assert "algorithm=" not in svg
+    assert "algorithm=" not in svg and "f − f*" not in svg  # no f* in Pendulum
     assert 'xlink:href="#m' in svg  # erl's single generation is drawn as markers
     assert not [w for w in recwarn if w.filename.endswith("plotting.py")]
 
