@@ -136,7 +136,8 @@ def plot_runs(
         xs = loaded[0][1]["generation" if x == "generation" else "env_steps"]
         # Row g's values were used from the end of interval g - 1 to the end of interval g.
         edges = np.concatenate([[0], xs])
-        for member_ax, (name, values) in zip(axes[0, 1:], hyperparameters.items(), strict=False):
+        member_axes = axes[0, 1 : 1 + len(hyperparameters)]
+        for member_ax, (name, values) in zip(member_axes, hyperparameters.items(), strict=True):
             member_ax.plot(edges, np.vstack([values, values[-1:]]), lw=1, drawstyle="steps-post")
             scale = "log" if np.all(values > 0) and values.max() / values.min() > 30 else "linear"
             member_ax.set(xlabel=xlabel, title=f"{name} per member", yscale=scale)
