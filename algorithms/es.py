@@ -572,7 +572,11 @@ class ES:
           config: an :class:`ESConfig`.
           mesh: a mesh with a ``'POP'`` axis (``None``: every device).
           task: a ready task instead of ``config.task`` (e.g. a custom policy).
+
+        Raises:
+          ConfigError: a value of ``config`` that cannot run (see ``ESConfig.validate``).
         """
+        config.validate()
         self.config = config
         self.task = config.make_task() if task is None else task
         self.strategy, params = make_strategy(

@@ -247,3 +247,19 @@ def test_registry_tells_a_missing_package_from_a_broken_module(tmp_path, monkeyp
     broken = registry.AlgorithmSpec("broken", "algo_broken", "Config", "Algo")
     with pytest.raises(ImportError, match="no_such_name"):
         broken.available()
+
+
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("hidden_sizes", (0,), "hidden_sizes must be at least 1, got [0]"),  # was a ZeroDivision
+        ("eval_episodes", -1, "eval_episodes must be at least 0"),  # was accepted
+        ("strategy", "CMAES", "Did you mean 'CMA_ES'?"),
+    ],
+)
+def test_es_from_python_checks_its_config_as_the_command_line_does(field, value, words):
+    from evorl_pop.algorithms.es import ES
+
+    with pytest.raises(ConfigError) as err:
+        ES(ESConfig(task="Pendulum-v1", **{field: value}))
+    assert words in str(err.value)
