@@ -146,11 +146,15 @@ def train(
     """Starts a run of ``config`` in a new run folder.
 
     Args:
-      config: the validated run config.
+      config: the run config.
       run_dir: the folder (``None``: :func:`default_run_dir`).
       progress: show a progress bar; figure: draw ``fitness.png`` at the end.
       overwrite: replace the records of an earlier run in ``run_dir``.
+
+    Raises:
+      ConfigError: a value that cannot run, before anything is written.
     """
+    config_lib.validate(config)  # one built in Python has not been checked yet
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(config)
     # Process 0's name (a timestamp) is everyone's.
     run_dir = Path(multihost.share(lambda: str(run_dir)))

@@ -11,8 +11,16 @@ from evorl_pop import backend
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _one_line_interrupt(kind, value, traceback):
-    """Ctrl-C ends an example in one line: what its run folder holds, not a traceback."""
+def _one_line_exit(kind, value, traceback):
+    """Ctrl-C, or an error that says what to change (a config, a run folder, a checkpoint),
+    ends an example in one line instead of a traceback."""
+    from evorl_pop.checkpoint import CheckpointError
+    from evorl_pop.config import ConfigError
+    from evorl_pop.rundir import RunError
+
+    if issubclass(kind, ConfigError | RunError | CheckpointError):
+        print(f"{Path(sys.argv[0]).name}: error: {value}", file=sys.stderr)  # exit status 1
+        return None
     if not issubclass(kind, KeyboardInterrupt):
         return sys.__excepthook__(kind, value, traceback)
     # The runner's message says how to continue the run (a checkpoint is written on Ctrl-C).
@@ -30,7 +38,7 @@ def parse(description: str, add_arguments=None, runs: bool = True, **defaults):
 
     ``runs=False``: only ``--devices`` and ``--seed`` (an example without run folders).
     """
-    sys.excepthook = _one_line_interrupt
+    sys.excepthook = _one_line_exit
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--devices",

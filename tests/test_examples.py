@@ -53,6 +53,17 @@ def test_example_trains_and_draws_its_figure(name, tmp_path):
         assert metrics_file.read(tmp_path / "runs" / run)["generation"].tolist() == [1, 2]
 
 
+def test_a_setting_that_cannot_run_ends_an_example_in_one_line(tmp_path):
+    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+    argv = [sys.executable, str(EXAMPLES / "openes_pendulum.py"), "--generations", "-1",
+            "--quiet", "--runs", str(tmp_path / "runs"), "--figures", str(tmp_path)]  # fmt: skip
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert out.stderr.strip().splitlines()[-1] == (
+        "openes_pendulum.py: error: generations must be >= 0, got -1."
+    )
+
+
 def test_python_objective_example_reaches_rosenbrocks_optimum():
     stdout = _run("python_objective.py")
     first = stdout.splitlines()[0]  # f = ... after N evaluations (reached 1e-10), x = [...]
