@@ -29,6 +29,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from evorl_pop.config import ConfigError
 from evorl_pop.envs import BRAX_ENVS, BRAX_PREFIX, EnvSpec
 
 #: Physics backends. ``spring`` is the default: the cheapest per step (on a
@@ -59,7 +60,7 @@ def _import_brax_envs():
         with _quiet():
             import brax.envs
     except ImportError as err:
-        raise ValueError(
+        raise ConfigError(
             f"brax tasks need brax, which is not installed ({err}); "
             "install it with: pip install -e '.[brax]'"
         ) from err

@@ -64,6 +64,19 @@ def test_a_setting_that_cannot_run_ends_an_example_in_one_line(tmp_path):
     )
 
 
+def test_a_brax_example_without_brax_names_the_install_in_one_line(tmp_path):
+    (tmp_path / "brax").mkdir()  # a brax that cannot be imported, first on the path
+    (tmp_path / "brax" / "__init__.py").write_text("raise ImportError('no brax here')\n")
+    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(tmp_path)}
+    argv = [sys.executable, str(EXAMPLES / "openes_brax.py"), "--generations", "1", "--quiet",
+            "--runs", str(tmp_path / "runs"), "--figures", str(tmp_path)]  # fmt: skip
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    line = out.stderr.strip().splitlines()[-1]
+    assert line.startswith("openes_brax.py: error: brax tasks need brax, which is not installed")
+    assert line.endswith("install it with: pip install -e '.[brax]'"), line
+
+
 def test_python_objective_example_reaches_rosenbrocks_optimum():
     stdout = _run("python_objective.py")
     first = stdout.splitlines()[0]  # f = ... after N evaluations (reached 1e-10), x = [...]
