@@ -30,12 +30,13 @@ TRAINING = {
 }  # fmt: skip
 
 
-def _run(name, *args):
-    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}  # the example sets devices
-    out = subprocess.run([sys.executable, str(EXAMPLES / name), *args], env=env,
+def _run(script, *args, returncode=0, cwd=None, **env):
+    """Runs a script as a user starts it (it sets its own devices); its completed process."""
+    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", **env}
+    out = subprocess.run([sys.executable, str(script), *args], env=env, cwd=cwd,
                          capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout
+    assert out.returncode == returncode, out.stderr[-3000:]
+    return out
 
 
 def test_every_example_is_tested():
@@ -46,7 +47,7 @@ def test_every_example_is_tested():
 @pytest.mark.parametrize("name", TRAINING)
 def test_example_trains_and_draws_its_figure(name, tmp_path):
     figure, runs = TRAINING[name]
-    _run(name, "--generations", "2", "--quiet", "--runs", str(tmp_path / "runs"),
+    _run(EXAMPLES / name, "--generations", "2", "--quiet", "--runs", str(tmp_path / "runs"),
          "--figures", str(tmp_path / "figures"))  # fmt: skip
     assert (tmp_path / "figures" / figure).stat().st_size > 0
     for run in runs:
@@ -54,11 +55,9 @@ def test_example_trains_and_draws_its_figure(name, tmp_path):
 
 
 def test_a_setting_that_cannot_run_ends_an_example_in_one_line(tmp_path):
-    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
-    argv = [sys.executable, str(EXAMPLES / "openes_pendulum.py"), "--generations", "-1",
-            "--quiet", "--runs", str(tmp_path / "runs"), "--figures", str(tmp_path)]  # fmt: skip
-    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    out = _run(EXAMPLES / "openes_pendulum.py", "--generations", "-1", "--quiet", "--runs",
+               str(tmp_path / "runs"), "--figures", str(tmp_path), returncode=1)  # fmt: skip
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
     assert out.stderr.strip().splitlines()[-1] == (
         "openes_pendulum.py: error: generations must be >= 0, got -1."
     )
@@ -67,18 +66,17 @@ def test_a_setting_that_cannot_run_ends_an_example_in_one_line(tmp_path):
 def test_a_brax_example_without_brax_names_the_install_in_one_line(tmp_path):
     (tmp_path / "brax").mkdir()  # a brax that cannot be imported, first on the path
     (tmp_path / "brax" / "__init__.py").write_text("raise ImportError('no brax here')\n")
-    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(tmp_path)}
-    argv = [sys.executable, str(EXAMPLES / "openes_brax.py"), "--generations", "1", "--quiet",
-            "--runs", str(tmp_path / "runs"), "--figures", str(tmp_path)]  # fmt: skip
-    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    out = _run(EXAMPLES / "openes_brax.py", "--generations", "1", "--quiet", "--runs",
+               str(tmp_path / "runs"), "--figures", str(tmp_path), returncode=1,
+               PYTHONPATH=str(tmp_path))  # fmt: skip
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
     line = out.stderr.strip().splitlines()[-1]
     assert line.startswith("openes_brax.py: error: brax tasks need brax, which is not installed")
     assert line.endswith("install it with: pip install -e '.[brax]'"), line
 
 
 def test_python_objective_example_reaches_rosenbrocks_optimum():
-    stdout = _run("python_objective.py")
+    stdout = _run(EXAMPLES / "python_objective.py").stdout
     first = stdout.splitlines()[0]  # f = ... after N evaluations (reached 1e-10), x = [...]
     assert "(reached 1e-10)" in first and float(first.split()[2]) < 1e-10, stdout
     x = np.array(first.split("x = [")[1].rstrip("]").split(), float)
@@ -86,7 +84,7 @@ def test_python_objective_example_reaches_rosenbrocks_optimum():
 
 
 def test_sharded_population_example_equals_the_unsharded_ranking():
-    stdout = _run("sharded_population.py", "--devices", "3", "--pop", "100")  # padded to 102
+    stdout = _run(EXAMPLES / "sharded_population.py", "--devices", "3", "--pop", "100").stdout
     fitness = np.asarray(jnp.sum((3.0 * jax.random.normal(jax.random.key(0), (100, 10))) ** 2, 1))
     top3 = np.argsort(fitness)[:3].tolist()
     expected = (f"100 candidates on 3 devices: best {fitness.min():.3f}, worst "
@@ -108,7 +106,4 @@ def test_readme_python_snippet_runs_as_written(index, tmp_path):
     """Each Python block of the README, run as a user would paste it into a file."""
     script = tmp_path / "snippet.py"
     script.write_text(_readme_snippets()[index])
-    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
-    out = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
+    _run(script, cwd=tmp_path)
