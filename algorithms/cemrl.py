@@ -2,20 +2,22 @@
 improved by TD3.
 
 Pourchot & Sigaud (2019), "CEM-RL: Combining evolutionary and gradient-based
-methods for policy search". One generation:
+methods for policy search". One generation of the engine:
 
-1. sample ``population_size`` actors from a separable Gaussian ``N(mean, diag(var))``
-   over the flat actor weights;
-2. the first ``num_rl_actors`` of them each get TD3 updates against one
-   shared critic (the critic is trained alongside, with that actor's target);
-3. the whole population is evaluated for one episode each, sharded over the
-   ``POP`` axis; every step goes into one shared replay buffer;
-4. the distribution moves to the weighted mean of the elites *as evaluated*
+1. ask: :class:`CEM` samples ``population_size`` actors from a separable
+   Gaussian ``N(mean, diag(std²))`` over the flat actor weights;
+2. learner step: the first ``num_rl_actors`` of them each get TD3 updates
+   against one shared critic (trained alongside, with that actor's target),
+   once the shared replay buffer holds ``learning_starts`` steps;
+3. evaluate: one episode per actor, sharded over the ``POP`` axis; every
+   step goes into the replay buffer;
+4. tell: the mean moves to the weighted mean of the elites *as evaluated*
    (so gradient-improved actors pull it), and the variance is the weighted
-   spread of the elites around the old mean plus a decaying additive noise.
+   spread of the elites around the old mean plus a decaying additive noise
+   (Eq. 2 of the paper, with log-rank weights).
 
-Returns are maximised throughout: the CEM here ranks by return directly, so
-no sign flip is needed anywhere.
+Scores are returns; the strategy ranks evosax fitness (minimised), the one
+sign boundary being the engine's.
 """
 
 from __future__ import annotations
@@ -26,17 +28,22 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+from evosax.algorithms.distribution_based.base import DistributionBasedAlgorithm
+from evosax.algorithms.distribution_based.base import Params as BaseParams
+from evosax.algorithms.distribution_based.base import State as BaseState
 from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh
 
-from evorl_pop.rl.hybrid import Hybrid, HybridConfig, HybridState
+from evorl_pop.base import ConfigError
+from evorl_pop.core.engine import Engine, make_mesh
 from evorl_pop.rl.replay import ReplayBuffer
-from evorl_pop.rl.td3 import CriticState, TD3State
+from evorl_pop.rl.td3 import CriticState, HybridConfig, TD3Learner, TD3State
+from evorl_pop.tasks.control import ControlTask
 
 
 @dataclasses.dataclass(frozen=True)
 class Config(HybridConfig):
-    """CEM-RL settings: the shared ones of :class:`~evorl_pop.rl.hybrid.HybridConfig`
+    """CEM-RL settings: the shared ones of :class:`~evorl_pop.rl.td3.HybridConfig`
     (``task``, ``population_size``, buffer, episodes, ``td3``) and these.
 
     Attributes:
@@ -61,102 +68,102 @@ class Config(HybridConfig):
     noise_decay: float = 0.95
     updates_per_actor: int = 200
 
+    def validate(self) -> None:
+        """Raises a ConfigError naming a setting that cannot run."""
+        super().validate()
+        pop = self.population_size
+        for name, low in (("num_elites", 1), ("num_rl_actors", 0)):
+            if not low <= getattr(self, name) <= pop:
+                raise ConfigError(
+                    f"{name}={getattr(self, name)} must be between {low} and population_size="
+                    f"{pop}; raise population_size or lower {name}."
+                )
+        if self.updates_per_actor < 1:
+            raise ConfigError(
+                f"updates_per_actor must be at least 1, got {self.updates_per_actor}."
+            )
+
 
 @flax.struct.dataclass
-class State(HybridState):
-    """The shared fields of :class:`~evorl_pop.rl.hybrid.HybridState` and the distribution."""
+class CEMState(BaseState):
+    """evosax's distribution state (mean, best so far, generation) and CEM's own."""
 
-    mean: jax.Array  # shape=(num_params,): mean of the search distribution
-    var: jax.Array  # shape=(num_params,): its diagonal covariance
+    std: jax.Array  # shape=(num_dims,): per-weight standard deviation
     noise: jax.Array  # shape=(): additive variance of the next update
-    critic: CriticState  # the shared twin critics
 
 
-class CEMRL(Hybrid):
-    """CEM-RL on a population sharded over the devices of ``mesh``.
+@flax.struct.dataclass
+class CEMParams(BaseParams):
+    sigma_init: float  # initial variance of every weight
+    noise_init: float
+    noise_end: float
+    noise_decay: float
 
-    Args:
-      config: a :class:`Config`.
-      mesh: see :class:`~evorl_pop.rl.hybrid.Hybrid`.
 
-    Raises:
-      ValueError: for too few actors for the elites or RL actors, and where
-        :class:`~evorl_pop.rl.hybrid.Hybrid` does.
+class CEM(DistributionBasedAlgorithm):
+    """The cross-entropy method with a decaying additive noise, in evosax's interface.
+
+    Candidate ``i`` is ``mean + std * z_i`` with ``z_i`` drawn from
+    ``fold_in(key, i)``; ``tell`` fits the mean and the variance to the
+    ``num_elites`` best candidates with log-rank weights.
     """
 
-    def __init__(self, config: Config = Config(), mesh: Mesh | None = None):
-        pop = config.population_size
-        if not 1 <= config.num_elites <= pop:
-            raise ValueError(
-                f"num_elites={config.num_elites} must be between 1 and population_size="
-                f"{pop}; raise population_size or lower num_elites."
-            )
-        if not 0 <= config.num_rl_actors <= pop:
-            raise ValueError(
-                f"num_rl_actors={config.num_rl_actors} must be between 0 and population_size="
-                f"{pop}; raise population_size or lower num_rl_actors."
-            )
-        super().__init__(
-            config, mesh, "CEM-RL (its actors are trained with TD3)", config.updates_per_actor
-        )
-        k = config.num_elites
-        weights = np.log((k + 1) / np.arange(1, k + 1))  # log-rank weights, best first
+    def __init__(self, population_size: int, solution, num_elites: int, config: Config):
+        super().__init__(population_size, solution)
+        self.elites = num_elites
+        weights = np.log((num_elites + 1) / np.arange(1, num_elites + 1))  # best first
         self.weights = jnp.asarray(weights / weights.sum(), jnp.float32)
+        self.config = config
 
-    def init(self, key: jax.Array) -> State:
-        """The initial distribution around a fresh actor, a fresh critic, an empty buffer.
+    @property
+    def _default_params(self) -> CEMParams:
+        c = self.config
+        return CEMParams(c.sigma_init, c.noise_init, c.noise_end, c.noise_decay)
 
-        Args:
-          key: PRNG key of the initial mean actor and of the critic.
-
-        Returns:
-          A :class:`State`.
-        """
-        actor_key, critic_key = jax.random.split(key)
-        mean, _ = ravel_pytree(self.policy.init(actor_key))
-        cfg = self.config
-        flat = jnp.broadcast_to(mean, (cfg.population_size, mean.shape[0]))
-        return self.initial_state(
-            State,
-            jax.vmap(self.unravel)(flat),
-            mean=mean,
-            var=jnp.full_like(mean, cfg.sigma_init),
-            noise=jnp.float32(cfg.noise_init),
-            critic=self.td3.init_critic(critic_key),
+    def _init(self, key, params: CEMParams) -> CEMState:
+        return CEMState(
+            mean=jnp.zeros(self.num_dims),
+            std=jnp.full(self.num_dims, jnp.sqrt(params.sigma_init)),
+            noise=jnp.float32(params.noise_init),
+            best_solution=jnp.full(self.num_dims, jnp.nan),
+            best_fitness=jnp.inf,
+            generation_counter=0,
         )
 
-    def ask(self, state: State, key: jax.Array) -> jax.Array:
-        """Samples the flat population; member ``i`` uses ``fold_in(key, i)``.
-
-        Returns:
-          Array of shape ``(population_size, num_params)``.
-        """
+    def _ask(self, key, state: CEMState, params: CEMParams):
         eps = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(key, i), state.mean.shape))(
-            jnp.arange(self.config.population_size)
+            jnp.arange(self.population_size)
         )
-        return state.mean + jnp.sqrt(state.var) * eps
+        return state.mean + state.std * eps, state
 
-    def tell(self, state: State, flat: jax.Array, fitness: jax.Array) -> State:
-        """Fits the distribution to the elites of an evaluated population.
-
-        Args:
-          state: the state the population was sampled from.
-          flat: the evaluated population, flat, shape ``(population_size, num_params)``.
-          fitness: returns to maximise (NaN / inf already mapped to -inf).
-
-        Returns:
-          The state with the new mean, variance and additive noise.
-        """
-        cfg = self.config
-        elites = flat[jnp.argsort(-fitness)[: cfg.num_elites]]
-        noise = cfg.noise_decay * state.noise + (1.0 - cfg.noise_decay) * cfg.noise_end
-        mean = self.weights @ elites
+    def _tell(self, key, population, fitness, state: CEMState, params: CEMParams) -> CEMState:
+        elites = population[jnp.argsort(fitness)[: self.elites]]  # fitness is minimised
+        noise = params.noise_decay * state.noise + (1.0 - params.noise_decay) * params.noise_end
         var = self.weights @ (elites - state.mean) ** 2 + noise
-        return state.replace(mean=mean, var=var, noise=noise)
+        return state.replace(mean=self.weights @ elites, std=jnp.sqrt(var), noise=noise)
 
-    def train_actors(
-        self, critic: CriticState, flat: jax.Array, buffer: ReplayBuffer, key: jax.Array
-    ) -> tuple[CriticState, jax.Array, dict[str, jax.Array]]:
+
+@flax.struct.dataclass
+class LearnerState:
+    """The shared critic and the replay buffer every actor's steps go into."""
+
+    critic: CriticState
+    buffer: ReplayBuffer
+
+
+class CEMRLLearner(TD3Learner):
+    """TD3 on the first ``num_rl_actors`` sampled actors, one shared critic."""
+
+    def __init__(self, task: ControlTask, config: Config, mesh: Mesh):
+        super().__init__(
+            task, config, mesh, config.updates_per_actor, "CEM-RL (its actors are trained with TD3)"
+        )
+        self.num_rl = config.num_rl_actors
+
+    def init(self, key: jax.Array) -> LearnerState:
+        return LearnerState(self.td3.init_critic(key), self.empty_buffer())
+
+    def train_actors(self, critic: CriticState, flat: jax.Array, buffer: ReplayBuffer, key):
         """TD3 for each actor in turn, all against (and training) the shared critic.
 
         Each actor starts a fresh Adam state and its target copy from its own
@@ -170,53 +177,54 @@ class CEMRL(Hybrid):
           key: PRNG key.
 
         Returns:
-          ``(critic, flat, metrics)`` with the trained actors, flat.
+          ``(critic, flat, losses)`` with the trained actors, flat.
         """
 
         def body(critic, xs):
             actor_flat, k = xs
-            learner = TD3State(
-                actor=self.td3.init_actor(self.unravel(actor_flat)),
-                critic=critic,
-                updates=jnp.int32(0),
-            )
-            learner, metrics = self.train(learner, buffer, k)
-            return learner.critic, (ravel_pytree(learner.actor.params)[0], metrics)
+            actor = self.td3.init_actor(self.task.unravel(actor_flat))
+            learner, losses = self.learn(TD3State(actor, critic, jnp.int32(0)), buffer, k)
+            return learner.critic, (ravel_pytree(learner.actor.params)[0], losses)
 
         keys = jax.random.split(key, flat.shape[0])
-        critic, (flat, metrics) = jax.lax.scan(body, critic, (flat, keys))
-        return critic, flat, jax.tree.map(jnp.mean, metrics)
+        critic, (flat, losses) = jax.lax.scan(body, critic, (flat, keys))
+        return critic, flat, jax.tree.map(jnp.mean, losses)
 
-    def step(self, state: State, key: jax.Array) -> tuple[State, dict[str, jax.Array]]:
-        """One generation: sample, TD3 on the RL actors, rollout, fit, evaluate the mean.
-
-        Args:
-          state: the current :class:`State`.
-          key: PRNG key of this generation.
-
-        Returns:
-          ``(state, metrics)``: ``eval_return`` of the new mean actor,
-          ``rl_actors_injected`` (actors trained by TD3 this generation), TD3
-          losses, the search spread ``cem_std``, and the population statistics
-          of :meth:`~evorl_pop.rl.hybrid.Hybrid.advance`.
-        """
-        n_rl = self.config.num_rl_actors
-        ask_key, rl_key, rollout_key, eval_key = jax.random.split(key, 4)
-        flat = self.ask(state, ask_key)
-        learn = self.learning(state.buffer)
-        critic, rl_flat, losses = self.train_if(
-            learn & (n_rl > 0),
-            lambda c, f: self.train_actors(c, f, state.buffer, rl_key),
+    def step(self, key, state: LearnerState, population, strategy_state):
+        n, ready = self.num_rl, self.ready(state.buffer)
+        critic, trained, losses = self.learn_if(
+            ready & (n > 0),
+            lambda c, f: self.train_actors(c, f, state.buffer, key),
             state.critic,
-            flat[:n_rl],
+            population[:n],
         )
-        flat = flat.at[:n_rl].set(rl_flat)
-        population, rollout, buffer = self.rollout(flat, state.buffer, rollout_key)
-        state = self.tell(state, flat, rollout.fitness)
-        metrics = {
-            **losses,
-            "eval_return": self.evaluate(self.unravel(state.mean), eval_key),
-            "rl_actors_injected": jnp.where(learn, n_rl, 0).astype(jnp.int32),
-            "cem_std": jnp.mean(jnp.sqrt(state.var)),
-        }
-        return self.advance(state, population, rollout, buffer, metrics, critic=critic)
+        metrics = {**losses, "rl_actors_injected": jnp.where(ready, n, 0).astype(jnp.int32)}
+        return population.at[:n].set(trained), state.replace(critic=critic), metrics
+
+    def observe(self, state: LearnerState, summary, episodes):
+        return state.replace(buffer=self.add(state.buffer, episodes)), {}
+
+
+class CEMRL(Engine):
+    """CEM-RL on a population sharded over the devices of ``mesh``: the engine with
+    :class:`CEM` as its strategy and TD3 as its learner.
+
+    Args:
+      config: a :class:`Config`.
+      mesh: a mesh with the axis ``'POP'`` (``None``: every device); TD3
+        minibatches are split over the same devices along a ``'DP'`` axis.
+
+    Raises:
+      ConfigError: a setting that cannot run (see ``Config.validate``), a
+        discrete-action environment, a batch the device count does not split.
+    """
+
+    def __init__(self, config: Config = Config(), mesh: Mesh | None = None):
+        config.validate()
+        self.config, td3 = config, config.td3
+        mesh = make_mesh() if mesh is None else mesh
+        task = ControlTask(config.task, td3.actor_hidden_sizes, td3.actor_activation,
+                           episode_length=config.episode_length)  # fmt: skip
+        strategy = CEM(config.population_size, jnp.zeros(task.num_dims), config.num_elites, config)
+        super().__init__(strategy, task, mesh, eval_episodes=config.eval_episodes,
+                         learner=CEMRLLearner(task, config, mesh))  # fmt: skip

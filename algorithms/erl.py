@@ -1,21 +1,24 @@
 """ERL: a genetic algorithm over actors plus one TD3 learner sharing its experience.
 
 Khadka & Tumer (2018), "Evolution-Guided Policy Gradient in Reinforcement
-Learning" (with TD3 as the learner, as in later ERL variants). One generation:
+Learning" (with TD3 as the learner, as in later ERL variants). The initial
+population (independently initialised actors) is evaluated once; then one
+generation of the engine:
 
-1. the population is bred from the previous one (the elites kept in their
-   slots; every other slot gets a child of two tournament winners: neuron-wise
-   crossover, then Gaussian mutation of a fraction of its weights); every
-   ``sync_period`` generations the learner's actor takes the slot of the
-   weakest member (a bred child there, never an elite);
-2. every member runs one episode, sharded over the ``POP`` axis; all steps go
-   into one shared replay buffer;
-3. the learner runs exploration episodes (Gaussian action noise), adds them to
-   the buffer, and takes TD3 updates on minibatches split over the ``DP`` axis;
-4. the learner's actor is evaluated without noise (``eval_return``).
+1. ask: :class:`GA` breeds the population from the previous one (the elites
+   kept in their slots; every other slot gets a child of two tournament
+   winners: neuron-wise crossover, then Gaussian mutation of a fraction of
+   its weights);
+2. learner step: the learner runs exploration episodes (Gaussian action
+   noise) into the shared replay buffer and takes TD3 updates on minibatches
+   split over the ``DP`` axis; every ``sync_period`` generations its actor
+   takes the slot of the weakest member (a bred child there, never an elite);
+3. evaluate: every member runs one episode, sharded over the ``POP`` axis;
+   all steps go into the replay buffer;
+4. tell: the GA keeps the evaluated population and its fitness.
 
-Returns are maximised throughout: selection ranks by return directly, so no
-sign flip is needed anywhere.
+``eval_return`` is the learner's actor without noise. Scores are returns; the
+GA ranks evosax fitness (minimised), the one sign boundary being the engine's.
 """
 
 from __future__ import annotations
@@ -27,17 +30,23 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+from evosax.algorithms.population_based.base import Params as BaseParams
+from evosax.algorithms.population_based.base import PopulationBasedAlgorithm
+from evosax.algorithms.population_based.base import State as BaseState
 from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh
 
-from evorl_pop.rl.hybrid import Hybrid, HybridConfig, HybridState
-from evorl_pop.rl.rollout import collect_episode
-from evorl_pop.rl.td3 import TD3State
+from evorl_pop.base import ConfigError
+from evorl_pop.core.engine import Engine, make_mesh
+from evorl_pop.rl.replay import ReplayBuffer
+from evorl_pop.rl.td3 import HybridConfig, TD3Learner, TD3State
+from evorl_pop.tasks.control import ControlTask
+from evorl_pop.tasks.rollout import rollout
 
 
 @dataclasses.dataclass(frozen=True)
 class Config(HybridConfig):
-    """ERL settings: the shared ones of :class:`~evorl_pop.rl.hybrid.HybridConfig`
+    """ERL settings: the shared ones of :class:`~evorl_pop.rl.td3.HybridConfig`
     (``task``, ``population_size``, buffer, episodes, ``td3``) and these.
 
     Attributes:
@@ -67,179 +76,174 @@ class Config(HybridConfig):
     exploration_noise: float = 0.1
     updates_per_generation: int = 1000
 
+    def validate(self) -> None:
+        """Raises a ConfigError naming a setting that cannot run."""
+        super().validate()
+        if not 0 <= self.num_elites < self.population_size:
+            raise ConfigError(
+                f"num_elites={self.num_elites} leaves no slot for offspring or the RL actor "
+                f"in a population of {self.population_size}; use population_size > num_elites."
+            )
+        for name in ("tournament_size", "sync_period", "rl_episodes", "updates_per_generation"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}.")
+
 
 @flax.struct.dataclass
-class State(HybridState):
-    """The shared fields of :class:`~evorl_pop.rl.hybrid.HybridState` and the learner."""
+class GAParams(BaseParams):
+    crossover_prob: float
+    mutation_prob: float
+    mutation_frac: float
+    mutation_std: float
 
-    learner: TD3State  # the TD3 learner (actor, twin critics, targets, optimizers)
 
+class GA(PopulationBasedAlgorithm):
+    """ERL's genetic algorithm in evosax's interface: elites stay in their slots.
 
-class ERL(Hybrid):
-    """ERL on a population sharded over the devices of ``mesh``.
-
-    Args:
-      config: a :class:`Config`.
-      mesh: see :class:`~evorl_pop.rl.hybrid.Hybrid`.
-
-    Raises:
-      ValueError: for a population without room for offspring next to its
-        elites, a tournament size, sync period or episode count below 1, and
-        where :class:`~evorl_pop.rl.hybrid.Hybrid` does.
+    Child ``i`` draws its randomness from ``fold_in(key, i)``; crossover swaps
+    whole neurons (a unit's incoming weights and bias), so parents mix units,
+    not unrelated weights.
     """
 
-    def __init__(self, config: Config = Config(), mesh: Mesh | None = None):
-        if not 0 <= config.num_elites < config.population_size:
-            raise ValueError(
-                f"num_elites={config.num_elites} leaves no slot for offspring or the RL "
-                f"actor in a population of {config.population_size}; use population_size "
-                "> num_elites."
-            )
-        if config.tournament_size < 1 or config.sync_period < 1 or config.rl_episodes < 1:
-            raise ValueError(
-                "tournament_size, sync_period and rl_episodes must be at least 1, got "
-                f"{config.tournament_size}, {config.sync_period}, {config.rl_episodes}."
-            )
-        super().__init__(config, mesh, "ERL (its learner is TD3)", config.updates_per_generation)
-        self._neuron = jnp.asarray(_neuron_ids(self.unravel(jnp.zeros(self.num_params))))
-        self._num_neurons = int(self._neuron.max()) + 1
+    def __init__(self, population_size: int, task: ControlTask, config: Config):
+        super().__init__(population_size, jnp.zeros(task.num_dims))
+        self.config, self.task = config, task
+        self.neuron = jnp.asarray(_neuron_ids(task.unravel(jnp.zeros(task.num_dims))))
+        self.num_neurons = int(self.neuron.max()) + 1
 
-    def init(self, key: jax.Array) -> State:
-        """A random population, a fresh learner and an empty buffer.
+    @property
+    def _default_params(self) -> GAParams:
+        c = self.config
+        return GAParams(c.crossover_prob, c.mutation_prob, c.mutation_frac, c.mutation_std)
 
-        Args:
-          key: PRNG key of the population and of the learner.
+    def initial_population(self, key: jax.Array) -> jax.Array:
+        """Independently initialised actors: member ``i`` from ``fold_in(key, i)``."""
+        index = jnp.arange(self.population_size)
+        return jax.vmap(lambda i: self.task.init_solution(jax.random.fold_in(key, i)))(index)
 
-        Returns:
-          A :class:`State`.
-        """
-        pop_key, learner_key = jax.random.split(key)
-        population = jax.vmap(lambda i: self.policy.init(jax.random.fold_in(pop_key, i)))(
-            jnp.arange(self.config.population_size)
+    def _init(self, key, params: GAParams) -> BaseState:
+        n, d = self.population_size, self.num_dims
+        return BaseState(
+            population=jnp.zeros((n, d)),
+            fitness=jnp.full(n, jnp.inf),
+            best_solution=jnp.full(d, jnp.nan),
+            best_fitness=jnp.inf,
+            generation_counter=0,
         )
-        return self.initial_state(State, population, learner=self.td3.init(learner_key))
 
-    def breed(self, flat: jax.Array, fitness: jax.Array, key: jax.Array) -> jax.Array:
-        """One GA generation on flat actors: elitism, tournaments, crossover, mutation.
-
-        Child ``i`` draws its randomness from ``fold_in(key, i)``.
-
-        Args:
-          flat: the evaluated population, shape ``(population_size, num_params)``.
-          fitness: its returns (higher is better, NaN / inf as -inf).
-          key: PRNG key.
-
-        Returns:
-          The next population; the ``num_elites`` best stay in their slots.
-        """
-        cfg = self.config
-        pop = cfg.population_size
+    def _ask(self, key, state: BaseState, params: GAParams):
+        cfg, pop, flat, fitness = self.config, self.population_size, state.population, state.fitness
 
         def tournament(k):
             contestants = jax.random.randint(k, (cfg.tournament_size,), 0, pop)
-            return contestants[jnp.argmax(fitness[contestants])]
+            return contestants[jnp.argmin(fitness[contestants])]
 
         def child(i):
             ks = jax.random.split(jax.random.fold_in(key, i), 7)
             a, b = flat[tournament(ks[0])], flat[tournament(ks[1])]
-            # Crossover swaps whole neurons (a unit's incoming weights and bias).
-            from_b = jax.random.bernoulli(ks[2], 0.5, (self._num_neurons,))[self._neuron]
-            cross = jax.random.bernoulli(ks[3], cfg.crossover_prob)
+            from_b = jax.random.bernoulli(ks[2], 0.5, (self.num_neurons,))[self.neuron]
+            cross = jax.random.bernoulli(ks[3], params.crossover_prob)
             x = jnp.where(cross & from_b, b, a)
-            mutate = jax.random.bernoulli(ks[4], cfg.mutation_prob)
-            where = jax.random.bernoulli(ks[5], cfg.mutation_frac, x.shape)
-            noise = cfg.mutation_std * jax.random.normal(ks[6], x.shape)
+            mutate = jax.random.bernoulli(ks[4], params.mutation_prob)
+            where = jax.random.bernoulli(ks[5], params.mutation_frac, x.shape)
+            noise = params.mutation_std * jax.random.normal(ks[6], x.shape)
             return x + jnp.where(mutate & where, noise, 0.0)
 
         children = jax.vmap(child)(jnp.arange(pop))
-        elite = _ranks(fitness) < cfg.num_elites
-        return jnp.where(elite[:, None], flat, children)
+        elite = ranks(fitness) < cfg.num_elites
+        return jnp.where(elite[:, None], flat, children), state
 
-    def inject(
-        self, flat: jax.Array, fitness: jax.Array, actor: jax.Array, when: jax.Array
-    ) -> tuple[jax.Array, jax.Array]:
-        """Copies the learner's actor over a bred child, never over an elite.
+    def _tell(self, key, population, fitness, state: BaseState, params: GAParams) -> BaseState:
+        return state.replace(population=population, fitness=fitness)
 
-        After :meth:`breed` the elites hold the slots ranked best by ``fitness``
-        and every other slot holds a new child; the actor takes the slot ranked
-        last, which is a child's whatever the ties (all -inf included), since
-        ranks are a permutation and ``num_elites < population_size``.
 
-        Args:
-          flat: the bred population, shape ``(population_size, num_params)``.
-          fitness: the returns it was bred from (the same as :meth:`breed`'s).
-          actor: the learner's flat actor, shape ``(num_params,)``.
-          when: whether to inject at all (a boolean scalar).
+@flax.struct.dataclass
+class LearnerState:
+    """The TD3 learner, the shared replay buffer, and where its actor went."""
 
-        Returns:
-          ``(flat, slot)``: the population, and the slot the actor took (or
-          would have taken).
-        """
-        slot = jnp.argmax(_ranks(fitness))
-        return flat.at[slot].set(jnp.where(when, actor, flat[slot])), slot
+    learner: TD3State  # actor, twin critics, targets, optimizers
+    buffer: ReplayBuffer
+    slot: jax.Array  # int32: the slot the actor took (or would have) this generation
+    injected: jax.Array  # bool: whether it entered the population this generation
 
-    def step(self, state: State, key: jax.Array) -> tuple[State, dict[str, jax.Array]]:
-        """One generation: breed, inject, rollout, explore, train the learner, evaluate it.
 
-        Args:
-          state: the current :class:`State`.
-          key: PRNG key of this generation.
+class ERLLearner(TD3Learner):
+    """ERL's TD3 learner: explores, learns from the shared buffer, joins the population."""
 
-        Returns:
-          ``(state, metrics)``: the population statistics of
-          :meth:`~evorl_pop.rl.hybrid.Hybrid.advance` with ``env_steps`` and
-          ``episodes`` counting the learner's too, ``eval_return`` of the
-          learner's actor, ``explore_return``, ``rl_actors_injected`` (1 when
-          the learner's actor entered the population this generation) and
-          ``injected_return`` (its return as a member, NaN otherwise), and
-          the TD3 losses.
-        """
-        cfg = self.config
-        breed_key, rollout_key, explore_key, train_key, eval_key = jax.random.split(key, 5)
-
-        # 1. Next population from the last evaluated one (generation 0 keeps its own).
-        flat = jax.vmap(lambda p: ravel_pytree(p)[0])(state.population)
-        first = state.generation == 0
-        flat = jnp.where(first, flat, self.breed(flat, state.fitness, breed_key))
-        inject = ~first & (state.generation % cfg.sync_period == 0)
-        actor = ravel_pytree(state.learner.actor.params)[0]
-        flat, slot = self.inject(flat, state.fitness, actor, inject)
-
-        # 2. Evaluate the population; its steps feed the shared buffer.
-        population, rollout, buffer = self.rollout(flat, state.buffer, rollout_key)
-
-        # 3. The learner explores, then trains on the shared buffer.
-        episodes = jax.vmap(
-            lambda k: collect_episode(
-                self.env,
-                self.policy,
-                state.learner.actor.params,
-                k,
-                cfg.exploration_noise,
-                cfg.episode_steps,
-            )
-        )(jax.random.split(explore_key, cfg.rl_episodes))
-        buffer = buffer.add(episodes.transitions, episodes.valid)
-        learner, losses = self.train_if(
-            self.learning(buffer), lambda s: self.train(s, buffer, train_key), state.learner
+    def __init__(self, task: ControlTask, config: Config, mesh: Mesh):
+        super().__init__(
+            task, config, mesh, config.updates_per_generation, "ERL (its learner is TD3)"
         )
 
-        # 4. The learner's actor without noise.
+    def init(self, key: jax.Array) -> LearnerState:
+        return LearnerState(self.td3.init(key), self.empty_buffer(), jnp.int32(0), jnp.bool_(False))
+
+    def eval_solution(self, state: LearnerState) -> jax.Array:
+        """The learner's actor, flat: what ``eval_return`` reports."""
+        return ravel_pytree(state.learner.actor.params)[0]
+
+    def step(self, key, state: LearnerState, population, strategy_state):
+        cfg = self.config
+        explore_key, learn_key = jax.random.split(key)
+        actor = state.learner.actor.params
+
+        def explore(k):
+            return rollout(self.task.env, self.task.policy, actor, k, None,
+                           cfg.episode_length, cfg.exploration_noise, collect=True)  # fmt: skip
+
+        episodes = jax.vmap(explore)(jax.random.split(explore_key, cfg.rl_episodes))
+        buffer = state.buffer.add(episodes.transitions, episodes.valid)
+        learner, losses = self.learn_if(
+            self.ready(buffer), lambda s: self.learn(s, buffer, learn_key), state.learner
+        )
+        # generation g (from 1) injects when g is a multiple of sync_period, into the slot
+        # ranked last: a bred child's, whatever the ties, since num_elites < population_size
+        inject = (strategy_state.generation_counter + 1) % cfg.sync_period == 0
+        slot = jnp.argmax(ranks(strategy_state.fitness)).astype(jnp.int32)
+        flat = ravel_pytree(learner.actor.params)[0]
+        population = population.at[slot].set(jnp.where(inject, flat, population[slot]))
         metrics = {
             **losses,
-            "env_steps": rollout.metrics["env_steps"] + jnp.sum(episodes.steps),
-            "episodes": rollout.metrics["episodes"] + cfg.rl_episodes,
-            "eval_return": self.evaluate(learner.actor.params, eval_key),
+            "env_steps": jnp.sum(episodes.steps),
+            "episodes": jnp.int32(cfg.rl_episodes),
             "explore_return": jnp.mean(episodes.episode_return),
             "rl_actors_injected": inject.astype(jnp.int32),
-            "injected_return": jnp.where(inject, rollout.returns[slot], jnp.nan),
         }
-        return self.advance(state, population, rollout, buffer, metrics, learner=learner)
+        return population, LearnerState(learner, buffer, slot, inject), metrics
+
+    def observe(self, state: LearnerState, summary, episodes):
+        returned = jnp.where(state.injected, summary.scores[state.slot], jnp.nan)
+        return state.replace(buffer=self.add(state.buffer, episodes)), {"injected_return": returned}
 
 
-def _ranks(fitness: jax.Array) -> jax.Array:
-    """Rank of each member, 0 the best; ties keep slot order."""
-    return jnp.argsort(jnp.argsort(-fitness))
+class ERL(Engine):
+    """ERL on a population sharded over the devices of ``mesh``: the engine with
+    :class:`GA` as its strategy and a TD3 learner.
+
+    Args:
+      config: a :class:`Config`.
+      mesh: a mesh with the axis ``'POP'`` (``None``: every device); TD3
+        minibatches are split over the same devices along a ``'DP'`` axis.
+
+    Raises:
+      ConfigError: a setting that cannot run (see ``Config.validate``), a
+        discrete-action environment, a batch the device count does not split.
+    """
+
+    def __init__(self, config: Config = Config(), mesh: Mesh | None = None):
+        config.validate()
+        self.config, td3 = config, config.td3
+        mesh = make_mesh() if mesh is None else mesh
+        task = ControlTask(config.task, td3.actor_hidden_sizes, td3.actor_activation,
+                           episode_length=config.episode_length)  # fmt: skip
+        super().__init__(GA(config.population_size, task, config), task, mesh,
+                         eval_episodes=config.eval_episodes,
+                         learner=ERLLearner(task, config, mesh))  # fmt: skip
+
+
+def ranks(fitness: jax.Array) -> jax.Array:
+    """Rank of each member by fitness (minimised), 0 the best; ties keep slot order."""
+    return jnp.argsort(jnp.argsort(fitness, stable=True), stable=True)
 
 
 def _neuron_ids(params: Any) -> np.ndarray:

@@ -1,8 +1,8 @@
 """The ``evorl-pop`` command line: train, resume, plot, list, launch.
 
 JAX reads the number of simulated CPU devices and its 64-bit mode when its
-backend starts, so the commands settle both (:mod:`evorl_pop.backend`) from
-the merged config before they import the modules that use JAX.
+backend starts, so the commands settle both (:mod:`evorl_pop.run.processes`)
+from the merged config before they import the modules that use JAX.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import os
 import sys
 import textwrap
 
-from evorl_pop import __version__, backend, launcher, registry
-from evorl_pop import config as config_lib
-from evorl_pop.config import ConfigError
+from evorl_pop import __version__, tasks
+from evorl_pop.base import CheckpointError, ConfigError, RunError
+from evorl_pop.run import config as config_lib
+from evorl_pop.run import launcher, processes, shell, store
 
 # (summary, more description, examples) of each command.
 COMMANDS = {
@@ -153,27 +154,27 @@ def build_parser() -> argparse.ArgumentParser:
 def _precheck(args, sources, overrides) -> None:
     """Joins a multi-process run, sets host devices, precision and the compilation cache
     (config errors: later)."""
-    from evorl_pop import multihost
-
-    joined = multihost.initialize(
-        args.coordinator, args.num_processes, args.process_id, args.heartbeat_timeout
-    )
     try:
         data = config_lib.merge(sources, overrides)
     except ConfigError:
+        data = None
+    joined = processes.initialize(
+        args.coordinator, args.num_processes, args.process_id, args.heartbeat_timeout
+    )
+    if data is None:
         return
-    devices, note, xla = data.get("devices", "auto"), None, backend.host_device_count()
+    devices, note, xla = data.get("devices", "auto"), None, processes.host_device_count()
     try:
         if joined:
             pass  # a joined process's device count comes from the environment
         elif isinstance(devices, int):
-            note = backend.set_host_devices(devices)
+            note = processes.set_host_devices(devices)
         elif devices in ("auto", None) and xla is not None:
             note = f"devices={devices} keeps the {xla} that XLA_FLAGS names"
         elif devices in ("auto", None):
-            backend.use_all_cores()
-        backend.set_precision(data.get("precision", "float32"))
-        backend.use_compilation_cache()
+            processes.use_all_cores()
+        processes.set_precision(data.get("precision", "float32"))
+        processes.use_compilation_cache()
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if note and not args.quiet:
@@ -194,21 +195,20 @@ def _cmd_train(args) -> int:
     sources = [os.path.join(args.run, "config.yaml")] if resume else []
     sources += [args.config] if args.config else []
     _precheck(args, [s for s in sources if os.path.exists(s)], overrides)
-    from evorl_pop import rundir, runner  # uses JAX: only once devices and precision are set
-
     show = dict(progress=not args.quiet, figure=not args.no_figure)
     if resume:
-        result = runner.resume(args.run, overrides, args.config, args.more, args.force, **show)
+        result = shell.resume(args.run, overrides, args.config, args.more, args.force, **show)
     else:
-        config = config_lib.resolve_config(sources, overrides)
+        # values are checked once, where the run is built (here only for --print-config)
+        config = config_lib.resolve_config(sources, overrides, check=args.print_config)
         if args.print_config:
             sys.stdout.write(config_lib.dumps(config))
             return 0
-        run_dir = args.out or rundir.default_run_dir(config, args.runs_root)
-        if not args.quiet and rundir.is_writer():
+        run_dir = args.out or store.default_run_dir(config, args.runs_root)
+        if not args.quiet and store.is_writer():
             print(f"run folder: {run_dir}", file=sys.stderr)
-        result = runner.train(config, run_dir, overwrite=args.overwrite, **show)
-    if not args.quiet and rundir.is_writer():
+        result = shell.train(config, run_dir, overwrite=args.overwrite, **show)
+    if not args.quiet and store.is_writer():
         h, parts = result.history, [f"generation {result.generation}"]
         parts.append(f"{result.env_steps:,} env steps")
         if len(h.get("fitness_best", ())):
@@ -231,10 +231,8 @@ def _launch_run_folder(command: list[str]) -> str | None:
         return args.run
     if args.command != "train" or args.out:
         return getattr(args, "out", None)
-    from evorl_pop import rundir  # this process never computes: its devices do not matter
-
     config = config_lib.resolve_config([args.config] if args.config else [], _overrides(args))
-    command += ["--out", str(rundir.default_run_dir(config, args.runs_root))]
+    command += ["--out", str(store.default_run_dir(config, args.runs_root))]
     return command[-1]
 
 
@@ -252,7 +250,7 @@ def _cmd_launch(args) -> int:
 
 
 def _cmd_plot(args) -> int:
-    from evorl_pop import plotting
+    from evorl_pop.run import plotting
 
     out = args.out or "fitness.png"
     if args.out is None and len(args.runs) == 1 and os.path.isdir(args.runs[0]):
@@ -269,20 +267,20 @@ def _cmd_plot(args) -> int:
 
 def _cmd_list(args) -> int:
     print("algorithms:")
-    for spec in registry.specs():
+    for spec in config_lib.specs():
         missing = spec.missing_package()
         status = f"  (not installed: pip install {missing})" if missing else ""
         print(f"  {spec.name:8s} {spec.description}{status}")
-    from evorl_pop.algorithms.es import STRATEGIES  # imports JAX-using modules
-    from evorl_pop.blackbox import bbob_task_names
-    from evorl_pop.envs import ENV_FACTORIES
-    from evorl_pop.tasks import BLACKBOX_FUNCTIONS
+    from evorl_pop.algorithms.es import STRATEGIES  # imports evosax, which starts JAX
 
     for title, names in (
         ("strategies (es --strategy)", STRATEGIES),
-        ("environments (--task)", ENV_FACTORIES),
-        ("black-box tasks (--task, with --set num_dims=N)", BLACKBOX_FUNCTIONS),
-        ("BBOB functions (--task, with --set num_dims=N --set instance=I)", bbob_task_names()),
+        ("environments (--task)", tasks.envs.env_names()),
+        ("black-box tasks (--task, with --set num_dims=N)", tasks.blackbox.BLACKBOX_FUNCTIONS),
+        (
+            "BBOB functions (--task, with --set num_dims=N --set instance=I)",
+            tasks.blackbox.bbob_task_names(),
+        ),
     ):
         print(f"{title}:")
         print(textwrap.fill(", ".join(sorted(names)), 88, initial_indent="  ",
@@ -299,9 +297,6 @@ def main(argv=None) -> int:
       output has gone (``evorl-pop list | head``).
     """
     args = build_parser().parse_args(argv)
-    from evorl_pop.checkpoint import CheckpointError  # no JAX backend starts on import
-    from evorl_pop.rundir import RunError
-
     try:
         status = globals()[f"_cmd_{args.command}"](args)
         sys.stdout.flush()  # a closed pipe shows here, not at exit

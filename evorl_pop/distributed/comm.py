@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 import chex
 import jax
 import jax.numpy as jnp
-from jax._src import distributed as _jax_distributed
 
 
 def _collective(op: Callable, name: str, x, axis_name, **kwargs):
@@ -32,53 +31,38 @@ def _collective(op: Callable, name: str, x, axis_name, **kwargs):
 
 
 def pmean(x, axis_name: str | None = None):
-    """Mean of ``x`` over the devices of a mesh axis.
+    """Mean of ``x`` (an array or pytree) over the devices of a mesh axis.
 
-    Args:
-      x: an array or pytree of arrays.
-      axis_name: the mapped mesh axis to average over; ``None`` returns ``x``.
-
-    Returns:
-      The element-wise mean over the axis, the same on every device.
+    The same on every device; with ``axis_name=None``, ``x`` itself. The
+    data-parallel gradient step averages its per-device gradients with it.
     """
     return _collective(jax.lax.pmean, "pmean", x, axis_name)
 
 
 def psum(x, axis_name: str | None = None):
-    """Sum of ``x`` over the devices of a mesh axis.
+    """Sum of ``x`` over the devices of mesh axis ``axis_name`` (``None``: ``x``).
 
-    Args:
-      x: an array or pytree of arrays.
-      axis_name: the mapped mesh axis to sum over; ``None`` returns ``x``.
-
-    Returns:
-      The element-wise sum over the axis, the same on every device.
+    Counts and totals of a sharded population (candidates, steps, episodes)
+    come from it, each counted once.
     """
     return _collective(jax.lax.psum, "psum", x, axis_name)
 
 
 def pmin(x, axis_name: str | None = None):
-    """Minimum of ``x`` over the devices of a mesh axis.
-
-    Args:
-      x: an array or pytree of arrays.
-      axis_name: the mapped mesh axis to reduce over; ``None`` returns ``x``.
-
-    Returns:
-      The element-wise minimum over the axis, the same on every device.
-    """
+    """Element-wise minimum of ``x`` over the devices of a mesh axis (``None``: ``x``);
+    the best of a sharded population's losses, once each device has its own."""
     return _collective(jax.lax.pmin, "pmin", x, axis_name)
 
 
 def pmax(x, axis_name: str | None = None):
-    """Maximum of ``x`` over the devices of a mesh axis.
+    """Element-wise maximum over the devices of mesh axis ``axis_name``.
 
     Args:
-      x: an array or pytree of arrays.
+      x: an array or pytree of arrays, each device's value.
       axis_name: the mapped mesh axis to reduce over; ``None`` returns ``x``.
 
     Returns:
-      The element-wise maximum over the axis, the same on every device.
+      The maximum, the same on every device.
     """
     return _collective(jax.lax.pmax, "pmax", x, axis_name)
 
@@ -127,7 +111,7 @@ def is_dist_initialized() -> bool:
     Returns:
       ``True`` when this process is part of a multi-process JAX run.
     """
-    return _jax_distributed.global_state.client is not None
+    return jax.distributed.is_initialized()
 
 
 def get_process_id() -> int:

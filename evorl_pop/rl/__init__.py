@@ -1,29 +1,23 @@
-"""Reinforcement learning pieces the hybrid algorithms share.
+"""Reinforcement learning pieces the learners share.
 
-A replay buffer (:mod:`~evorl_pop.rl.replay`), transition-collecting
-rollouts of single policies and sharded populations
-(:mod:`~evorl_pop.rl.rollout`), and TD3 with data-parallel gradient updates
-(:mod:`~evorl_pop.rl.td3`).
+A replay buffer whose minibatches split over a ``'DP'`` axis
+(:mod:`~evorl_pop.rl.replay`), and TD3 with data-parallel gradient updates
+and the learner that feeds it a population's evaluations (:mod:`~evorl_pop.rl.td3`).
 """
 
 from evorl_pop.rl.replay import ReplayBuffer, dp_slice, global_batch_index, sample
-from evorl_pop.rl.rollout import (
-    Episode,
-    PopulationRollout,
-    Transition,
-    collect_episode,
-    evaluate,
-    example_transition,
-    population_rollout,
-)
 from evorl_pop.rl.td3 import (
     CONTINUOUS_ENVS,
     TD3,
     ActorState,
     CriticState,
+    HybridConfig,
     TD3Config,
+    TD3Learner,
     TD3State,
     check_continuous,
+    dp_mesh,
+    example_transition,
     polyak,
 )
 
@@ -32,19 +26,16 @@ __all__ = [
     "TD3",
     "ActorState",
     "CriticState",
-    "Episode",
-    "PopulationRollout",
+    "HybridConfig",
     "ReplayBuffer",
     "TD3Config",
+    "TD3Learner",
     "TD3State",
-    "Transition",
     "check_continuous",
-    "collect_episode",
+    "dp_mesh",
     "dp_slice",
-    "evaluate",
     "example_transition",
     "global_batch_index",
     "polyak",
-    "population_rollout",
     "sample",
 ]

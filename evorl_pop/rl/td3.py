@@ -2,7 +2,7 @@
 
 Fujimoto, van Hoof & Meger (2018), "Addressing Function Approximation Error
 in Actor-Critic Methods". A deterministic actor (the same
-:func:`~evorl_pop.networks.make_policy` MLP a population evolves, squashed by
+:func:`~evorl_pop.tasks.control.make_policy` MLP a population evolves, squashed by
 tanh into ``[low, high]``), twin critics trained towards the smaller of two
 target values, clipped noise on the target action, and actor / target
 updates every ``policy_delay`` critic updates.
@@ -18,19 +18,23 @@ depend on the device count.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from evorl_pop import distributed as dist
-from evorl_pop.envs import EnvSpec
-from evorl_pop.networks import Critic, make_policy
+from evorl_pop.base import ConfigError, EnvSpec
+from evorl_pop.core.engine import check_pop_axis, make_mesh
 from evorl_pop.rl import replay
 from evorl_pop.rl.replay import ReplayBuffer
-from evorl_pop.rl.rollout import Transition
+from evorl_pop.tasks.envs import Critic, Policy, make_policy
+from evorl_pop.tasks.rollout import Episode, Transition
 
 #: gymnax environments with continuous actions (those TD3 can learn).
 CONTINUOUS_ENVS = (
@@ -43,9 +47,9 @@ CONTINUOUS_ENVS = (
 
 
 def check_continuous(spec: EnvSpec, algorithm: str = "TD3") -> None:
-    """Raises a ValueError when ``spec`` has discrete actions."""
+    """Raises a ConfigError when ``spec`` has discrete actions."""
     if spec.discrete:
-        raise ValueError(
+        raise ConfigError(
             f"{algorithm} needs continuous actions (a deterministic actor with a critic "
             f"Q(s, a)), but {spec.name!r} has {spec.action_dim} discrete actions. Use a "
             f"continuous environment, e.g. {', '.join(map(repr, CONTINUOUS_ENVS))}."
@@ -83,14 +87,15 @@ class TD3Config:
     policy_delay: int = 2
     batch_size: int = 256
 
-    def __post_init__(self):
-        if self.batch_size < 1 or self.policy_delay < 1:
-            raise ValueError(
-                f"TD3 needs batch_size >= 1 and policy_delay >= 1, got batch_size="
-                f"{self.batch_size}, policy_delay={self.policy_delay}."
-            )
+    def validate(self) -> None:
+        """Raises a ConfigError naming a setting that cannot run."""
+        for name in ("batch_size", "policy_delay"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"td3.{name} must be at least 1, got {getattr(self, name)}.")
         if not 0.0 < self.tau <= 1.0:
-            raise ValueError(f"tau must be in (0, 1], got {self.tau}.")
+            raise ConfigError(f"td3.tau must be in (0, 1], got {self.tau}.")
+        if any(h < 1 for h in (*self.actor_hidden_sizes, *self.critic_hidden_sizes)):
+            raise ConfigError("td3 hidden sizes must be at least 1.")
 
 
 @flax.struct.dataclass
@@ -125,16 +130,22 @@ class TD3:
     Args:
       spec: the environment's spec (continuous actions).
       config: the hyper-parameters.
+      policy: the actor (default: an MLP of ``config``'s actor sizes).
 
     Raises:
       ValueError: for a discrete-action environment.
     """
 
-    def __init__(self, spec: EnvSpec, config: TD3Config = TD3Config()):
+    def __init__(
+        self, spec: EnvSpec, config: TD3Config = TD3Config(), policy: Policy | None = None
+    ):
         check_continuous(spec)
+        config.validate()
         self.spec = spec
         self.config = config
-        self.policy = make_policy(spec, config.actor_hidden_sizes, config.actor_activation)
+        if policy is None:
+            policy = make_policy(spec, config.actor_hidden_sizes, config.actor_activation)
+        self.policy = policy
         self.critic = Critic(tuple(config.critic_hidden_sizes))
         self.actor_optimizer = optax.adam(config.actor_lr)
         self.critic_optimizer = optax.adam(config.critic_lr)
@@ -319,7 +330,7 @@ class TD3:
         state = TD3State(actor=actor, critic=critic, updates=state.updates + 1)
         return state, {"critic_loss": critic_loss, "actor_loss": actor_loss}
 
-    def train(
+    def learn(
         self,
         state: TD3State,
         buffer: ReplayBuffer,
@@ -353,3 +364,130 @@ class TD3:
             "critic_loss": jnp.mean(metrics["critic_loss"]),
             "actor_loss": jnp.nanmean(metrics["actor_loss"]),
         }
+
+
+# --- TD3 beside a population: the hybrids' and PBT's shared pieces ----------------
+
+
+@dataclasses.dataclass(frozen=True)
+class HybridConfig:
+    """Settings every algorithm with TD3 learners has (CEM-RL, ERL, PBT add their own).
+
+    Attributes:
+      task: a continuous-action environment.
+      population_size: actors (or learners) evaluated per generation.
+      learning_starts: replay buffer size before gradient updates begin.
+      buffer_capacity: replay buffer size.
+      episode_length: steps per episode (``None``: the environment's limit).
+      eval_episodes: noise-free episodes that evaluate the algorithm's actor
+        each generation (``eval_return``).
+      td3: TD3 hyper-parameters (network sizes, learning rates, batch size).
+    """
+
+    task: str = "Pendulum-v1"
+    population_size: int = 10
+    learning_starts: int = 2000
+    buffer_capacity: int = 200_000
+    episode_length: int | None = None
+    eval_episodes: int = 5
+    td3: TD3Config = TD3Config(critic_hidden_sizes=(128, 128), batch_size=128)
+
+    def validate(self) -> None:
+        """Raises a ConfigError naming a setting that cannot run."""
+        self.td3.validate()
+        for name, least in (("population_size", 2), ("eval_episodes", 1), ("learning_starts", 0)):
+            if getattr(self, name) < least:
+                raise ConfigError(f"{name} must be at least {least}, got {getattr(self, name)}.")
+        if self.episode_length is not None and self.episode_length < 1:
+            raise ConfigError(f"episode_length must be at least 1, got {self.episode_length}.")
+        batch = self.td3.batch_size
+        if self.buffer_capacity < batch:
+            raise ConfigError(
+                f"The replay buffer capacity {self.buffer_capacity} is smaller than one TD3 "
+                f"batch ({batch}); make buffer_capacity at least {batch}."
+            )
+        if self.learning_starts > self.buffer_capacity:
+            raise ConfigError(
+                f"learning_starts={self.learning_starts} exceeds the buffer capacity "
+                f"{self.buffer_capacity}, so gradient updates would never start; lower it or "
+                "enlarge the buffer."
+            )
+
+
+def example_transition(spec: EnvSpec) -> Transition:
+    """A zero transition with the shapes of a continuous-action environment's steps."""
+    obs = jnp.zeros(spec.obs_shape, jnp.float32)
+    action = jnp.zeros((spec.action_dim,), jnp.float32)
+    zero = jnp.float32(0.0)
+    return Transition(obs=obs, action=action, reward=zero, next_obs=obs, terminal=zero)
+
+
+def dp_mesh(mesh: Mesh, batch_size: int) -> Mesh:
+    """A ``'DP'`` mesh over the devices of a ``'POP'`` mesh, which must split ``batch_size``."""
+    devices = list(check_pop_axis(mesh).devices.flat)
+    n = len(devices)
+    if batch_size % n:
+        lower, upper = (batch_size // n) * n, (batch_size // n + 1) * n
+        options = f"{upper}" if lower == 0 else f"{lower} or {upper}"
+        raise ConfigError(
+            f"The TD3 batch size {batch_size} is split over {n} devices of the 'DP' axis, so "
+            f"it must be a multiple of {n} (e.g. {options})."
+        )
+    return make_mesh(n, axis_name=dist.DP_AXIS_NAME, devices=devices)
+
+
+class TD3Learner:
+    """TD3 fed by a population's evaluations: the shared pieces of the hybrids' learners.
+
+    The replay buffer takes every valid step the population's evaluation
+    collects; gradient updates start once it holds ``learning_starts`` steps
+    (and a batch), and split each minibatch over a ``'DP'`` mesh on the
+    population's devices. CEM-RL and ERL build their engine learners on it.
+
+    Args:
+      task: the control task the population is evaluated on (its policy is the actor).
+      config: the algorithm's :class:`HybridConfig`.
+      mesh: the population's ``'POP'`` mesh.
+      num_updates: TD3 iterations per call of :attr:`learn`.
+      algorithm: the algorithm's name, for errors.
+    """
+
+    collect = True  # the engine's evaluations return transitions
+
+    def __init__(self, task, config: HybridConfig, mesh: Mesh, num_updates: int, algorithm: str):
+        check_continuous(task.spec, algorithm)
+        self.task, self.config = task, config
+        self.population_size = config.population_size
+        self.dp_mesh = dp_mesh(mesh, config.td3.batch_size)
+        self.td3 = TD3(task.spec, config.td3, policy=task.policy)
+
+        def local(state, buffer, key):
+            return self.td3.learn(state, buffer, key, num_updates, dist.DP_AXIS_NAME)
+
+        #: ``learn(td3_state, buffer, key) -> (td3_state, losses)``, replicated in and out.
+        self.learn = jax.shard_map(
+            local, mesh=self.dp_mesh, in_specs=(P(), P(), P()), out_specs=P()
+        )
+
+    def empty_buffer(self) -> ReplayBuffer:
+        """An empty replay buffer of the config's capacity."""
+        example = example_transition(self.task.spec)
+        return ReplayBuffer.create(example, self.config.buffer_capacity)
+
+    def ready(self, buffer: ReplayBuffer) -> jax.Array:
+        """Whether ``buffer`` holds enough steps to learn from (the learning gate)."""
+        return buffer.size >= max(self.config.learning_starts, self.config.td3.batch_size)
+
+    @staticmethod
+    def learn_if(ready: jax.Array, fn: Callable, *operands):
+        """``fn(*operands)`` when ``ready``, else the operands unchanged and NaN losses
+        (``fn`` returns ``(*operands, losses)``)."""
+        nan = jnp.float32(jnp.nan)
+        skip = lambda *ops: (*ops, {"critic_loss": nan, "actor_loss": nan})  # noqa: E731
+        return jax.lax.cond(ready, fn, skip, *operands)
+
+    def add(self, buffer: ReplayBuffer, episodes: Episode) -> ReplayBuffer:
+        """The buffer with every valid step of an evaluation's (padded) episodes."""
+        real = jnp.arange(episodes.valid.shape[0]) < self.population_size
+        valid = episodes.valid & real.reshape(-1, *[1] * (episodes.valid.ndim - 1))
+        return buffer.add(episodes.transitions, valid)

@@ -21,8 +21,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from evorl_pop import backend
-from evorl_pop.config import write_atomic
+from evorl_pop.base import write_atomic
+from evorl_pop.run import processes
 
 RESERVED_OPTIONS = ("--coordinator", "--num-processes", "--process-id")  # set by launch
 RECORD_FILENAME = "launch.json"  # the record of the launched processes, in the run folder
@@ -125,7 +125,7 @@ def launch(
         env.setdefault("JAX_CPU_COLLECTIVES_IMPLEMENTATION", "gloo")
         if devices_per_process is not None:
             flags = env.get("XLA_FLAGS", "")
-            env["XLA_FLAGS"] = backend.with_host_devices(flags, devices_per_process)
+            env["XLA_FLAGS"] = processes.with_host_devices(flags, devices_per_process)
         if gpus_per_process is not None:
             ids = range(i * gpus_per_process, (i + 1) * gpus_per_process)
             env["JAX_LOCAL_DEVICE_IDS"] = ",".join(map(str, ids))

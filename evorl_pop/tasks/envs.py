@@ -1,23 +1,161 @@
-"""Flax networks: MLP, CNN and keypoint policies for discrete and continuous actions, critics.
+"""Environments, and the policies that act in them.
 
-The policy's torso follows the observation: images (rank 3, height x width x
-channels, e.g. MinAtar's 10x10xC) get a small CNN, everything else an MLP on
-the flattened observation (vectors, grids, scalar indices).
+An environment here is any object with
+
+* ``spec``: an :class:`EnvSpec` (observation shape, action space, episode length),
+* ``reset(key) -> (obs, state)``,
+* ``step(key, state, action) -> (obs, state, reward, done)`` without auto-reset.
+
+``done`` is sticky in the sense rollouts rely on: once an episode has ended
+(termination or time limit, ``spec.max_steps``), later steps add nothing.
+:class:`GymnaxEnv` adapts the gymnax environments,
+:class:`~evorl_pop.tasks.brax_envs.BraxEnv` the brax ones (``brax/hopper``,
+...); another simulator plugs in by implementing the same three members.
+Every episode runs through :mod:`evorl_pop.tasks.rollout`.
+
+A policy is a flax module plus the map from its output to an action
+(:class:`Policy`): discrete actions are the argmax of the logits, continuous
+ones tanh squashed into the action bounds. Its torso follows the observation:
+images (rank 3, height x width x channels, e.g. MinAtar's 10x10xC) get a small
+CNN (or :class:`Keypoints`), everything else an MLP on the flattened
+observation; critics ``Q(s, a)`` are MLPs too.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import flax.linen as nn
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from evorl_pop.envs import EnvSpec
+from evorl_pop.base import EnvSpec, did_you_mean
+from evorl_pop.tasks.brax_envs import BRAX_ENVS, BRAX_PREFIX, BraxEnv
+
+
+class Env(Protocol):
+    spec: EnvSpec
+
+    def reset(self, key: jax.Array) -> tuple[jax.Array, Any]: ...
+
+    def step(
+        self, key: jax.Array, state: Any, action: jax.Array
+    ) -> tuple[jax.Array, Any, jax.Array, jax.Array]: ...
+
+
+#: gymnax environments whose episodes only end at their time limit.
+FIXED_LENGTH_GYMNAX = frozenset({"Pendulum-v1"})
+
+
+class GymnaxEnv:
+    """A gymnax environment with its parameters bound, stepped without auto-reset.
+
+    Args:
+      name: a gymnax environment name.
+      episode_length: steps after which the episode ends (``None``: the
+        environment's own limit).
+      **env_kwargs: passed to ``gymnax.make``.
+    """
+
+    def __init__(self, name: str, episode_length: int | None = None, **env_kwargs):
+        import gymnax  # starts JAX's backend when imported: only once an environment is built
+
+        self.env, self.params = gymnax.make(name, **env_kwargs)
+        if episode_length is not None:
+            if episode_length < 1:
+                raise ValueError(f"episode_length must be at least 1, got {episode_length}.")
+            # gymnax environments end an episode at params.max_steps_in_episode
+            # (a float in some of them: keep its type)
+            limit = np.asarray(self.params.max_steps_in_episode).dtype.type(episode_length)
+            self.params = self.params.replace(max_steps_in_episode=limit)
+        space = self.env.action_space(self.params)
+        discrete = hasattr(space, "n")
+        if discrete:
+            action_dim, low, high = int(space.n), None, None
+        else:
+            shape = tuple(space.shape) or (1,)
+            action_dim = int(np.prod(shape))
+            low = tuple(np.broadcast_to(np.asarray(space.low, np.float32), shape).ravel().tolist())
+            high = tuple(
+                np.broadcast_to(np.asarray(space.high, np.float32), shape).ravel().tolist()
+            )
+        self.spec = EnvSpec(
+            name=name,
+            obs_shape=tuple(self.env.observation_space(self.params).shape),
+            discrete=discrete,
+            action_dim=action_dim,
+            action_low=low,
+            action_high=high,
+            max_steps=int(self.params.max_steps_in_episode),
+            terminates=name not in FIXED_LENGTH_GYMNAX,
+        )
+        self._action_shape = tuple(space.shape)
+
+    def reset(self, key):
+        return self.env.reset_env(key, self.params)
+
+    def step(self, key, state, action):
+        if not self.spec.discrete:
+            action = jnp.reshape(action, self._action_shape)
+        obs, state, reward, done, _ = self.env.step_env(key, state, action, self.params)
+        # step_env reports natural ends only; the time limit is gymnax's is_truncated
+        done = done | self.env.is_truncated(state, self.params)
+        return obs, state, reward.astype(jnp.float32), done
+
+
+#: gymnax environments :func:`make_env` does not offer, with the reason.
+UNLISTED_GYMNAX = {
+    "MNISTBandit-bsuite": "downloads the MNIST data set when it is built",
+}
+
+
+@functools.cache
+def env_names() -> tuple[str, ...]:
+    """Every environment :func:`make_env` builds by name: gymnax's, then brax's."""
+    import gymnax  # starts JAX's backend when imported: only once names are asked for
+
+    gymnax_names = [name for name in gymnax.registered_envs if name not in UNLISTED_GYMNAX]
+    return (*gymnax_names, *(BRAX_PREFIX + name for name in BRAX_ENVS))
+
+
+def make_env(name: str, **env_kwargs) -> Env:
+    """Builds an environment by name.
+
+    Args:
+      name: one of :func:`env_names`: a gymnax environment (e.g.
+        ``'CartPole-v1'``, ``'Pendulum-v1'``, ``'Breakout-MinAtar'``) or a
+        brax one (``'brax/hopper'``, ``'brax/halfcheetah'``, ...).
+      **env_kwargs: passed to the environment's constructor; every
+        environment takes ``episode_length`` (``None``: its own limit, 1000
+        for brax), brax ones also ``backend`` (``'spring'``, ``'positional'``,
+        ``'generalized'``, ``'mjx'``).
+
+    Returns:
+      An :class:`Env`.
+
+    Raises:
+      ValueError: for an unknown name, listing the valid ones.
+    """
+    if name in UNLISTED_GYMNAX:
+        raise ValueError(f"{name!r} is not offered: it {UNLISTED_GYMNAX[name]}.")
+    names = env_names()
+    if name not in names:
+        hint = did_you_mean(name, names, 3)
+        raise ValueError(
+            f"Unknown environment {name!r}.{hint} Valid environments: {', '.join(sorted(names))}."
+        )
+    # None means the default
+    env_kwargs = {k: v for k, v in env_kwargs.items() if v is not None}
+    if name.startswith(BRAX_PREFIX):
+        return BraxEnv(name.removeprefix(BRAX_PREFIX), **env_kwargs)
+    return GymnaxEnv(name, **env_kwargs)
+
+
+# --- the policies that act in them ---------------------------------------------------
 
 ACTIVATIONS: dict[str, Callable] = {"tanh": jnp.tanh, "relu": nn.relu, "elu": nn.elu}
 
@@ -208,142 +346,36 @@ def make_policy(
     return policy
 
 
-#: Candidates folded at a time on a CPU when :func:`fold_virtual_batch_norm` runs under ``vmap``.
-VBN_FOLD_BATCH = 4
+def random_observations(env: Env, key: jax.Array, count: int, every: int = 8) -> jax.Array:
+    """Observations of uniformly random play: one every ``every`` steps, ``count`` in all.
 
-
-@flax.struct.dataclass
-class VBNReference:
-    """A reference batch as the first layer sees it (see :func:`vbn_reference`)."""
-
-    rows: jax.Array  # the first layer's inputs, one per row (3x3 patches for a CNN)
-    mean: jax.Array  # their mean
-    cov: jax.Array  # and covariance
-    out_shape: tuple = flax.struct.field(pytree_node=False)  # the first layer's outputs' axes
-
-
-def vbn_reference(policy: Policy, observations: jax.Array) -> VBNReference:
-    """The reference batch of :func:`fold_virtual_batch_norm`, prepared once for many folds.
+    An episode that ends is followed by a new one, so the observations span
+    the states random play meets (for example the reference batch of virtual
+    batch normalisation, :func:`evorl_pop.networks.fold_virtual_batch_norm`).
 
     Args:
-      policy: a :class:`Policy` with the built-in :class:`MLP` or :class:`CNN`.
-      observations: shape ``(n, *obs_shape)``, as the policy sees them.
-    """
-    x = jnp.asarray(observations, jnp.float32)
-    if _has_conv(policy.module):
-        shape = (x.shape[0], x.shape[1] - 2, x.shape[2] - 2)  # 3x3, VALID, as CNN's
-        patches = [x[:, i : i + shape[1], j : j + shape[2]] for i in range(3) for j in range(3)]
-        rows = jnp.stack(patches, 3).reshape(-1, 9 * x.shape[-1])  # (kernel row, col, channel)
-    else:
-        shape, rows = x.shape[:1], jnp.reshape(x, (x.shape[0], -1))
-    mean = rows.mean(0)
-    centred = rows - mean
-    return VBNReference(rows, mean, centred.T @ centred / rows.shape[0], shape)
-
-
-def fold_virtual_batch_norm(
-    policy: Policy, params: Any, reference: jax.Array | VBNReference, eps: float = 1e-5
-):
-    """Virtual batch normalisation (Salimans et al. 2017), folded into the weights.
-
-    Every hidden layer's pre-activations are standardised, unit by unit, with
-    their mean and standard deviation over a fixed ``reference`` batch of
-    observations, computed with these weights; the output layer is left as it
-    is. A standardised layer is ``act((W x + b - mu) / sd)``, the layer with
-    kernel ``W / sd`` and bias ``(b - mu) / sd``: folded once per candidate, it
-    costs one forward pass of the reference batch, not one per step. Every
-    hidden unit then varies over the states the batch holds, whatever the
-    scale of the weights, so a small perturbation changes what the policy does
-    (without it, ES on Atari games finds policies that ignore their input).
-
-    The first layer is linear in the reference batch, so its statistics come
-    from the batch's own mean and covariance (of the 3x3 patches for a CNN;
-    :func:`vbn_reference` computes them once for many folds). Under ``vmap``
-    over candidates, as the engine evaluates a population, a CPU folds them
-    :data:`VBN_FOLD_BATCH` at a time, whose intermediates stay in its cache,
-    and an accelerator all at once.
-
-    Args:
-      policy: a :class:`Policy` with the built-in :class:`MLP` or :class:`CNN`.
-      params: its parameters.
-      reference: observations, shape ``(n, *obs_shape)`` (e.g.
-        :func:`evorl_pop.envs.random_observations`), as the policy sees them,
-        or their :func:`vbn_reference`.
-      eps: added to the variance.
+      env: an :class:`Env`.
+      key: PRNG key of the resets, actions and steps.
+      count: observations to return.
+      every: steps between two kept observations.
 
     Returns:
-      Parameters of the same structure whose network computes the normalised one.
+      An array of shape ``(count, *env.spec.obs_shape)``.
     """
-    module = policy.module
-    if not isinstance(module, MLP | CNN):
-        raise ValueError(
-            f"virtual batch normalisation folds into the built-in mlp and cnn policies, not a "
-            f"{type(module).__name__}; leave virtual_batch_norm off for this policy."
-        )
-    if not isinstance(reference, VBNReference):
-        reference = vbn_reference(policy, reference)
+    spec = env.spec
 
-    @jax.custom_batching.custom_vmap
-    def fold(params, reference):
-        return _fold(module, params, reference, eps)
+    def random_action(key):
+        if spec.discrete:
+            return jax.random.randint(key, (), 0, spec.action_dim)
+        low, high = np.asarray(spec.action_low), np.asarray(spec.action_high)
+        return jax.random.uniform(key, (spec.action_dim,), minval=low, maxval=high)
 
-    @fold.def_vmap
-    def fold_in_batches(axis_size, in_batched, params, reference):
-        def batched(tree, flags):  # every leaf with the leading axis
-            return jax.tree.map(
-                lambda x, b: x if b else jnp.broadcast_to(x, (axis_size, *jnp.shape(x))),
-                tree,
-                flags,
-            )
+    def step(carry, key):
+        k_action, k_step, k_reset = jax.random.split(key, 3)
+        obs, state, _, done = env.step(k_step, carry[1], random_action(k_action))
+        fresh = env.reset(k_reset)
+        return jax.tree.map(lambda a, b: jnp.where(done, a, b), fresh, (obs, state)), obs
 
-        params = batched(params, in_batched[0])
-        size = VBN_FOLD_BATCH if jax.default_backend() == "cpu" else axis_size
-        if any(jax.tree.leaves(in_batched[1])):  # one reference per candidate
-            reference = batched(reference, in_batched[1])
-            out = jax.lax.map(lambda a: _fold(module, *a, eps), (params, reference),
-                              batch_size=size)  # fmt: skip
-        else:
-            out = jax.lax.map(lambda p: _fold(module, p, reference, eps), params,
-                              batch_size=size)  # fmt: skip
-        return out, jax.tree.map(lambda _: True, out)
-
-    return fold(params, reference)
-
-
-def _has_conv(module) -> bool:
-    return isinstance(module, CNN) and len(module.channels) > 0
-
-
-def _fold(module, params, reference: VBNReference, eps):
-    act = ACTIVATIONS[module.activation]
-    folded = jax.tree.map(lambda x: x, params)  # new dicts, the same arrays
-    layers = folded["params"]
-    dense = layers["MLP_0"] if isinstance(module, CNN) else layers
-    rows, mean, cov, shape = reference.rows, reference.mean, reference.cov, reference.out_shape
-    conv, n = _has_conv(module), len(module.hidden_sizes)
-    if not (conv or n):
-        return folded  # no hidden layer: only the output layer, which stays as it is
-
-    def scale(layer, mu, sd):
-        layer["kernel"], layer["bias"] = layer["kernel"] / sd, (layer["bias"] - mu) / sd
-
-    def standardise(layer, pre, axes):
-        mu, sd = pre.mean(axes), jnp.sqrt(pre.var(axes) + eps)
-        scale(layer, mu, sd)
-        return act((pre - mu) / sd)
-
-    # The first layer, W x + b over the rows: mean W m + b, variance diag(W C W^T).
-    first = layers["Conv_0"] if conv else dense["Dense_0"]
-    kernel = first["kernel"].reshape(rows.shape[1], -1)
-    mu = mean @ kernel + first["bias"]
-    scale(first, mu, jnp.sqrt(jnp.einsum("io,ij,jo->o", kernel, cov, kernel) + eps))
-    x = act(rows @ first["kernel"].reshape(kernel.shape) + first["bias"]).reshape(*shape, -1)
-    for i, width in enumerate(module.channels[1:] if conv else (), 1):
-        layer = layers[f"Conv_{i}"]
-        pre = nn.Conv(width, (3, 3), padding="VALID").apply({"params": layer}, x)
-        x = standardise(layer, pre, (0, 1, 2))
-    x = jnp.reshape(x, (x.shape[0], -1))
-    for j in range(0 if conv else 1, n):
-        layer = dense[f"Dense_{j}"]
-        x = standardise(layer, x @ layer["kernel"] + layer["bias"], 0)
-    return folded
+    key, reset_key = jax.random.split(key)
+    _, seen = jax.lax.scan(step, env.reset(reset_key), jax.random.split(key, count * every))
+    return seen[every - 1 :: every]

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from evorl_pop import metrics_file
-from evorl_pop.config import read_mapping
+from evorl_pop.run import store
+from evorl_pop.run.config import read_mapping
 
 METRICS = {"best": "fitness_best", "mean": "fitness_mean", "worst": "fitness_worst"}
 _STYLES = {"fitness_best": "-", "fitness_mean": "--", "fitness_worst": ":", "f_minus_fopt": "-"}
@@ -30,10 +30,10 @@ _MEMBER_COLUMN = re.compile(r"member(\d+)_(.+)")
 def load_run(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:
     """``(config mapping or {}, metric columns)`` of a run folder or a metrics CSV."""
     path = Path(path)
-    csv_path = path / metrics_file.FILENAME if path.is_dir() else path
+    csv_path = path / store.METRICS_FILENAME if path.is_dir() else path
     if not csv_path.exists():
         raise ValueError(f"No metrics at {str(csv_path)!r}: is {str(path)!r} a run folder?")
-    metrics = metrics_file.read(csv_path)
+    metrics = store.read_metrics(csv_path)
     if not metrics or len(metrics.get("generation", ())) == 0:
         raise ValueError(f"{str(csv_path)!r} has no rows yet.")
     config_path = csv_path.parent / "config.yaml"

@@ -1,4 +1,4 @@
-"""brax physics environments behind the :class:`~evorl_pop.envs.Env` protocol.
+"""brax physics environments behind the :class:`~evorl_pop.tasks.envs.Env` protocol.
 
 Every brax locomotion / manipulation environment is a task named
 ``brax/<env>`` (``brax/hopper``, ``brax/halfcheetah``, ...)::
@@ -29,8 +29,22 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from evorl_pop.config import ConfigError
-from evorl_pop.envs import BRAX_ENVS, BRAX_PREFIX, EnvSpec
+from evorl_pop.base import ConfigError, EnvSpec
+
+BRAX_PREFIX = "brax/"
+#: brax environments offered as tasks (``brax/<name>``).
+BRAX_ENVS = (
+    "ant",
+    "halfcheetah",
+    "hopper",
+    "humanoid",
+    "humanoidstandup",
+    "inverted_double_pendulum",
+    "inverted_pendulum",
+    "pusher",
+    "reacher",
+    "walker2d",
+)
 
 #: Physics backends. ``spring`` is the default: the cheapest per step (on a
 #: CPU about 2x ``positional`` and 7x ``generalized`` on hopper), which is

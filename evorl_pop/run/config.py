@@ -1,18 +1,30 @@
-"""Run configuration: frozen dataclasses as the schema, OmegaConf for the rest.
+"""Run configuration and the algorithm registry.
 
 A :class:`RunConfig` holds run settings and the algorithm's own frozen config
 under ``algorithm_config`` (``evorl-pop train --print-config`` shows the YAML).
 OmegaConf merges files and ``key=value`` overrides onto the algorithm's
 defaults, checks types and keys, and writes YAML; on top, a string is never
-taken for a number and impossible values are refused, all as :class:`ConfigError`.
+taken for a number, keys renamed since are read with a note naming the new
+one, and impossible values are refused, all as :class:`ConfigError`.
+
+The registry maps an algorithm's name to its module, config class and
+algorithm class. Every algorithm follows one interface: a frozen dataclass
+config with ``validate()``, and a class ``Algorithm(config, mesh=None)`` with
+``init(key) -> state`` (a pytree with an integer ``generation`` field) and a
+pure ``step(state, key) -> (state, metrics)``. Entries are imported lazily,
+so listing names is cheap; an algorithm that needs an optional third-party
+package that is not installed is unavailable, while an import error inside
+the project's own code is raised. Adding an algorithm is one line::
+
+    register("cemrl", "evorl_pop.algorithms.cemrl", "Config", "CEMRL", "CEM-RL ...")
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import importlib
 import os
-import tempfile
+import sys
 import tomllib
 import types
 import typing
@@ -24,11 +36,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from evorl_pop import registry
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot run: unknown key, wrong type or impossible value."""
+from evorl_pop.base import ConfigError, did_you_mean, write_atomic
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,13 +61,16 @@ class RunConfig:
 #: Run settings that may change when a run is resumed: they do not change its result.
 RESUMABLE_FIELDS = ("generations", "chunk", "checkpoint_every", "devices")
 
+#: Algorithm config keys that were renamed: still read, with a note naming the new key.
+RENAMED = {"episode_steps": "episode_length"}
+
 _RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig))
 _WORDS = {int: "an integer", float: "a number", bool: "a boolean", str: "a string"}
 
 
-def _spec(name: str) -> registry.AlgorithmSpec:
+def _spec(name: str) -> AlgorithmSpec:
     try:
-        return registry.get(name)
+        return get(name)
     except ValueError as err:
         raise ConfigError(f"algorithm: {err}") from None
 
@@ -109,8 +120,21 @@ def _key_error(err: ConfigKeyError, algorithm: str) -> ConfigError:
             f"{key!r} is a field of the {algorithm} config: put it under algorithm_config "
             f"(in a file), or pass --set {key}=... (a bare algorithm field is found there)."
         )
-    hint = registry.did_you_mean(key, [*_RUN_FIELDS, *algorithm_keys], cutoff=0.5)
+    hint = did_you_mean(key, [*_RUN_FIELDS, *algorithm_keys], cutoff=0.5)
     return ConfigError(f"Unknown key {key!r} in the {algorithm} run config.{hint}")
+
+
+def _renamed(data: Mapping) -> Mapping:
+    """``data`` with renamed algorithm keys under their new names (a note for each)."""
+    algorithm = data.get("algorithm_config")
+    if not isinstance(algorithm, Mapping) or not RENAMED.keys() & algorithm.keys():
+        return data
+    algorithm = dict(algorithm)
+    for old, new in RENAMED.items():
+        if old in algorithm:
+            print(f"note: {old} is now called {new}; read as {new}", file=sys.stderr)
+            algorithm.setdefault(new, algorithm.pop(old))
+    return {**data, "algorithm_config": algorithm}
 
 
 def from_dict(data: Mapping, check: bool = True) -> RunConfig:
@@ -121,11 +145,13 @@ def from_dict(data: Mapping, check: bool = True) -> RunConfig:
 
     Args:
       data: run settings plus an ``algorithm_config`` mapping.
-      check: also check the values (see :func:`validate`).
+      check: also check the values (see :func:`validate`); the run shell
+        leaves that to the algorithm it builds, which checks its config once.
 
     Raises:
       ConfigError: an unknown key (with the nearest valid one), a wrong type or value.
     """
+    data = _renamed(data)
     _check_scalars({k: v for k, v in data.items() if k != "algorithm_config"}, RunConfig)
     algorithm = data.get("algorithm", "es")
     cls = _spec(algorithm).config_class
@@ -171,15 +197,17 @@ def merge(sources: Iterable = (), overrides: Iterable[str] = ()) -> dict:
     """
     merged = OmegaConf.create()
     for source in [*sources, _override_layer(overrides)]:
-        layer = source if isinstance(source, Mapping) else read_mapping(source)
+        layer = _renamed(source if isinstance(source, Mapping) else read_mapping(source))
         if "algorithm" in merged and layer.get("algorithm", merged.algorithm) != merged.algorithm:
             merged.pop("algorithm_config", None)
         merged = OmegaConf.merge(merged, layer)
     return OmegaConf.to_container(merged)
 
 
-def resolve_config(sources: Iterable = (), overrides: Iterable[str] = ()) -> RunConfig:
-    """The validated run config of files and mappings merged in order, then overrides.
+def resolve_config(
+    sources: Iterable = (), overrides: Iterable[str] = (), check: bool = True
+) -> RunConfig:
+    """The run config of files and mappings merged in order, then overrides.
 
     An override's key is a run setting, ``algorithm``, or an algorithm field,
     bare (``population_size``, ``td3.batch_size``) or under ``algorithm_config.``;
@@ -188,11 +216,12 @@ def resolve_config(sources: Iterable = (), overrides: Iterable[str] = ()) -> Run
     Args:
       sources: YAML / TOML file paths or mappings (e.g. a checkpoint's config).
       overrides: ``key=value`` strings.
+      check: also check the values (see :func:`from_dict`).
 
     Raises:
       ConfigError: an unreadable file, a malformed override, an unknown key, a wrong value.
     """
-    return from_dict(merge(sources, overrides))
+    return from_dict(merge(sources, overrides), check)
 
 
 def load(path: str | os.PathLike) -> RunConfig:
@@ -249,51 +278,183 @@ def save(config: RunConfig, path: str | os.PathLike) -> None:
     write_atomic(path, dumps(config).encode())
 
 
-def write_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Writes ``data`` to ``path`` so that a reader (or a process killed mid-write)
-    sees the old file or the new one, never a mix."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-
-
-def validate(config: RunConfig) -> None:
+def validate(config: RunConfig, algorithm: bool = True) -> None:
     """Checks that a run config can run; ConfigError names an impossible value and why.
 
-    The algorithm config is checked by its own ``validate()`` method, if any.
+    Args:
+      config: the run config.
+      algorithm: also check the algorithm config (its ``validate()``); the
+        algorithm's constructor does that too.
     """
     for name, least in (("generations", 0), ("chunk", 1), ("checkpoint_every", 0), ("seed", 0)):
         if getattr(config, name) < least:
             raise ConfigError(f"{name} must be >= {least}, got {getattr(config, name)}.")
+    if config.precision not in ("float32", "float64"):
+        hint = did_you_mean(config.precision, ("float32", "float64"))
+        raise ConfigError(f"precision: unknown value {config.precision!r}.{hint} Valid: "
+                          "float32, float64.")  # fmt: skip
     devices = config.devices
     if not (devices in (None, "auto") or (isinstance(devices, int) and devices >= 1)):
         raise ConfigError(f"devices must be auto, null (all) or a count >= 1, got {devices!r}.")
-    check_choice("precision", config.precision, ("float32", "float64"))
-    try:
-        if callable(own := getattr(config.algorithm_config, "validate", None)):
-            own()
-    except ValueError as err:
-        raise err if isinstance(err, ConfigError) else ConfigError(str(err)) from None
+    if algorithm:
+        config.algorithm_config.validate()
 
 
-def check_choice(name: str, value: str, valid) -> None:
-    """ConfigError, with the nearest valid value, unless ``value`` is in ``valid``."""
-    if value not in valid:
-        hint = registry.did_you_mean(value, valid)
-        listed = ", ".join(sorted(valid))
-        raise ConfigError(f"{name}: unknown value {value!r}.{hint} Valid: {listed}.")
+# --- the algorithm registry ----------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmSpec:
+    """Where to find one algorithm.
+
+    Attributes:
+      name: the registry name (``'es'``, ``'cemrl'``, ...).
+      module: the module that defines it.
+      config: the name of its frozen config dataclass in ``module``.
+      algorithm: the name of its algorithm class in ``module``.
+      description: one line for ``evorl-pop list``.
+
+    Every config class has ``validate()``, raising a ConfigError for settings
+    that cannot run; the algorithm's constructor calls it.
+    """
+
+    name: str
+    module: str
+    config: str
+    algorithm: str
+    description: str = ""
+
+    def load(self):
+        """Imports the module.
+
+        Returns:
+          The imported module.
+
+        Raises:
+          ValueError: a third-party package the module needs is not installed.
+          ImportError: the project's own code fails to import (a bug, not a missing package).
+        """
+        try:
+            return importlib.import_module(self.module)
+        except ImportError as err:
+            if not _third_party(err):
+                raise
+            raise ValueError(
+                f"Algorithm {self.name!r} needs the package {err.name!r}, which is not "
+                f"installed: pip install {err.name}"
+            ) from err
+
+    def missing_package(self) -> str | None:
+        """The not-installed third-party package that makes the algorithm unavailable, if any."""
+        try:
+            self.load()
+        except ValueError as err:
+            return err.__cause__.name
+        return None
+
+    @property
+    def config_class(self) -> type:
+        """The algorithm's config dataclass."""
+        return getattr(self.load(), self.config)
+
+    @property
+    def algorithm_class(self) -> type:
+        """The algorithm class, ``cls(config, mesh=None)``."""
+        return getattr(self.load(), self.algorithm)
+
+    def available(self) -> bool:
+        """Whether the algorithm's packages are installed (see :meth:`missing_package`)."""
+        return self.missing_package() is None
+
+
+def _third_party(err: ImportError) -> bool:
+    """Whether an import failed for a missing package outside this project."""
+    return (
+        isinstance(err, ModuleNotFoundError)
+        and bool(err.name)
+        and (err.name.split(".")[0] not in ("evorl_pop", "algorithms"))
+    )
+
+
+_REGISTRY: dict[str, AlgorithmSpec] = {}
+
+
+def register(
+    name: str,
+    module: str,
+    config: str,
+    algorithm: str,
+    description: str = "",
+) -> AlgorithmSpec:
+    """Registers an algorithm under ``name`` (replacing any earlier entry).
+
+    Args:
+      name: the registry name used on the command line and in config files.
+      module: the dotted module path, imported on first use.
+      config: the config dataclass's name in that module.
+      algorithm: the algorithm class's name in that module.
+      description: one line for ``evorl-pop list``.
+
+    Returns:
+      The new :class:`AlgorithmSpec`.
+    """
+    spec = AlgorithmSpec(name, module, config, algorithm, description)
+    _REGISTRY[name] = spec
+    return spec
+
+
+def names(available_only: bool = True) -> list[str]:
+    """Registered algorithm names, sorted.
+
+    Args:
+      available_only: leave out algorithms whose third-party packages are missing.
+
+    Returns:
+      A sorted list of names.
+    """
+    return sorted(n for n, s in _REGISTRY.items() if not available_only or s.available())
+
+
+def name_of(algorithm_config) -> str:
+    """The registry name of an algorithm config's class (ConfigError if none)."""
+    for spec in specs():
+        if spec.available() and type(algorithm_config) is spec.config_class:
+            return spec.name
+    raise ConfigError(
+        f"No registered algorithm has the config class {type(algorithm_config).__name__}; "
+        "register it (evorl_pop.run.config.register) or pass a RunConfig."
+    )
+
+
+def specs() -> list[AlgorithmSpec]:
+    """Every registered algorithm, available or not, sorted by name."""
+    return [_REGISTRY[n] for n in sorted(_REGISTRY)]
+
+
+def get(name: str) -> AlgorithmSpec:
+    """The spec of an available algorithm.
+
+    Args:
+      name: a registry name.
+
+    Returns:
+      Its :class:`AlgorithmSpec`.
+
+    Raises:
+      ValueError: an unknown or unavailable name, with the nearest valid one.
+    """
+    if name not in _REGISTRY:
+        hint = did_you_mean(name, _REGISTRY)
+        raise ValueError(f"Unknown algorithm {name!r}.{hint} Available: {', '.join(names())}.")
+    spec = _REGISTRY[name]
+    spec.load()  # raises a clear error when the module is missing
+    return spec
+
+
+# fmt: off
+register("es", "evorl_pop.algorithms.es", "ESConfig", "ES",
+         "any evosax evolution strategy on a black-box function or an environment")
+register("cemrl", "evorl_pop.algorithms.cemrl", "Config", "CEMRL", "CEM-RL: CEM + TD3")
+register("erl", "evorl_pop.algorithms.erl", "Config", "ERL", "ERL: a GA population + a TD3 learner")
+register("pbt", "evorl_pop.algorithms.pbt", "Config", "PBT", "PBT: a population of TD3 learners")
+# fmt: on

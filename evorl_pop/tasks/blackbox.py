@@ -1,7 +1,9 @@
-"""Black-box tasks: the BBOB test suite and objectives written in Python.
+"""Black-box tasks: test functions, the BBOB suite and objectives written in Python.
 
-Two task kinds for :mod:`evorl_pop.tasks`, both minimised:
+Three task kinds, all minimised:
 
+* :class:`BlackBoxTask`: the classic test functions (``sphere``,
+  ``ellipsoid``, ``rosenbrock``, ``rastrigin``) in any dimension;
 * :class:`BBOBTask`: the 24 noiseless BBOB functions (Hansen et al. 2009,
   https://inria.hal.science/inria-00362633) as evosax implements them
   (``evosax.problems.bbob``), in any dimension, each instance seed with its own
@@ -17,13 +19,12 @@ Two task kinds for :mod:`evorl_pop.tasks`, both minimised:
       evaluate ─► pure_callback (per device: its slice of the population)
                ─► host: f(x) per row, or f(X) once ─► checked shape ─► scores
 
-Both run at the precision JAX runs at: with 64-bit mode on, candidates,
+All run at the precision JAX runs at: with 64-bit mode on, candidates,
 scores and instance data are float64.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -36,7 +37,89 @@ import numpy as np
 from evosax.problems.bbob.bbob_fns import bbob_fns
 from evosax.problems.bbob.meta_bbob import MetaBBOBProblem
 
-from evorl_pop.registry import did_you_mean
+from evorl_pop.base import EvalInfo, ObjectiveError, did_you_mean, float_dtype
+
+# --- black-box functions (all minimised, optimum 0 at the origin unless noted) ---
+
+
+def sphere(x):
+    """BBOB's sphere (f1), unshifted: optimum 0 at the origin."""
+    # f1 takes no rotation (R, Q): none is built, so any dimension fits in memory
+    return bbob_fns["sphere"](x, jnp.zeros_like(x), None, None, x.shape[-1])[0]
+
+
+def ellipsoid(x, condition: float = 1e6):
+    """Separable ellipsoid; axis scales from 1 to ``condition``."""
+    d = x.shape[-1]
+    scales = condition ** (jnp.arange(d) / max(d - 1, 1))
+    return jnp.sum(scales * x**2)
+
+
+def rosenbrock(x):
+    """Rosenbrock's valley; optimum 0 at ``x = 1``."""
+    return jnp.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1.0 - x[:-1]) ** 2)
+
+
+def rastrigin(x):
+    return 10.0 * x.shape[-1] + jnp.sum(x**2 - 10.0 * jnp.cos(2.0 * jnp.pi * x))
+
+
+BLACKBOX_FUNCTIONS: dict[str, Callable] = {
+    "sphere": sphere,
+    "ellipsoid": ellipsoid,
+    "rosenbrock": rosenbrock,
+    "rastrigin": rastrigin,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class BlackBoxTask:
+    """Minimise a black-box function of a ``num_dims`` vector.
+
+    Attributes:
+      function: a name in :data:`BLACKBOX_FUNCTIONS`.
+      num_dims: dimension of the search space.
+      x0: every coordinate of the starting point.
+    """
+
+    function: str = "sphere"
+    num_dims: int = 10
+    x0: float = 3.0
+    maximize = False
+
+    def __post_init__(self):
+        if self.function not in BLACKBOX_FUNCTIONS:
+            hint = did_you_mean(self.function, BLACKBOX_FUNCTIONS, 3)
+            raise ValueError(
+                f"Unknown black-box function {self.function!r}.{hint} "
+                f"Valid: {', '.join(BLACKBOX_FUNCTIONS)}."
+            )
+        if self.num_dims < 2:
+            raise ValueError(f"num_dims must be at least 2, got {self.num_dims}.")
+
+    @property
+    def name(self) -> str:
+        return f"{self.function}-{self.num_dims}d"
+
+    def init_solution(self, key):
+        del key
+        return jnp.full((self.num_dims,), self.x0, float_dtype())
+
+    def init_state(self):
+        return ()
+
+    def evaluate(self, solution, key, task_state):
+        del key, task_state
+        value = BLACKBOX_FUNCTIONS[self.function](solution)
+        return value, EvalInfo(steps=jnp.int32(0), episodes=jnp.int32(0))
+
+    def optimal_value(self, task_state):
+        del task_state
+        return jnp.zeros((), float_dtype())
+
+    def update_state(self, task_state, info_total):
+        return task_state
+
 
 #: The 24 noiseless BBOB functions in suite order (f1 ... f24), by evosax's names.
 BBOB_FUNCTIONS: tuple[str, ...] = tuple(bbob_fns)
@@ -46,14 +129,13 @@ MAX_INSTANCE = 2**31 - 1
 _NOISELESS = {"noise_model_names": "noiseless", "use_stabilization": True}
 
 
-def float_dtype():
-    """The default float type: float64 when JAX's 64-bit mode is on, else float32."""
-    return jnp.dtype(jnp.float64) if jax.config.x64_enabled else jnp.dtype(jnp.float32)
-
-
 def bbob_task_names() -> list[str]:
     """``bbob/<name>`` for every BBOB function, in suite order."""
     return [BBOB_PREFIX + name for name in BBOB_FUNCTIONS]
+
+
+#: Every black-box task by name: the test functions, then the BBOB suite.
+BLACKBOX_TASKS: tuple[str, ...] = (*BLACKBOX_FUNCTIONS, *bbob_task_names())
 
 
 @flax.struct.dataclass
@@ -148,8 +230,6 @@ class BBOBTask:
 
     def evaluate(self, solution, key, task_state: BBOBInstance):
         del key
-        from evorl_pop.tasks import EvalInfo
-
         s = task_state
         value, penalty = bbob_fns[self.function](solution, s.x_opt, s.R, s.Q, self.num_dims)
         return value + penalty + s.f_opt, EvalInfo(steps=jnp.int32(0), episodes=jnp.int32(0))
@@ -160,45 +240,6 @@ class BBOBTask:
 
     def update_state(self, task_state, info_total):
         return task_state
-
-
-class ObjectiveError(RuntimeError):
-    """A Python objective raised or returned something other than its scores."""
-
-
-@contextlib.contextmanager
-def objective_errors():
-    """Re-raises a failed Python objective as one :class:`ObjectiveError` line.
-
-    An exception inside ``jax.pure_callback`` reaches the caller as a
-    ``JaxRuntimeError`` carrying the whole host traceback; around a run, this
-    turns it back into the objective's own one-line message.
-    """
-    try:
-        yield
-    except jax.errors.JaxRuntimeError as err:
-        marker = f"{ObjectiveError.__name__}: "
-        lines = [line for line in str(err).splitlines() if marker in line]
-        if not lines:
-            raise
-        _drop_failed_callbacks()
-        raise ObjectiveError(lines[-1].split(marker, 1)[1]) from None
-
-
-def _drop_failed_callbacks() -> None:
-    """Drops the error a failed callback leaves on JAX's pending runtime tokens.
-
-    The callback of every other device of the failed computation fails too,
-    and JAX keeps those errors on its runtime tokens, where they would surface
-    in the next, unrelated computation that waits for them. JAX has no public
-    call for this (``jax.effects_barrier`` raises the error but keeps it).
-    """
-    from jax._src import dispatch
-
-    try:
-        dispatch.runtime_tokens.block_until_ready()
-    except jax.errors.JaxRuntimeError:
-        dispatch.runtime_tokens.clear()
 
 
 class PythonTask:
@@ -289,8 +330,6 @@ class PythonTask:
 
     def evaluate(self, solution, key, task_state):
         del key, task_state
-        from evorl_pop.tasks import EvalInfo
-
         # The callback may run on a thread that a scoped jax.enable_x64 does not
         # reach, where JAX would cast float64 arguments and results to float32:
         # both cross as raw 32-bit words.
@@ -305,17 +344,3 @@ class PythonTask:
 
     def update_state(self, task_state, info_total):
         return task_state
-
-
-__all__ = [
-    "BBOB_FUNCTIONS",
-    "BBOB_PREFIX",
-    "BBOBInstance",
-    "BBOBTask",
-    "ObjectiveError",
-    "objective_errors",
-    "PythonTask",
-    "bbob_instance",
-    "bbob_task_names",
-    "float_dtype",
-]

@@ -1,0 +1,188 @@
+"""The bottom of the package: small types and helpers every layer shares.
+
+Nothing here imports another module of evorl_pop. It holds the error classes
+(each says what to change), the evaluation record a task returns for one
+candidate, the float type of a run, an exact counter, atomic file writes and
+the "did you mean" hint of every error about a name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import functools
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from evorl_pop import jax_private
+
+# --- errors ------------------------------------------------------------------------
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run: unknown key, wrong type or impossible value."""
+
+
+class RunError(RuntimeError):
+    """A run that cannot start or continue as asked (the message says why)."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, damaged, or does not fit the run."""
+
+
+class ObjectiveError(RuntimeError):
+    """A Python objective raised or returned something other than its scores."""
+
+
+def objective_error(err: jax.errors.JaxRuntimeError) -> Exception:
+    """The one-line :class:`ObjectiveError` a failed Python objective raised, else ``err``.
+
+    An exception inside ``jax.pure_callback`` reaches the caller as a
+    ``JaxRuntimeError`` carrying the whole host traceback; a run catches it
+    and raises ``objective_error(err)`` instead: the objective's own message.
+    """
+    marker = f"{ObjectiveError.__name__}: "
+    lines = [line for line in str(err).splitlines() if marker in line]
+    if not lines:
+        return err
+    jax_private.drop_failed_callbacks()
+    return ObjectiveError(lines[-1].split(marker, 1)[1])
+
+
+def did_you_mean(value, valid, n: int = 1, cutoff: float = 0.6) -> str:
+    """`` Did you mean 'X'?`` naming the ``n`` valid names nearest ``value``, ignoring
+    case ('cma_es' finds CMA_ES), or ``''`` when none is near (``difflib``'s ``cutoff``)."""
+    lower = {str(v).lower(): v for v in valid}
+    close = difflib.get_close_matches(str(value).lower(), list(lower), n=n, cutoff=cutoff)
+    return f" Did you mean {', '.join(repr(lower[c]) for c in close)}?" if close else ""
+
+
+def check_config(config, choices: dict | None = None, least: dict | None = None) -> None:
+    """The checks every config's ``validate()`` starts with, as :class:`ConfigError`.
+
+    Args:
+      config: a config dataclass.
+      choices: field name to its valid values (the error names the nearest one).
+      least: field name to its smallest allowed value (``None`` values pass).
+    """
+    for name, valid in (choices or {}).items():
+        value = getattr(config, name)
+        if value not in valid:
+            hint = did_you_mean(value, valid)
+            listed = ", ".join(sorted(map(str, valid)))
+            raise ConfigError(f"{name}: unknown value {value!r}.{hint} Valid: {listed}.")
+    for name, bound in (least or {}).items():
+        value = getattr(config, name)
+        if value is not None and value < bound:
+            raise ConfigError(f"{name} must be at least {bound}, got {value}.")
+
+
+# --- environments and numbers ---------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+    """Static description of an environment.
+
+    Attributes:
+      name: registry name, e.g. ``'CartPole-v1'``.
+      obs_shape: shape of one observation.
+      discrete: ``True`` for a discrete action space.
+      action_dim: number of actions (discrete) or action vector length.
+      action_low: lower bounds of continuous actions (``None`` if discrete).
+      action_high: upper bounds of continuous actions (``None`` if discrete).
+      max_steps: episode length limit.
+      terminates: whether an episode can end before ``max_steps`` (a fall, a
+        goal); rollouts of environments that never do skip the work queue of
+        :func:`~evorl_pop.tasks.rollout.rollout_queue`, which has nothing to gain there.
+    """
+
+    name: str
+    obs_shape: tuple[int, ...]
+    discrete: bool
+    action_dim: int
+    action_low: tuple[float, ...] | None
+    action_high: tuple[float, ...] | None
+    max_steps: int
+    terminates: bool = True
+
+    @property
+    def obs_dim(self) -> int:
+        return int(np.prod(self.obs_shape))
+
+
+#: ``float_dtype()``: the run's float type, float64 when JAX's 64-bit mode is on,
+#: else float32 (JAX's canonical form of float64).
+float_dtype = functools.partial(jax.dtypes.canonicalize_dtype, jnp.float64)
+
+
+@flax.struct.dataclass
+class EvalInfo:
+    """What evaluating one candidate cost, beside its score; summed over a population."""
+
+    steps: jax.Array  # int32: environment steps this evaluation took
+    episodes: jax.Array  # int32: episodes it ran
+    moments: Any = None  # observation sums (rollout.ObsMoments) when observations are normalised
+
+
+@flax.struct.dataclass
+class Count:
+    """A non-negative integer exact past 2**31 without 64-bit JAX: ``hi * 2**32 + lo``.
+
+    Cumulative totals (environment steps, episodes) outgrow int32 within
+    seconds on an accelerator, and ``jax_enable_x64`` would change every
+    other dtype; each generation's own count stays int32.
+    """
+
+    hi: jax.Array  # uint32, shape=()
+    lo: jax.Array  # uint32, shape=()
+
+    @classmethod
+    def zero(cls) -> Count:
+        """A count of 0."""
+        return cls(hi=jnp.uint32(0), lo=jnp.uint32(0))
+
+    def add(self, n: jax.Array | int) -> Count:
+        """The count plus ``n``, a non-negative increment below 2**32 (the low word
+        wraps and carries into the high one)."""
+        lo = self.lo + jnp.asarray(n).astype(jnp.uint32)
+        carry = (lo < self.lo).astype(jnp.uint32)  # the sum wrapped past 2**32
+        return Count(hi=self.hi + carry, lo=lo)
+
+    def __int__(self) -> int:
+        return (int(self.hi) << 32) | int(self.lo)
+
+
+# --- files -------------------------------------------------------------------------
+
+
+def write_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Writes ``data`` to ``path`` so that a reader (or a process killed mid-write)
+    sees the old file or the new one, never a mix."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)

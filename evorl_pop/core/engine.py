@@ -1,0 +1,578 @@
+"""The sharded engine: one evaluator and one population loop for every algorithm.
+
+One generation, as a pure function of ``(state, key)``::
+
+    key ─► ask (replicated strategy state) ─► population (pop × dims)
+        ─► [a learner's step on some members: TD3 on CEM-RL's actors, ERL's injection]
+        ─► evaluate: padded to a multiple of the devices, sharded P('POP');
+           shmap_vmap / shmap_map, candidate i draws its randomness from
+           fold_in(key, i), whatever the device count (transitions returned
+           when the learner needs them)
+        ─► inside the shard: pmin / pmax give the extremes, psum the counts and
+           means (padded slots masked out), all_gather the full score vector
+        ─► one sign boundary (to_minimization), NaN / inf ranked worst
+        ─► [the learner observes the evaluation: its replay buffer]
+        ─► tell (replicated) ─► new strategy state
+
+The strategy is any object with evosax's interface (``init``, ``ask(key, state,
+params)``, ``tell(key, population, fitness, state, params)``): evosax's own,
+and the CEM and GA of the hybrid algorithms. :func:`evaluate` is the one
+evaluator: the engine's generations, the initial population of
+population-based strategies and PBT's intervals all go through it.
+
+For the Gaussian ES family there is a low-communication path
+(``low_communication=True`` with evosax's ``Open_ES``): each device draws the
+noise of its own candidates from their global indices, so no device ever holds
+the ``pop × dims`` matrix; only scores and one ``psum`` of a ``dims``-vector
+cross devices. Its update equals evosax's ``Open_ES.tell`` on the same noise
+(a strategy with a ``directions(key, rows)`` method, such as the noise-table
+``Open_ES``, has its directions read from there).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from evorl_pop.base import float_dtype
+from evorl_pop.distributed import POP_AXIS_NAME, all_gather, pmax, pmin, psum, shmap_map, shmap_vmap
+
+POP = P(POP_AXIS_NAME)
+#: The low-communication path holds at most this much noise at once per device.
+NOISE_BLOCK_BYTES = 64 << 20
+
+# --- the mesh and padding ----------------------------------------------------------
+
+
+def make_mesh(num_devices: int | None = None, axis_name: str = POP_AXIS_NAME, devices=None) -> Mesh:
+    """A one-dimensional mesh over the first ``num_devices`` devices.
+
+    Args:
+      num_devices: how many devices to use; ``None`` uses all of
+        ``jax.devices()`` (every process's devices under ``jax.distributed``).
+      axis_name: the name of the mesh axis, ``'POP'`` by default.
+      devices: an explicit device list, instead of ``jax.devices()``.
+
+    Returns:
+      A ``jax.sharding.Mesh`` with the single axis ``axis_name``.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    if num_devices is None:
+        num_devices = len(devices)
+    if not isinstance(num_devices, int | np.integer):
+        raise ValueError(f"num_devices must be a count or None (all devices), got {num_devices!r}.")
+    if not 1 <= num_devices <= len(devices):
+        raise ValueError(
+            f"num_devices={num_devices} but {len(devices)} device(s) are available. "
+            "On the CPU, call evorl_pop.use_all_cores() or "
+            "evorl_pop.run.processes.set_host_devices(N) before JAX starts."
+        )
+    return Mesh(np.asarray(devices[:num_devices]), (axis_name,))
+
+
+def check_pop_axis(mesh: Mesh) -> Mesh:
+    """``mesh`` itself, or a ValueError when it has no ``'POP'`` axis to shard a population."""
+    if POP_AXIS_NAME not in mesh.axis_names:
+        raise ValueError(
+            f"The mesh has axes {tuple(mesh.axis_names)}; a population is sharded over an axis "
+            f"named {POP_AXIS_NAME!r}. Build it with evorl_pop.make_mesh(n)."
+        )
+    return mesh
+
+
+def padded_size(size: int, multiple: int) -> int:
+    """The smallest multiple of ``multiple`` that is at least ``size``."""
+    return -(-size // multiple) * multiple
+
+
+def pad_to_multiple(tree, multiple: int, axis: int = 0):
+    """Pads the leading axis of every leaf to a multiple of ``multiple``.
+
+    Padded rows repeat the first row, so they hold valid values (no NaN
+    sneaks in), and must be masked out of every statistic.
+
+    Args:
+      tree: a pytree of arrays sharing the length of ``axis``.
+      multiple: e.g. the number of devices of the population axis.
+      axis: the axis to pad.
+
+    Returns:
+      ``(padded_tree, mask)`` where ``mask`` is a boolean vector that is
+      ``True`` for real rows.
+    """
+    size = jax.tree.leaves(tree)[0].shape[axis]
+    total = padded_size(size, multiple)
+
+    def pad(x):
+        if total == size:
+            return x
+        fill = jnp.repeat(jnp.take(x, jnp.array([0]), axis=axis), total - size, axis=axis)
+        return jnp.concatenate([x, fill], axis=axis)
+
+    return jax.tree.map(pad, tree), jnp.arange(total) < size
+
+
+# --- the sign convention and failed evaluations --------------------------------------
+
+
+def to_minimization(score, maximize: bool):
+    """Task score -> evosax fitness (lower is better): the one place signs flip.
+
+    Tasks report scores in their own units (returns maximised, losses
+    minimised); evosax minimises.
+    """
+    return -score if maximize else score
+
+
+def worst_for_nonfinite(fitness):
+    """Replaces NaN / inf fitness (minimisation convention) by just-worse-than-worst.
+
+    Every non-finite entry gets the next float above the worst finite fitness,
+    so it ranks last without turning means or weighted sums into NaN. If no
+    entry is finite, all become the largest finite float: the generation ranks
+    as a tie (nothing to learn from it) and cannot enter a best-so-far archive.
+
+    Args:
+      fitness: a fitness vector, lower is better.
+
+    Returns:
+      ``(clean_fitness, num_nonfinite)``.
+    """
+    finite = jnp.isfinite(fitness)
+    worst = jnp.max(jnp.where(finite, fitness, -jnp.inf))
+    largest = jnp.finfo(jnp.result_type(fitness, jnp.float32)).max
+    penalty = jnp.where(jnp.any(finite), jnp.nextafter(worst, jnp.inf), largest)
+    return jnp.where(finite, fitness, penalty), jnp.sum(~finite)
+
+
+# --- statistics of an evaluated population ------------------------------------------
+
+
+@flax.struct.dataclass
+class Summary:
+    """Global statistics of one evaluated population, in the task's units."""
+
+    scores: jax.Array  # (padded_pop,) every candidate's score, global order
+    best: jax.Array
+    worst: jax.Array
+    mean: jax.Array  # over finite scores only; NaN when none is finite
+    std: jax.Array  # likewise
+    num_nonfinite: jax.Array  # int32
+    info: Any  # the candidates' EvalInfo, summed over the real ones
+    maximize: bool = flax.struct.field(pytree_node=False, default=True)
+
+    def fitness(self, size: int) -> jax.Array:
+        """evosax fitness (minimised) of the ``size`` real candidates, non-finite made worst."""
+        return worst_for_nonfinite(to_minimization(self.scores[:size], self.maximize))[0]
+
+    def metrics(self) -> dict[str, jax.Array]:
+        """The population statistics every algorithm reports, as metrics."""
+        return {
+            "fitness_best": self.best,
+            "fitness_mean": self.mean,
+            "fitness_worst": self.worst,
+            "fitness_std": self.std,
+            "num_nonfinite": self.num_nonfinite,
+            "env_steps": self.info.steps,
+            "episodes": self.info.episodes,
+        }
+
+
+def summarize(scores, info, mask, maximize: bool, axis_name: str | None = POP_AXIS_NAME):
+    """Global statistics of a sharded population; call inside the shard.
+
+    Padded slots (``mask`` False) never reach extremes, means or counts;
+    NaN / inf scores are counted and left out of extremes and means. With no
+    finite score at all, mean and std are NaN (a 0.0 would read as a result).
+
+    Args:
+      scores: this device's scores, shape ``(local_pop,)``.
+      info: this device's per-candidate info pytree (leading axis local_pop).
+      mask: ``True`` for real candidates.
+      maximize: whether higher scores are better.
+      axis_name: the population axis (``None`` when unsharded).
+
+    Returns:
+      A :class:`Summary`, identical on every device.
+    """
+    finite = jnp.isfinite(scores) & mask
+
+    def masked(x):  # the real candidates' sum of an info leaf
+        m = mask.reshape(mask.shape + (1,) * (x.ndim - 1))
+        return jnp.sum(jnp.where(m, x, jnp.zeros_like(x)), axis=0)
+
+    # one psum for the counts, the score total and every info leaf
+    local = (jnp.sum(finite), jnp.sum(mask & ~finite), jnp.sum(jnp.where(finite, scores, 0.0)))
+    (count, num_nonfinite, total), info = psum((local, jax.tree.map(masked, info)), axis_name)
+    hi = pmax(jnp.max(jnp.where(finite, scores, -jnp.inf)), axis_name)
+    lo = pmin(jnp.min(jnp.where(finite, scores, jnp.inf)), axis_name)
+    gathered = all_gather(scores, axis_name, tiled=True, to="invarying")
+    denom = jnp.maximum(count, 1).astype(jnp.result_type(scores, jnp.float32))
+    mean = total / denom
+    var = psum(jnp.sum(jnp.where(finite, (scores - mean) ** 2, 0.0)), axis_name) / denom
+    none_finite = count == 0
+    best, worst = (hi, lo) if maximize else (lo, hi)
+    return Summary(
+        scores=gathered,
+        best=best,
+        worst=worst,
+        mean=jnp.where(none_finite, jnp.nan, mean),
+        std=jnp.where(none_finite, jnp.nan, jnp.sqrt(var)),
+        num_nonfinite=num_nonfinite.astype(jnp.int32),
+        info=info,
+        maximize=maximize,
+    )
+
+
+def evaluate(fn, candidates, key, mesh: Mesh, maximize: bool, eval_mode: str = "vmap"):
+    """Evaluates a population sharded over the ``POP`` axis of ``mesh``: the one evaluator.
+
+    The population is padded to a multiple of the device count (padded
+    candidates repeat candidate 0 and are masked out of every statistic);
+    candidate ``i`` is evaluated with ``fold_in(key, i)``, so nothing depends
+    on the device count.
+
+    Args:
+      fn: ``fn(candidate, key) -> (score, info, out)``: a score in the task's
+        units, an :class:`~evorl_pop.base.EvalInfo`, and whatever else each
+        candidate returns (``None``, transitions, a trained learner).
+      candidates: a pytree whose leaves lead with the population axis.
+      key: the evaluation's key.
+      mesh: a mesh with a ``'POP'`` axis.
+      maximize: whether higher scores are better.
+      eval_mode: ``'vmap'`` evaluates each device's slice vectorised, ``'map'``
+        one candidate at a time (lower memory).
+
+    Returns:
+      ``(summary, outs)``: the :class:`Summary` (replicated), and the ``out``
+      of every candidate, padded and sharded ``P('POP')``.
+    """
+    candidates, mask = pad_to_multiple(candidates, mesh.shape[POP_AXIS_NAME])
+    ids = jnp.arange(mask.shape[0], dtype=jnp.int32)
+    shmap = shmap_vmap if eval_mode == "vmap" else shmap_map
+    # Evaluation has no collectives, so replication checks have nothing to
+    # verify; they would only reject simulators whose scan carries start
+    # from constants (check_vma=False). The collectives below are checked.
+    scores, info, outs = shmap(
+        lambda c, i: fn(c, jax.random.fold_in(key, i)),
+        mesh,
+        in_specs=(POP, POP),
+        out_specs=POP,
+        check_vma=False,
+    )(candidates, ids)
+    summary = jax.shard_map(
+        functools.partial(summarize, maximize=maximize),
+        mesh=mesh,
+        in_specs=(POP, POP, POP),
+        out_specs=P(),
+    )(scores, info, mask)
+    return summary, outs
+
+
+def _median(x):
+    """``jnp.median`` of a finite vector by partial selection: half of a sort.
+
+    XLA's CPU sort costs 2-3x a ``top_k`` of half the entries; halving both
+    middle values before adding keeps the largest floats from overflowing.
+    """
+    n = x.shape[0]
+    lowest = -jax.lax.top_k(-x, n // 2 + 1)[0]  # ascending: the n // 2 + 1 smallest
+    return lowest[-1] if n % 2 else lowest[-2] / 2 + lowest[-1] / 2
+
+
+# --- the population loop -------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class State:
+    """Everything a run carries from one generation to the next (replicated)."""
+
+    strategy_state: Any  # the strategy's (evosax) state
+    task_state: Any  # e.g. the running observation normaliser
+    generation: jax.Array  # int32, generations completed
+    learner_state: Any = None  # the learner's (replay buffer, networks), if any
+
+
+class Engine:
+    """A strategy on a task, its population sharded over the ``POP`` axis of a mesh.
+
+    An optional learner takes a step between ask and evaluate and observes
+    each evaluation; it has ``collect`` (whether evaluations return
+    transitions), ``init(key)``, ``step(key, learner_state, population,
+    strategy_state) -> (population, learner_state, metrics)`` and
+    ``observe(learner_state, summary, episodes) -> (learner_state, metrics)``,
+    and may have ``eval_solution(learner_state)``: the solution ``eval_return``
+    reports instead of the strategy's mean. A learner's ``env_steps`` and
+    ``episodes`` metrics add to the evaluation's.
+    """
+
+    def __init__(
+        self,
+        strategy,
+        task,
+        mesh: Mesh | None = None,
+        strategy_params=None,
+        eval_mode: str = "vmap",
+        eval_episodes: int = 0,
+        low_communication: bool = False,
+        learner=None,
+    ):
+        """Builds the engine.
+
+        Args:
+          strategy: a strategy with evosax's interface, built on a flat
+            solution of the task's size (``solution=jnp.zeros(task.num_dims)``).
+          task: a task (:mod:`evorl_pop.tasks`).
+          mesh: a mesh with a ``'POP'`` axis; ``None`` uses every device.
+          strategy_params: the strategy's params; ``None``: its defaults.
+          eval_mode: ``'vmap'`` evaluates each device's slice vectorised,
+            ``'map'`` one candidate at a time (lower memory).
+          eval_episodes: when positive, every generation also evaluates the
+            strategy's mean (population-based strategies: the best so far; a
+            learner may name another) over this many episodes as ``eval_return``.
+          low_communication: use the low-communication path (``Open_ES`` only).
+          learner: a learner (see the class docstring), or ``None``.
+        """
+        self.strategy, self.task, self.learner = strategy, task, learner
+        self.mesh = check_pop_axis(make_mesh() if mesh is None else mesh)
+        if strategy.num_dims != task.num_dims:
+            raise ValueError(
+                f"The strategy searches {strategy.num_dims} dimensions but the task "
+                f"{task.name!r} has {task.num_dims} parameters; build the strategy with "
+                f"solution=jnp.zeros({task.num_dims})."
+            )
+        if eval_mode not in ("vmap", "map"):
+            raise ValueError(f"eval_mode must be 'vmap' or 'map', got {eval_mode!r}.")
+        # evosax starts JAX's backend when imported: the engine imports it once it is built
+        from evosax.algorithms import Open_ES
+        from evosax.algorithms.population_based.base import PopulationBasedAlgorithm
+
+        if low_communication and (not isinstance(strategy, Open_ES) or learner is not None):
+            raise ValueError(
+                "low_communication=True needs evosax's Open_ES (the Gaussian family whose "
+                f"noise each device can draw itself) and no learner; got {type(strategy).__name__}."
+            )
+        self.params = strategy.default_params if strategy_params is None else strategy_params
+        self.population_size = strategy.population_size
+        self.num_devices = self.mesh.shape[POP_AXIS_NAME]
+        self.padded_size = padded_size(self.population_size, self.num_devices)
+        self.eval_mode, self.eval_episodes = eval_mode, eval_episodes
+        self.low_communication = low_communication
+        self.population_based = isinstance(strategy, PopulationBasedAlgorithm)
+        local = self.padded_size // self.num_devices
+        per_row = float_dtype().itemsize * task.num_dims
+        cap = max(1, min(local, NOISE_BLOCK_BYTES // per_row))
+        self.noise_block = next(d for d in range(cap, 0, -1) if local % d == 0)
+
+    def evaluate(self, population, key, task_state, collect: bool = False):
+        """Scores a ``(pop, dims)`` population with :func:`evaluate`.
+
+        Args:
+          population: flat candidates, one per row, in global order.
+          key: the evaluation's key; candidate ``i`` uses ``fold_in(key, i)``.
+          task_state: the task's shared state (replicated).
+          collect: also return each candidate's episodes with their transitions.
+
+        Returns:
+          ``(summary, episodes)``: a :class:`Summary` (replicated) and, when
+          collecting, the episodes, padded and sharded (else ``None``).
+        """
+
+        def one(x, k):
+            if collect:
+                return self.task.evaluate(x, k, task_state, collect=True)
+            return (*self.task.evaluate(x, k, task_state), None)
+
+        maximize = self.task.maximize
+        return evaluate(one, population, key, self.mesh, maximize, self.eval_mode)
+
+    def init(self, key: jax.Array, solution: jax.Array | None = None) -> State:
+        """Initial state: the strategy around ``solution`` (default: the task's).
+
+        Population-based strategies (GA, DE, PSO, ...) start from a population
+        spread around ``solution`` (normals), evaluated on the mesh.
+        """
+        k_sol, k_init, k_pop, k_eval = jax.random.split(key, 4)
+        if solution is None:
+            solution = self.task.init_solution(k_sol)
+        solution = jnp.asarray(solution, float_dtype()).reshape(-1)
+        task_state = self.task.init_state()
+        learner, collect = self.learner, self.learner is not None and self.learner.collect
+        learner_state = None if learner is None else learner.init(jax.random.fold_in(key, 4))
+        if self.population_based:
+            initial = getattr(self.strategy, "initial_population", None)
+            if initial is not None:
+                population = initial(k_pop)
+            else:
+                population = solution + jax.random.normal(
+                    k_pop, (self.population_size, solution.size)
+                )
+            summary, episodes = self.evaluate(population, k_eval, task_state, collect)
+            if learner is not None:
+                learner_state, _ = learner.observe(learner_state, summary, episodes)
+            fitness = summary.fitness(self.population_size)
+            strategy_state = self.strategy.init(k_init, population, fitness, self.params)
+        else:
+            strategy_state = self.strategy.init(k_init, solution, self.params)
+        state = State(strategy_state, task_state, jnp.int32(0), learner_state)
+        # strong dtypes, replicated over the mesh: the state after a generation
+        # has the same types and placement, so the compiled step is reused
+        state = jax.tree.map(jnp.asarray, state, jax.tree.map(jnp.result_type, state))
+        return jax.lax.with_sharding_constraint(state, NamedSharding(self.mesh, P()))
+
+    def mean_solution(self, state: State) -> jax.Array:
+        """The solution ``eval_return`` reports: the learner's, else the strategy's mean
+        (population-based strategies: the best so far)."""
+        if hasattr(self.learner, "eval_solution"):
+            return self.learner.eval_solution(state.learner_state)
+        s = state.strategy_state
+        return s.best_solution if self.population_based else self.strategy.get_mean(s)
+
+    def step(self, state: State, key: jax.Array) -> tuple[State, dict]:
+        """One generation: ask, [learner], sharded evaluation, [observe], tell. Pure, jittable.
+
+        Args:
+          state: the current :class:`State`.
+          key: this generation's key (the learner's: ``fold_in(key, 4)``).
+
+        Returns:
+          ``(new_state, metrics)``; metrics are scalars in the task's units.
+        """
+        k_ask, k_eval, k_tell, k_report = jax.random.split(key, 4)
+        dtypes = jax.tree.map(jnp.result_type, state)
+        learner, learner_state, extra = self.learner, state.learner_state, {}
+        if self.low_communication:
+            strategy_state, summary = self._lowcomm_generation(state, k_ask, k_eval)
+        else:
+            population, strategy_state = self.strategy.ask(k_ask, state.strategy_state, self.params)
+            if learner is not None:
+                population, learner_state, extra = learner.step(
+                    jax.random.fold_in(key, 4), learner_state, population, strategy_state
+                )
+            collect = learner is not None and learner.collect
+            summary, episodes = self.evaluate(population, k_eval, state.task_state, collect)
+            if learner is not None:
+                learner_state, observed = learner.observe(learner_state, summary, episodes)
+                extra = {**extra, **observed}
+            fitness = summary.fitness(self.population_size)
+            strategy_state, _ = self.strategy.tell(
+                k_tell, population, fitness, strategy_state, self.params
+            )
+        new_state = State(strategy_state, state.task_state, state.generation + 1, learner_state)
+        metrics, task_state = self._metrics(new_state, summary, k_report, extra)
+        # same dtypes as the input (evosax returns some leaves weakly typed), so
+        # a scan carry or a jitted step sees one signature generation after generation
+        new_state = jax.tree.map(jnp.asarray, new_state.replace(task_state=task_state), dtypes)
+        return new_state, metrics
+
+    def _metrics(self, state: State, summary: Summary, key, extra) -> tuple[dict, Any]:
+        """The generation's metrics, and the task state updated with its evaluation."""
+        s, task, maximize = state.strategy_state, self.task, self.task.maximize
+        task_state = state.task_state  # the one the generation was evaluated with
+        best_so_far = to_minimization(s.best_fitness, maximize)  # involution
+        metrics = summary.metrics()
+        metrics.update(
+            generation=state.generation,
+            fitness_median=to_minimization(
+                _median(summary.fitness(self.population_size)), maximize
+            ),  # fmt: skip
+            best_so_far=best_so_far,
+            evaluations=jnp.int32(self.population_size),
+        )
+        for name in ("env_steps", "episodes"):  # a learner's own episodes add to the count
+            metrics[name] = metrics[name] + extra.pop(name, 0)
+        if hasattr(s, "std"):
+            metrics["sigma"] = jnp.mean(s.std)
+        solution = self.mean_solution(state) if self.eval_episodes > 0 else None
+        if hasattr(task, "optimal_value"):
+            metrics["f_minus_fopt"] = best_so_far - task.optimal_value(task_state)
+        new_task_state = task.update_state(task_state, summary.info)
+        if solution is None:
+            pass
+        elif hasattr(task, "evaluate_return"):
+            metrics["eval_return"] = task.evaluate_return(solution, key, task_state,
+                                                          self.eval_episodes)  # fmt: skip
+        else:
+            metrics["eval_return"] = task.evaluate(solution, key, task_state)[0]
+        return {**metrics, **extra}, new_task_state
+
+    # --- low-communication Gaussian ES ----------------------------------------------
+
+    def _noise(self, key, index):
+        """The standard-normal direction of global candidate ``index``."""
+        es = self.strategy
+        if es.use_antithetic_sampling:
+            half = self.population_size // 2
+            sign = jnp.where(index < half, 1.0, -1.0)
+            return sign * self._direction(key, index % half)
+        return self._direction(key, index)
+
+    def _direction(self, key, row):
+        if hasattr(self.strategy, "directions"):  # the rows its own ask reads
+            return self.strategy.directions(key, row[None])[0]
+        return jax.random.normal(jax.random.fold_in(key, row), (self.strategy.num_dims,))
+
+    def noise_matrix(self, key):
+        """All candidates' noise, as the full-matrix reference would draw it."""
+        return jax.vmap(lambda i: self._noise(key, i))(jnp.arange(self.population_size))
+
+    def _lowcomm_generation(self, state: State, k_ask, k_eval):
+        es, params, s = self.strategy, self.params, state.strategy_state
+        task_state, n, block = state.task_state, self.population_size, self.noise_block
+        ids = jnp.arange(self.padded_size, dtype=jnp.int32)
+        mask = ids < n
+
+        def noise(ids_c):
+            return jax.vmap(lambda i: self._noise(k_ask, i))(ids_c)
+
+        def evaluate_local(local_ids):
+            def evaluate_block(ids_c):
+                x = s.mean + s.std * noise(ids_c)
+                keys = jax.vmap(lambda i: jax.random.fold_in(k_eval, i))(ids_c)
+                return jax.vmap(self.task.evaluate, in_axes=(0, 0, None))(x, keys, task_state)
+
+            out = jax.lax.map(evaluate_block, local_ids.reshape(-1, block))
+            return jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), out)
+
+        # as in `evaluate`: no collectives here, so no replication checks
+        scores, info = jax.shard_map(
+            evaluate_local, mesh=self.mesh, in_specs=POP, out_specs=POP, check_vma=False
+        )(ids)
+
+        def update_local(scores, info, local_ids, local_mask):
+            summary = summarize(scores, info, local_mask, self.task.maximize)
+            fitness = summary.fitness(n)
+            shaped = es.fitness_shaping_fn(None, fitness, s, params)
+            shaped = jnp.concatenate([shaped, jnp.zeros(self.padded_size - n)])
+
+            def accumulate(total, ids_c):  # the noise is drawn again, block by block
+                return total + shaped[ids_c] @ noise(ids_c), None
+
+            zeros = jax.lax.pcast(jnp.zeros(es.num_dims), POP_AXIS_NAME, to="varying")
+            partial_sum, _ = jax.lax.scan(accumulate, zeros, local_ids.reshape(-1, block))
+            grad = psum(partial_sum, POP_AXIS_NAME) / (n * s.std)  # Open_ES's estimate
+            updates, opt_state = es.optimizer.update(grad, s.opt_state, s.mean)
+            best = jnp.argmin(fitness)
+            better = fitness[best] < s.best_fitness
+            best_candidate = s.mean + s.std * self._noise(k_ask, best)
+            new = s.replace(
+                mean=optax.apply_updates(s.mean, updates),
+                std=es.std_schedule(s.generation_counter),
+                opt_state=opt_state,
+                best_solution=jnp.where(better, best_candidate, s.best_solution),
+                best_fitness=jnp.where(better, fitness[best], s.best_fitness),
+                generation_counter=s.generation_counter + 1,
+            )
+            return new, summary
+
+        return jax.shard_map(
+            update_local, mesh=self.mesh, in_specs=(POP, POP, POP, POP), out_specs=P()
+        )(scores, info, ids, mask)

@@ -1,0 +1,437 @@
+"""The run shell: the one way a run is built and run, from the command line,
+the examples and Python.
+
+::
+
+    RunConfig ─► run settings checked; devices and the mesh; the algorithm
+                 (it checks its own config, once); init traced once (jit):
+                 its shapes for the memory check, then the initial state
+              ─► run folder: lock, config.yaml; recorders start
+              ─► chunks of generations, each one jit(lax.scan(step)):
+                 generation g uses fold_in(run key, g); after each chunk its
+                 rows ─► recorders (metrics.csv, train.log, checkpoint, ...)
+              ─► fitness.png ─► recorders finish
+
+A run split into chunks, or stopped and resumed, gives the result of one
+piece: the checkpoint holds the state and the run key between chunks, so a
+resumed run ends in exactly the state and metrics of an uninterrupted one.
+Ctrl-C is deferred to the end of a chunk, so that every process stops after
+the same one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+from tqdm.auto import tqdm
+
+import evorl_pop
+from evorl_pop.base import RunError, objective_error
+from evorl_pop.core.engine import make_mesh
+from evorl_pop.run import config as config_lib
+from evorl_pop.run import processes, store
+from evorl_pop.run.config import RunConfig
+from evorl_pop.run.store import Recorder
+
+logger = logging.getLogger("evorl_pop.run")
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with a message that says what the run folder holds now."""
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What a training session ended with."""
+
+    run_dir: Path
+    state: Any  # the final algorithm state
+    history: dict  # this session's metrics, name to array over its generations
+    generation: int  # in total, as the two cumulative counters below
+    env_steps: int
+    wall_time: float
+
+
+# --- the compiled chunk loop ----------------------------------------------------------
+
+
+def train_loop(
+    algorithm,
+    state,
+    key: jax.Array,
+    num_generations: int,
+    chunk: int = 5,
+    callback: Callable[[object, dict], None] | None = None,
+    progress: bool = True,
+    desc: str = "train",
+    generation_offset: int = 0,
+    stop: Callable[[], bool] | None = None,
+):
+    """Runs ``num_generations`` generations in jitted ``lax.scan`` chunks.
+
+    Args:
+      algorithm: an object with ``step(state, key) -> (state, metrics)``.
+      state: its state, whose integer ``generation`` (counted from the run's
+        start) picks the key ``fold_in(key, generation)``.
+      key: the run's key.
+      num_generations: generations to run from ``state``.
+      chunk: generations per compiled chunk (a run config's ``chunk``).
+      callback: ``callback(state, metrics)`` after each chunk, the metrics as
+        NumPy arrays over the chunk's generations.
+      progress, desc: a progress bar (best / mean fitness, steps/s) and its label.
+      generation_offset: generations done before this call (the bar counts from it).
+      stop: asked before each chunk; ``True`` raises ``KeyboardInterrupt`` there.
+
+    Returns:
+      ``(state, history)``: each metric's NumPy array over all generations run.
+    """
+    if num_generations < 0 or chunk < 1:
+        raise ValueError(f"need generations >= 0 and chunk >= 1, got {num_generations}, {chunk}")
+
+    def body(state, _):
+        dtypes = jax.tree.map(lambda x: x.dtype, state)
+        new_state, metrics = algorithm.step(state, jax.random.fold_in(key, state.generation))
+        # A leaf that came back weakly typed would compile the next chunk again.
+        return jax.tree.map(jnp.asarray, new_state, dtypes), metrics
+
+    history: dict[str, list[np.ndarray]] = {}
+    total = generation_offset + num_generations
+    bar = tqdm(total=total, initial=generation_offset, desc=desc, disable=not progress, unit="gen")
+    done, compiled = 0, {}
+    while done < num_generations:
+        if stop is not None and stop():
+            bar.close()
+            raise KeyboardInterrupt
+        length = min(chunk, num_generations - done)
+        if length not in compiled:
+            compiled[length] = jax.jit(lambda s, n=length: jax.lax.scan(body, s, None, length=n))
+        t0 = time.perf_counter()
+        state, metrics = compiled[length](state)
+        # Under jax.distributed the metrics span every process's devices: read this process's copy.
+        metrics = jax.tree.map(processes.to_host, metrics)
+        elapsed = time.perf_counter() - t0
+        done += length
+        for name, values in metrics.items():
+            history.setdefault(name, []).append(values)
+        if callback is not None:
+            callback(state, metrics)
+        best, mean = metrics["fitness_best"][-1], metrics["fitness_mean"][-1]
+        postfix = {"best": f"{best:.4g}", "mean": f"{mean:.4g}"}
+        if "env_steps" in metrics and metrics["env_steps"].sum() > 0:
+            postfix["steps/s"] = f"{metrics['env_steps'].sum() / elapsed:.3g}"
+        bar.set_postfix(postfix)
+        bar.update(length)
+    bar.close()
+    return state, dict(zip(history, map(np.concatenate, history.values()), strict=True))
+
+
+class _Deferred:
+    """Ctrl-C deferred to the end of the current chunk; a second Ctrl-C stops at once.
+
+    :meth:`requested` says whether some process was interrupted (a collective
+    under ``jax.distributed``): :func:`train_loop`'s ``stop``.
+    """
+
+    def __init__(self):
+        self.flag = threading.Event()
+        self.previous = None
+        # several processes agree (a collective); one process asks its flag alone
+        self.requested = self.flag.is_set if jax.process_count() == 1 else (
+            lambda: processes.any_process(self.flag.is_set()))  # fmt: skip
+
+    def handler(self, signum, frame):
+        self.flag.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print("\nstopping after the current chunk (Ctrl-C again to stop at once)", file=sys.stderr)
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self.handler)
+
+
+# --- building a run -------------------------------------------------------------------
+
+
+def build(config: RunConfig):
+    """The algorithm of a run, its mesh and its initial state; RunError before any
+    compile if the state and population cannot fit on a device.
+
+    Returns:
+      ``(algorithm, mesh, state, run_key, yaml)``: ``init`` is traced once, its
+      shapes checked, then run; its state is replicated where it was not placed;
+      ``yaml`` is the config as ``config.yaml`` holds it.
+    """
+    algorithm_class = config_lib.get(config.algorithm).algorithm_class
+    text = config_lib.dumps(config)
+    config_lib.validate(config, algorithm=False)  # the algorithm checks its own config
+    devices = processes.mesh_devices(config)
+    if jax.process_count() > 1 and devices not in (None, jax.device_count()):
+        # A mesh over part of the devices would leave processes out of what they all run.
+        raise RunError(
+            f"devices={config.devices}, but a run over {jax.process_count()} processes uses "
+            f"all of their {jax.device_count()} devices: leave devices unset (null) or set it "
+            f"to {jax.device_count()}; the device count per process comes from the "
+            "environment (XLA_FLAGS on CPUs, the launcher, the scheduler)."
+        )
+    mesh = make_mesh(devices)
+    algorithm = algorithm_class(config.algorithm_config, mesh=mesh)
+    init_key, run_key = jax.random.split(jax.random.key(config.seed))
+    init = jax.jit(algorithm.init).trace(init_key)
+    leaves = jax.tree.leaves(init.out_info)
+    dims = max((x.shape[-1] for x in leaves if x.ndim and jnp.issubdtype(x.dtype, jnp.floating)),
+               default=1)  # fmt: skip
+    population = getattr(config.algorithm_config, "population_size", 0) or 0
+    # Per device: the replicated state, and its slice of the population held
+    # about three times over (candidates, noise, the updated copy).
+    width = 8 if config.precision == "float64" else 4
+    need = sum(x.size * x.dtype.itemsize for x in leaves)
+    need += 3 * width * dims * -(-population // mesh.size)
+    device = mesh.devices.flat[0]
+    have = (device.memory_stats() or {}).get("bytes_limit") if device.platform != "cpu" else None
+    # Simulated CPU devices share the host's memory.
+    have = have or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // mesh.size
+    if need > have:
+        raise RunError(
+            f"population_size={population:,} with {dims:,} parameters per candidate needs about "
+            f"{need / 2**30:,.1f} GiB per device, more than the {have / 2**30:,.1f} GiB there "
+            "are: lower population_size (or the network), or spread it over more devices."
+        )
+    state = init.lower().compile()(init_key)
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def place(x):  # a state placed otherwise than a chunk's output would compile it again
+        if isinstance(x, jax.Array) and not isinstance(x.sharding, NamedSharding):
+            return processes.put(x, replicated)
+        return x
+
+    return algorithm, mesh, jax.tree.map(place, state), run_key, text
+
+
+def default_recorders(extra: Sequence[Recorder] = ()) -> list[Recorder]:
+    """The run folder's recorders (metrics.csv, train.log, checkpoints), then ``extra``."""
+    return [store.MetricsCSV(), store.TrainLog(), store.Checkpoints(), *extra]
+
+
+def _rows(run: store.Run, metrics: dict, wall: float) -> list[dict]:
+    """A chunk's metrics as ``metrics.csv`` rows; advances the run's counters."""
+    n = len(next(iter(metrics.values())))
+    rows = []
+    for i in range(n):
+        run.env_steps += int(metrics["env_steps"][i]) if "env_steps" in metrics else 0
+        row = {"env_steps_gen" if k == "env_steps" else k: v[i] for k, v in metrics.items()}
+        row.update(
+            generation=run.generation + 1 + i,
+            env_steps=run.env_steps,
+            # Time within a chunk is shared out evenly: the host sees only its end.
+            wall_time=run.wall_time + (wall - run.wall_time) * (i + 1) / n,
+        )
+        rows.append(row)
+    run.wall_time, run.generation = wall, run.generation + n
+    return rows
+
+
+def _session(run: store.Run, algorithm, state, recorders, progress, figure) -> RunResult:
+    """Runs a session's generations through the recorders; Ctrl-C ends in an ``Interrupted``."""
+    config, run_dir = run.config, run.run_dir
+    start, base = time.perf_counter(), run.wall_time
+    deferred = _Deferred()
+
+    def record(state, metrics):
+        rows = _rows(run, metrics, base + time.perf_counter() - start)
+        run.add(rows, metrics)
+        for recorder in recorders:
+            for row in rows:
+                recorder.row(row)
+            recorder.flush(run, state)
+
+    try:
+        deferred.install()
+        for recorder in recorders:
+            recorder.start(run)
+        try:
+            state, history = train_loop(
+                algorithm, state, run.key, config.generations - run.generation,
+                chunk=config.chunk, callback=record, progress=progress and run.writer,
+                desc=_desc(config), generation_offset=run.generation, stop=deferred.requested,
+            )  # fmt: skip
+        except KeyboardInterrupt:
+            for recorder in recorders:
+                recorder.finish(run, completed=False)
+            raise
+        finally:
+            if deferred.previous is not None:  # Ctrl-C as before the session
+                signal.signal(signal.SIGINT, deferred.previous)
+        if figure and run.writer:
+            from evorl_pop.run import plotting  # matplotlib: only when a figure is drawn
+
+            try:
+                path = run_dir / store.FIGURE_FILENAME
+                plotting.plot_runs([run_dir], out=path)
+                for recorder in recorders:
+                    recorder.image("fitness", path)
+            except ValueError as err:  # e.g. no rows yet
+                logger.info("no figure: %s", err)
+        for recorder in recorders:
+            recorder.finish(run, completed=True)
+    except KeyboardInterrupt:
+        if (run_dir / store.CHECKPOINT_FILENAME).exists():
+            what = f"continue from its last checkpoint with `evorl-pop resume {run_dir}`."
+        else:
+            what = f"no checkpoint was written; start again (with --overwrite to reuse {run_dir})."
+        raise Interrupted(what) from None
+    return RunResult(run_dir, state, history, run.generation, run.env_steps, run.wall_time)
+
+
+def _desc(config: RunConfig) -> str:
+    """``es Open_ES CartPole-v1``: the algorithm, its strategy and task."""
+    names = [getattr(config.algorithm_config, n, None) for n in ("strategy", "task")]
+    return " ".join([config.algorithm, *(str(n) for n in names if n)])
+
+
+def _about(what: str, config: RunConfig, mesh) -> str:
+    return (
+        f"{what}: {_desc(config)}  (evorl_pop {evorl_pop.__version__}, jax {jax.__version__}, "
+        f"{jax.default_backend()} backend, {mesh.size} device(s) on the population axis, "
+        f"{jax.process_count()} process(es), compilation cache: "
+        f"{jax.config.jax_compilation_cache_dir or 'off'})"
+    )
+
+
+# --- the entry points -----------------------------------------------------------------
+
+
+def train(
+    config: RunConfig,
+    run_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+    overwrite: bool = False,
+    figure: bool = True,
+    recorders: Sequence[Recorder] = (),
+) -> RunResult:
+    """Starts a run of ``config`` in a new run folder.
+
+    Args:
+      config: the run config (an algorithm's config alone runs with the
+        default run settings).
+      run_dir: the folder (``None``: ``runs/<algorithm>-<task>-<seed>-<time>``).
+      progress: show a progress bar; figure: draw ``fitness.png`` at the end.
+      overwrite: replace the records of an earlier run in ``run_dir``.
+      recorders: recorders beside the run folder's own (TensorBoard, W&B, yours).
+
+    Raises:
+      ConfigError: a value that cannot run, before anything is written.
+      RunError: a folder in use or that cannot be written, a population that cannot fit.
+    """
+    if not isinstance(config, RunConfig):
+        config = RunConfig(config_lib.name_of(config), algorithm_config=config)
+    run_dir = Path(run_dir) if run_dir is not None else store.default_run_dir(config)
+    try:
+        algorithm, mesh, state, run_key, text = build(config)
+    except BaseException as err:
+        if run_dir in store.RESERVED and not any(run_dir.iterdir()):
+            run_dir.rmdir()  # the empty folder default_run_dir made for this run
+        if isinstance(err, jax.errors.JaxRuntimeError):
+            raise objective_error(err) from None
+        raise
+    about = _about(f"new run in {run_dir}", config, mesh)
+    recorders = default_recorders(recorders)
+    with store.hold(run_dir, True, text, overwrite):
+        run = store.Run(run_dir, config, text, run_key, about, writer=jax.process_index() == 0)
+        return _session(run, algorithm, state, recorders, progress, figure)
+
+
+def resume(
+    run_dir: str | os.PathLike,
+    overrides=(),
+    config_file: str | os.PathLike | None = None,
+    more: int | None = None,
+    force: bool = False,
+    progress: bool = True,
+    figure: bool = True,
+    recorders: Sequence[Recorder] = (),
+) -> RunResult:
+    """Continues a run from its latest checkpoint.
+
+    The run's ``config.yaml`` (and ``config_file`` and ``overrides`` on top)
+    must match the checkpoint's config but for ``RESUMABLE_FIELDS``, unless
+    ``force``. ``metrics.csv`` is first made to hold exactly the checkpoint's rows.
+
+    Args:
+      run_dir: the run folder.
+      overrides, config_file: ``key=value`` strings and a YAML / TOML file over
+        ``config.yaml``; ``generations=N`` sets a new total, ``devices=N``,
+        ``chunk=N`` or ``checkpoint_every=N`` new run settings (another device
+        count agrees with an uninterrupted run to float tolerance, not bit for bit).
+      more: run this many generations beyond the checkpoint.
+      force: continue even if the config differs from the checkpoint's.
+      progress, figure, recorders: as for :func:`train`.
+
+    Raises:
+      CheckpointError: no checkpoint, a damaged one, or another precision (nothing is changed).
+      RunError: a changed config without ``force``, a target before the
+        checkpoint, a folder in use or that cannot be written.
+      ConfigError: a bad override.
+    """
+    run_dir = Path(run_dir)
+    with store.hold(run_dir, False) as (ckpt, source):
+        saved = config_lib.from_dict(ckpt.config, check=False)
+        # A run over several processes uses all their devices, unless told otherwise.
+        multi = [f"devices={jax.device_count()}"] if jax.process_count() > 1 else []
+        total = [] if more is None else [f"generations={ckpt.generation + more}"]
+        config = config_lib.resolve_config(
+            [source, *([config_file] if config_file is not None else [])],
+            [*multi, *overrides, *total],
+            check=False,
+        )
+        changed = config_lib.differences(saved, config)
+        if changed and not force:
+            raise RunError(
+                f"The config differs from the checkpoint's ({'; '.join(changed)}): continuing "
+                "would not reproduce the run. Pass --force to continue with the new config anyway."
+            )
+        if config.generations < ckpt.generation:
+            raise RunError(
+                f"The checkpoint is at generation {ckpt.generation}, past the requested total "
+                f"of {config.generations}; ask for more (--generations N with N >= "
+                f"{ckpt.generation}, or --more N)."
+            )
+        try:
+            algorithm, mesh, template, _, text = build(config)
+        except jax.errors.JaxRuntimeError as err:
+            raise objective_error(err) from None
+        state = store.restore_state(template, ckpt)
+
+        def repair():
+            path = run_dir / store.METRICS_FILENAME
+            columns, rows = ckpt.metrics_columns, ckpt.metrics_rows
+            if columns and rows is not None:
+                store.restore_metrics(path, columns, rows)
+            else:  # a checkpoint from before rows were kept, or of generation 0
+                columns = store.truncate_metrics(path, ckpt.generation) or ()
+                rows = "".join(path.read_text().splitlines(keepends=True)[1:]) if columns else ""
+            config_lib.save(config, run_dir / store.CONFIG_FILENAME)
+            return columns, rows
+
+        columns, rows = processes.share(repair)
+        what = f"resume from generation {ckpt.generation}"
+        what += f" with a changed config (--force: {'; '.join(changed)})" if changed else ""
+        run = store.Run(
+            run_dir, config, text, store.restore_key(ckpt),
+            _about(what, config, mesh), ckpt.generation, ckpt.env_steps, ckpt.wall_time,
+            ckpt.generation, tuple(columns), rows.splitlines(keepends=True),
+            jax.process_index() == 0,
+        )  # fmt: skip
+        return _session(run, algorithm, state, default_recorders(recorders), progress, figure)

@@ -1,0 +1,568 @@
+"""The run folder: its name, its lock, its checkpoint and its metrics, and the
+recorders that write them.
+
+A run folder holds::
+
+    config.yaml          the run config (edit it, then `evorl-pop resume --force`)
+    metrics.csv          one row per generation, appended between chunks
+    checkpoint.msgpack   the latest checkpoint (atomic, checksummed)
+    train.log            what happened: devices, chunks, checkpoints, resumes, warnings
+    fitness.png          fitness curves, redrawn at the end of each session
+    .lock                locked (flock) by the process writing the run; holds its pid
+
+One process writes a run folder at a time; the kernel drops the lock of a
+process that dies, so a killed run never blocks its resume. Under
+``jax.distributed`` only process 0 touches the folder; the others get what it
+read, or the error it met, through :func:`evorl_pop.run.processes.share`.
+
+What a run records goes through one interface, :class:`Recorder`: start, a
+metrics row, the state after a chunk, an image, finish. :class:`MetricsCSV`,
+:class:`TrainLog` and :class:`Checkpoints` write the run folder; TensorBoard,
+Weights & Biases and a user's own recorders take the same calls.
+
+A checkpoint holds the state on the host (its full value, gathered across
+processes), with the run key, config, counters, precision and the metrics
+rows up to it (so a damaged ``metrics.csv`` is rebuilt on resume). On disk::
+
+    MAGIC (16 bytes) | SHA-256 of the payload (32 bytes) | msgpack payload
+
+so damage is detected by the checksum rather than restored. ``metrics.csv``
+rows are appended between chunks with one ``os.write`` on a file opened with
+``O_APPEND``, so a killed process leaves only whole lines (at worst a last
+line without its newline, which readers and :func:`truncate_metrics` drop);
+floats are written with ``repr`` so they read back bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import datetime
+import fcntl
+import hashlib
+import itertools
+import logging
+import math
+import os
+import shutil
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
+
+import flax.serialization
+import jax
+import jax.numpy as jnp
+import numpy as np
+import yaml
+
+from evorl_pop.base import CheckpointError, RunError, write_atomic
+from evorl_pop.run import config as config_lib
+from evorl_pop.run import processes
+from evorl_pop.run.config import RunConfig
+
+METRICS_FILENAME = "metrics.csv"
+CHECKPOINT_FILENAME = "checkpoint.msgpack"
+CONFIG_FILENAME = "config.yaml"
+LOG_FILENAME = "train.log"
+FIGURE_FILENAME = "fitness.png"
+LOCK_FILENAME = ".lock"
+RECORDS = (CONFIG_FILENAME, METRICS_FILENAME, CHECKPOINT_FILENAME)
+
+logger = logging.getLogger("evorl_pop.run")
+#: Folders :func:`default_run_dir` created, removed again if the run fails before using them.
+RESERVED: set[Path] = set()
+
+
+def is_writer() -> bool:
+    """Whether this process writes files: process 0 under ``jax.distributed``, else always."""
+    return jax.process_index() == 0
+
+
+def _mkdir(path: Path, exist_ok: bool) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=exist_ok)
+    except OSError as err:
+        if isinstance(err, FileExistsError) and not exist_ok:
+            raise  # another run took the name first
+        raise RunError(
+            f"Cannot create the run folder {str(path)!r}: {err.strerror}; choose another --out "
+            "(or --runs-root)."
+        ) from None
+
+
+def default_run_dir(config: RunConfig, root: str | os.PathLike = "runs") -> Path:
+    """A new, empty folder ``root/<algorithm>-<task>-<seed>-<timestamp>[-n]``.
+
+    The writing process creates it with ``mkdir``, which fails when another
+    run created it first, so runs started at once never share a folder; every
+    process gets the name it chose.
+    """
+    return Path(processes.share(lambda: str(_new_run_dir(config, root))))
+
+
+def _new_run_dir(config: RunConfig, root: str | os.PathLike) -> Path:
+    task = str(getattr(config.algorithm_config, "task", None) or "run").replace("/", "-")
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path(root) / f"{config.algorithm}-{task}-{config.seed}-{stamp}"
+    for n in itertools.count(1):
+        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        with contextlib.suppress(FileExistsError):
+            _mkdir(path, exist_ok=False)
+            RESERVED.add(path)
+            return path
+
+
+@contextlib.contextmanager
+def hold(run_dir: Path, new: bool, config_text: str | None = None, overwrite: bool = False):
+    """Holds the run folder's lock while the run writes it; a failed write into the
+    folder in the body is a one-line :class:`RunError` (see :func:`writing`).
+
+    ``new``: create the folder, refuse one holding files of a run unless
+    ``overwrite``, and write ``config_text`` (the config's YAML) as
+    ``config.yaml``. Else the folder must hold a checkpoint, and the context
+    yields ``(checkpoint, config.yaml's mapping)`` as process 0 read them (the
+    checkpoint's config when there is no ``config.yaml``).
+    """
+    handle = None
+
+    def acquire():
+        nonlocal handle
+        if new:
+            _mkdir(run_dir, exist_ok=True)
+        elif not run_dir.is_dir():
+            raise RunError(f"No run folder at {str(run_dir)!r}.")
+        else:
+            ckpt = load_checkpoint(run_dir)  # a folder without a run gets no lock file
+        handle = open(run_dir / LOCK_FILENAME, "a+")  # noqa: SIM115 (held until the run ends)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            pid = handle.read().strip() or "unknown"
+            handle.close()
+            raise RunError(
+                f"{str(run_dir)!r} is in use by another evorl-pop process (pid {pid}); wait "
+                "for it to end (or stop it) before writing to this run folder, or choose another."
+            ) from None
+        # A refusal leaves even the lock file as it was.
+        present = [n for n in (*RECORDS, LOG_FILENAME, FIGURE_FILENAME) if (run_dir / n).exists()]
+        if new and present and not overwrite:
+            raise RunError(
+                f"{str(run_dir)!r} holds a run already ({', '.join(present)}). Continue it with "
+                f"`evorl-pop resume {run_dir}`, or pass --overwrite to start afresh there."
+                if any(n in RECORDS for n in present)
+                else f"{str(run_dir)!r} holds files a run writes ({', '.join(present)}); pass "
+                "--overwrite to replace them, or choose another folder."
+            )
+        for name in present if new else ():
+            path = run_dir / name
+            path.unlink() if path.is_file() else shutil.rmtree(path)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        if new:
+            return write_atomic(run_dir / CONFIG_FILENAME, config_text.encode())
+        path = run_dir / CONFIG_FILENAME
+        return ckpt, config_lib.read_mapping(path) if path.exists() else ckpt.config
+
+    try:
+        with writing(run_dir):
+            yield processes.share(acquire)
+    finally:
+        if handle is not None:
+            handle.close()  # releases the lock
+
+
+@contextlib.contextmanager
+def writing(run_dir: Path):
+    """Turns a failed write into the run folder into a one-line :class:`RunError`."""
+    try:
+        yield
+    except OSError as err:
+        raise RunError(
+            f"Cannot write {str(err.filename or run_dir)!r}: {err.strerror or err}; fix that "
+            f"(free space, permissions) and try again (`evorl-pop resume {run_dir}` continues "
+            "a run from its last checkpoint)."
+        ) from None
+
+
+# --- checkpoints ----------------------------------------------------------------------
+
+MAGIC = b"evorl-pop-ckpt\x00\x01"
+FORMAT_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """The contents of a checkpoint file."""
+
+    state: dict  # the state as nested dicts of NumPy arrays (flax to_state_dict)
+    key: np.ndarray  # the run key's raw data, of PRNG implementation `key_impl`
+    key_impl: str
+    config: dict  # the run config, config.yaml's layout
+    generation: int  # generations completed
+    env_steps: int  # a Python int: no overflow
+    wall_time: float  # seconds of training, across resumes
+    metrics_columns: tuple[str, ...] = ()
+    # metrics.csv's rows up to `generation`, without header (None: older checkpoints)
+    metrics_rows: str | None = None
+    precision: str = "float32"  # the state's float type
+
+
+def precision(state) -> str:
+    """``'float64'`` when a float JAX array (or shape) in ``state`` is 64-bit, else ``float32``."""
+    wide = any(
+        isinstance(x, jax.Array | jax.ShapeDtypeStruct)
+        and jnp.issubdtype(x.dtype, jnp.floating)
+        and jnp.dtype(x.dtype).itemsize == 8
+        for x in jax.tree.leaves(state)
+    )
+    return "float64" if wide else "float32"
+
+
+def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> None:
+    """Writes a checkpoint, its state already on the host, atomically to ``path``."""
+    payload = {f.name: getattr(ckpt, f.name) for f in dataclasses.fields(ckpt)}
+    payload.update(
+        format=FORMAT_VERSION,
+        state=flax.serialization.to_state_dict(ckpt.state),
+        metrics_columns=list(ckpt.metrics_columns),
+        metrics_rows=zlib.compress((ckpt.metrics_rows or "").encode()),
+    )
+    body = flax.serialization.msgpack_serialize(payload)
+    write_atomic(path, MAGIC + hashlib.sha256(body).digest() + body)
+
+
+def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """Reads and verifies a checkpoint file (or a run folder's).
+
+    Raises:
+      CheckpointError: the file is missing, unreadable, damaged or of an unknown format.
+    """
+    path = Path(path) / CHECKPOINT_FILENAME if Path(path).is_dir() else Path(path)
+    name = repr(str(path))
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"No checkpoint at {name}: the run wrote none yet (it stops before its "
+            "first checkpoint, see --checkpoint-every) or this is not a run folder."
+        ) from None
+    except OSError as err:
+        raise CheckpointError(f"Cannot read the checkpoint {name}: {err.strerror}.") from None
+    digest, body = data[len(MAGIC) : len(MAGIC) + 32], data[len(MAGIC) + 32 :]
+    if data[: len(MAGIC)] != MAGIC:
+        raise CheckpointError(f"{name} is not an evorl-pop checkpoint (bad header).")
+    if hashlib.sha256(body).digest() != digest:
+        raise CheckpointError(
+            f"The checkpoint {name} is damaged (checksum mismatch: truncated or "
+            "overwritten). Nothing was changed; restore it from a copy or start the run again."
+        )
+    try:
+        p = flax.serialization.msgpack_restore(body)
+    except Exception as err:  # msgpack raises several types for bad input
+        raise CheckpointError(f"The checkpoint {name} does not decode: {err}") from None
+    if p.get("format") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"The checkpoint {name} has format {p.get('format')!r}; this version of "
+            f"evorl-pop reads format {FORMAT_VERSION}."
+        )
+    rows = p.get("metrics_rows")
+    p.update(
+        key=np.asarray(p["key"]),
+        metrics_columns=tuple(p.get("metrics_columns", ())),
+        metrics_rows=None if rows is None else zlib.decompress(rows).decode(),
+    )
+    return Checkpoint(**{f.name: p[f.name] for f in dataclasses.fields(Checkpoint) if f.name in p})
+
+
+def restore_key(ckpt: Checkpoint) -> jax.Array:
+    """The run key of a checkpoint, as a typed key array."""
+    return jax.random.wrap_key_data(jnp.asarray(ckpt.key), impl=ckpt.key_impl)
+
+
+def restore_state(template: Any, ckpt: Checkpoint):
+    """Puts a checkpoint's state into the structure, dtypes and shardings of ``template``
+    (a fresh state of the same algorithm and config), so that the resumed computation
+    sees exactly the inputs of an uninterrupted run; CheckpointError if it does not fit."""
+    expected = precision(template)
+    if ckpt.precision != expected:
+        raise CheckpointError(
+            f"The checkpoint holds a {ckpt.precision} state, but this run computes in "
+            f"{expected}: resume with precision: {ckpt.precision} (the run's own "
+            "setting), or start a new run."
+        )
+
+    host_template = jax.tree.map(
+        lambda x: processes.to_host(x) if processes.is_key(x) else x, template
+    )
+    unfit = "The checkpoint's state does not fit this algorithm and config:"
+    try:
+        restored = flax.serialization.from_state_dict(host_template, ckpt.state)
+    except (KeyError, ValueError, TypeError) as err:
+        raise CheckpointError(f"{unfit} {err}") from None
+
+    def place(saved, like, original):
+        saved = np.asarray(saved)
+        # Only shapes and dtypes are compared: no transfer of arrays that span processes.
+        shape, dtype = np.shape(like), np.dtype(getattr(like, "dtype", np.asarray(like).dtype))
+        if saved.shape != shape or saved.dtype != dtype:
+            raise CheckpointError(
+                f"{unfit} an array of {saved.shape} {saved.dtype} where {shape} {dtype} was "
+                "expected."
+            )
+        if not isinstance(original, jax.Array):
+            return saved
+        if processes.is_key(original):
+            saved = jax.random.wrap_key_data(saved, impl=jax.random.key_impl(original))
+        return processes.put(saved, original.sharding)
+
+    return jax.tree.map(place, restored, host_template, template)
+
+
+# --- metrics.csv -----------------------------------------------------------------------
+
+LEADING = ("generation", "env_steps", "wall_time")
+_FIRST = ("fitness_best", "fitness_mean", "fitness_worst", "fitness_std", "best_so_far")
+
+
+def columns_for(metric_names) -> tuple[str, ...]:
+    """The CSV columns for an algorithm's metric names, in order."""
+    names = ["env_steps_gen" if n == "env_steps" else n for n in metric_names]
+    names = [n for n in names if n not in LEADING]
+    first = [n for n in _FIRST if n in names]
+    return (*LEADING, *first, *sorted(n for n in names if n not in first))
+
+
+def _whole_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines(keepends=True) if line.endswith("\n")]
+
+
+def _format(value) -> str:
+    if isinstance(value, bool | int | np.bool_ | np.integer):
+        return str(int(value))
+    return "nan" if math.isnan(value) else repr(float(value))
+
+
+def csv_lines(rows, columns) -> list[str]:
+    """Rows (mappings from column name to a scalar) as CSV lines; a missing column is empty."""
+    return [",".join(_format(r[c]) if c in r else "" for c in columns) + "\n" for r in rows]
+
+
+def read_metrics(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """A metrics file's (or a run folder's) columns as int64 or float64 NumPy arrays.
+
+    A last line cut short is left out; a file that is not a metrics CSV is a ValueError.
+    """
+    path = Path(path) / METRICS_FILENAME if Path(path).is_dir() else Path(path)
+    try:
+        header, *body = list(csv.reader(_whole_lines(path.read_text()))) or [[]]
+        if header and header[0] != LEADING[0] or any(len(r) != len(header) for r in body):
+            raise ValueError("not the columns of a metrics file")
+        out = {}
+        for i, name in enumerate(header):
+            values = [r[i] for r in body]
+            try:
+                out[name] = np.array([int(v) for v in values], dtype=np.int64)
+            except ValueError:
+                out[name] = np.array([float(v) if v else np.nan for v in values], np.float64)
+    except ValueError as err:  # also UnicodeDecodeError: a binary file
+        raise ValueError(
+            f"{str(path)!r} is not an evorl-pop metrics CSV ({err}); give a run folder or its "
+            f"{METRICS_FILENAME}."
+        ) from None
+    return out
+
+
+def restore_metrics(path: str | os.PathLike, columns, rows: str) -> None:
+    """Makes the file hold exactly a header of ``columns`` and ``rows`` (atomically):
+    a resumed run so drops rows past its checkpoint and writes back lost or cut ones."""
+    path, data = Path(path), ",".join(columns) + "\n" + rows
+    if not (path.exists() and path.read_text() == data):
+        write_atomic(path, data.encode())
+
+
+def truncate_metrics(path: str | os.PathLike, generation: int) -> tuple[str, ...] | None:
+    """Keeps only the rows up to ``generation`` (atomically), and no line cut short;
+    returns the header's columns, or ``None`` when there is no file (or no header)."""
+    path = Path(path)
+    lines = _whole_lines(path.read_text() if path.exists() else "")
+    if not lines:
+        return None
+    columns = tuple(next(csv.reader(lines[:1])))
+    rows = [ln for ln in lines[1:] if (g := ln.split(",", 1)[0]).isdigit() and int(g) <= generation]
+    restore_metrics(path, columns, "".join(rows))
+    return columns
+
+
+# --- recorders --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Run:
+    """What a recorder sees of the run it records; the run shell keeps it current."""
+
+    run_dir: Path
+    config: RunConfig
+    config_text: str  # the config as config.yaml holds it
+    key: jax.Array  # the run key: generation g uses fold_in(key, g)
+    about: str  # the log's first line: what runs, where, on what
+    generation: int = 0  # generations completed
+    env_steps: int = 0  # environment steps so far, exact
+    wall_time: float = 0.0  # seconds of training, across resumes
+    start_generation: int = 0  # where this session began
+    columns: tuple[str, ...] = ()  # metrics.csv's columns
+    lines: list[str] = dataclasses.field(default_factory=list)  # its rows, as CSV lines
+    writer: bool = True  # this process writes files (process 0)
+
+    def add(self, rows: list[dict], metric_names) -> None:
+        """Keeps a chunk's rows as ``metrics.csv`` lines (the columns from the first chunk)."""
+        self.columns = self.columns or columns_for(metric_names)
+        self.lines.extend(csv_lines(rows, self.columns))
+
+
+class Recorder:
+    """What a run records, one method per moment; override the ones you need.
+
+    The run shell calls, on every process (only ``run.writer`` should write
+    files): :meth:`start` once, :meth:`row` for each generation,
+    :meth:`flush` after each chunk, :meth:`image` for each figure and
+    :meth:`finish` at the end, in that order.
+    """
+
+    def start(self, run: Run) -> None:
+        """The run starts (``run.generation``: 0) or resumes (from a checkpoint)."""
+
+    def row(self, row: dict[str, Any]) -> None:
+        """One generation's metrics: the columns of ``metrics.csv`` (NumPy scalars)."""
+
+    def flush(self, run: Run, state) -> None:
+        """A chunk's rows are all in; ``state`` is the run's state after it."""
+
+    def image(self, name: str, path: Path) -> None:
+        """A figure the run drew (``fitness`` at the end)."""
+
+    def finish(self, run: Run, completed: bool) -> None:
+        """The run ends: ``completed``, or interrupted (Ctrl-C, a signal, an error)."""
+
+
+class MetricsCSV(Recorder):
+    """``metrics.csv``: the chunk's rows in one append, after each chunk."""
+
+    def start(self, run: Run) -> None:
+        self.path, self.written = run.run_dir / METRICS_FILENAME, len(run.lines)
+
+    def flush(self, run: Run, state) -> None:
+        if not run.writer or self.written == len(run.lines):
+            return
+        fresh = not self.path.exists() or self.path.stat().st_size == 0
+        header = ",".join(run.columns) + "\n" if fresh else ""  # with the rows, in one write
+        data = (header + "".join(run.lines[self.written :])).encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            while data:
+                data = data[os.write(fd, data) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.written = len(run.lines)
+
+
+class TrainLog(Recorder):
+    """``train.log`` (the ``evorl_pop.run`` log): the run's set-up, a line per chunk,
+    checkpoints, warnings, how it ended."""
+
+    def start(self, run: Run) -> None:
+        self.nonfinite, self.last = [], {}
+        writer = run.writer
+        self.handler = logging.FileHandler(run.run_dir / LOG_FILENAME) if writer else None
+        if self.handler is not None:
+            self.handler.setFormatter(
+                logging.Formatter("%(asctime)s  %(message)s", "%Y-%m-%d %H:%M:%S")
+            )
+            logger.addHandler(self.handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+        logger.info("%s", run.about)
+        for line in run.config_text.splitlines():
+            logger.info("  %s", line)
+
+    def row(self, row: dict[str, Any]) -> None:
+        self.last = row
+        if math.isnan(row.get("fitness_mean", 0.0)):
+            self.nonfinite.append(row["generation"])
+
+    def flush(self, run: Run, state) -> None:
+        if self.nonfinite and run.writer:
+            many = len(self.nonfinite) > 1
+            which = f"generation{'s' if many else ''} {', '.join(map(str, self.nonfinite))}"
+            text = f"{which}: no finite fitness (all candidates NaN or inf); the run goes on"
+            logger.warning("warning: %s", text)
+            print(f"warning: {text}", file=sys.stderr)
+        self.nonfinite = []
+        best, mean = (float(self.last.get(f"fitness_{k}", np.nan)) for k in ("best", "mean"))
+        logger.info("generation %d/%d  best %.6g  mean %.6g  env steps %d  %.1fs",
+                    run.generation, run.config.generations, best, mean, run.env_steps,
+                    run.wall_time)  # fmt: skip
+
+    def finish(self, run: Run, completed: bool) -> None:
+        if completed:
+            logger.info("done: generation %d, %d env steps, %.1fs",
+                        run.generation, run.env_steps, run.wall_time)  # fmt: skip
+        else:
+            logger.info("interrupted after generation %d", run.generation)
+        if self.handler is not None:
+            logger.removeHandler(self.handler)
+            self.handler.close()
+
+
+class Checkpoints(Recorder):
+    """``checkpoint.msgpack``: once ``checkpoint_every`` generations have passed since
+    the last, and at the end (a new run checkpoints even at generation 0, so that
+    ``-g 0`` can be resumed). Every process takes part (the state is gathered)."""
+
+    def start(self, run: Run) -> None:
+        self.state = None
+        self.saved = run.generation if run.generation > 0 else -1
+
+    def flush(self, run: Run, state) -> None:
+        self.state = state
+        every = run.config.checkpoint_every
+        if every and run.generation - max(self.saved, 0) >= every:
+            self.save(run)
+
+    def finish(self, run: Run, completed: bool) -> None:
+        self.save(run, collective=completed)
+
+    def save(self, run: Run, collective: bool = True) -> None:
+        """Saves the latest state reached, unless saved already.
+
+        Args:
+          run: the run.
+          collective: ``False`` skips a save that needs a collective (after an
+            immediate interruption the other processes may not take part).
+        """
+        state = self.state
+        if state is None or self.saved == run.generation:
+            return
+        if not collective and any(  # a leaf that only a gather across processes reads
+            isinstance(x, jax.Array)
+            and not (x.is_fully_addressable or x.sharding.is_fully_replicated)
+            for x in jax.tree.leaves(state)
+        ):
+            logger.info("no checkpoint at generation %d (interrupted)", run.generation)
+            return
+        host = jax.tree.map(processes.to_host, state)
+        if run.writer:
+            key = processes.to_host(run.key)
+            ckpt = Checkpoint(
+                host, key, str(jax.random.key_impl(run.key)), yaml.safe_load(run.config_text),
+                run.generation, run.env_steps, run.wall_time, run.columns, "".join(run.lines),
+                precision(state),
+            )  # fmt: skip
+            save_checkpoint(run.run_dir / CHECKPOINT_FILENAME, ckpt)
+            logger.info("checkpoint at generation %d", run.generation)
+        self.saved = run.generation

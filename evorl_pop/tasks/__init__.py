@@ -1,0 +1,77 @@
+"""Tasks: what a candidate solution (a flat parameter vector) is scored on.
+
+A task turns one flat vector into a score and a little bookkeeping:
+
+* ``evaluate(solution, key, task_state) -> (score, info)`` for one candidate
+  (``info``: an :class:`~evorl_pop.base.EvalInfo`),
+* ``init_solution(key)`` the starting point, ``init_state()`` any state shared
+  by all candidates (the running observation normaliser, a BBOB instance),
+* ``update_state(task_state, info_total)`` folds in ``info`` summed over the
+  whole population (with ``psum``: statistics merged across devices),
+* ``maximize``: whether higher scores are better (returns) or lower (losses),
+* ``num_dims`` and ``name``.
+
+Scores stay in the task's own units everywhere in logs and plots; the single
+conversion to evosax's minimisation is :func:`evorl_pop.core.engine.to_minimization`.
+
+Modules: :mod:`~evorl_pop.tasks.blackbox` (test functions, BBOB, Python
+objectives), :mod:`~evorl_pop.tasks.envs` (the environment protocol, gymnax,
+brax), :mod:`~evorl_pop.tasks.rollout` (every episode),
+:mod:`~evorl_pop.tasks.control` (policies and the control task).
+"""
+
+import functools
+
+from evorl_pop.base import did_you_mean
+from evorl_pop.tasks.blackbox import (
+    BBOB_PREFIX,
+    BLACKBOX_FUNCTIONS,
+    BLACKBOX_TASKS,
+    BBOBTask,
+    BlackBoxTask,
+    PythonTask,
+)
+from evorl_pop.tasks.control import ControlTask
+from evorl_pop.tasks.envs import env_names, make_env
+
+
+@functools.cache
+def task_names() -> tuple[str, ...]:
+    """Every task name :func:`make_task` accepts: black-box functions, BBOB, environments."""
+    return (*BLACKBOX_TASKS, *env_names())
+
+
+def make_task(name: str, **kwargs):
+    """A task by name: a black-box function, a BBOB function or an environment.
+
+    Args:
+      name: ``'sphere'``, ``'ellipsoid'``, ``'rosenbrock'``, ``'rastrigin'``, a
+        BBOB function ``'bbob/<name>'`` (``'bbob/ellipsoidal_rotated'``, see
+        :data:`evorl_pop.tasks.blackbox.BBOB_FUNCTIONS`), or an environment such as
+        ``'CartPole-v1'`` or ``'Pendulum-v1'``.
+      **kwargs: passed to :class:`BlackBoxTask`, :class:`BBOBTask`
+        (``num_dims``, ``instance``, ``x0``) or :class:`ControlTask`.
+
+    Returns:
+      The task.
+    """
+    if name in BLACKBOX_FUNCTIONS:
+        return BlackBoxTask(function=name, **kwargs)
+    if name.startswith(BBOB_PREFIX):
+        return BBOBTask(function=name[len(BBOB_PREFIX) :], **kwargs)
+    if name in env_names():
+        return ControlTask(env=name, **kwargs)
+    names = task_names()
+    hint = did_you_mean(name, names, 3)
+    raise ValueError(f"Unknown task {name!r}.{hint} Valid: {', '.join(sorted(names))}.")
+
+
+__all__ = [
+    "BBOBTask",
+    "BlackBoxTask",
+    "ControlTask",
+    "PythonTask",
+    "make_env",
+    "make_task",
+    "task_names",
+]

@@ -1,0 +1,315 @@
+"""Control tasks: a policy network's flat weights, scored by its return in an environment.
+
+:class:`ControlTask` turns a flat parameter vector into a policy, runs its
+episodes through :mod:`evorl_pop.tasks.rollout` and scores it by the mean
+return (maximised)::
+
+    flat weights ─► unravel ─► [virtual batch norm folded in] ─► policy
+                 ─► episodes (rollout_queue under a population's vmap;
+                    one rollout per episode with transitions when collecting)
+                 ─► mean return, EvalInfo (steps, episodes, observation sums)
+
+The policies are :mod:`evorl_pop.tasks.envs`'s; virtual batch normalisation
+(Salimans et al. 2017), folded into a candidate's weights, is here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from evorl_pop.base import EvalInfo
+from evorl_pop.tasks.envs import (
+    ACTIVATIONS,
+    CNN,
+    MLP,
+    Env,
+    Policy,
+    make_env,
+    make_policy,
+    random_observations,
+)
+from evorl_pop.tasks.rollout import EpisodeStats, ObsNorm, evaluate_episodes, rollout
+
+#: Candidates folded at a time on a CPU when :func:`fold_virtual_batch_norm` runs under ``vmap``.
+VBN_FOLD_BATCH = 4
+
+
+@flax.struct.dataclass
+class VBNReference:
+    """A reference batch as the first layer sees it (see :func:`vbn_reference`)."""
+
+    rows: jax.Array  # the first layer's inputs, one per row (3x3 patches for a CNN)
+    mean: jax.Array  # their mean
+    cov: jax.Array  # and covariance
+    out_shape: tuple = flax.struct.field(pytree_node=False)  # the first layer's outputs' axes
+
+
+def vbn_reference(policy: Policy, observations: jax.Array) -> VBNReference:
+    """The reference batch of :func:`fold_virtual_batch_norm`, prepared once for many folds.
+
+    Args:
+      policy: a :class:`Policy` with the built-in :class:`MLP` or :class:`CNN`.
+      observations: shape ``(n, *obs_shape)``, as the policy sees them.
+    """
+    x = jnp.asarray(observations, jnp.float32)
+    if _has_conv(policy.module):
+        shape = (x.shape[0], x.shape[1] - 2, x.shape[2] - 2)  # 3x3, VALID, as CNN's
+        patches = [x[:, i : i + shape[1], j : j + shape[2]] for i in range(3) for j in range(3)]
+        rows = jnp.stack(patches, 3).reshape(-1, 9 * x.shape[-1])  # (kernel row, col, channel)
+    else:
+        shape, rows = x.shape[:1], jnp.reshape(x, (x.shape[0], -1))
+    mean = rows.mean(0)
+    centred = rows - mean
+    return VBNReference(rows, mean, centred.T @ centred / rows.shape[0], shape)
+
+
+def fold_virtual_batch_norm(
+    policy: Policy, params: Any, reference: jax.Array | VBNReference, eps: float = 1e-5
+):
+    """Virtual batch normalisation (Salimans et al. 2017), folded into the weights.
+
+    Every hidden layer's pre-activations are standardised, unit by unit, with
+    their mean and standard deviation over a fixed ``reference`` batch of
+    observations, computed with these weights; the output layer is left as it
+    is. A standardised layer is ``act((W x + b - mu) / sd)``, the layer with
+    kernel ``W / sd`` and bias ``(b - mu) / sd``: folded once per candidate, it
+    costs one forward pass of the reference batch, not one per step. Every
+    hidden unit then varies over the states the batch holds, whatever the
+    scale of the weights, so a small perturbation changes what the policy does
+    (without it, ES on Atari games finds policies that ignore their input).
+
+    The first layer is linear in the reference batch, so its statistics come
+    from the batch's own mean and covariance (of the 3x3 patches for a CNN;
+    :func:`vbn_reference` computes them once for many folds). Under ``vmap``
+    over candidates, as the engine evaluates a population, a CPU folds them
+    :data:`VBN_FOLD_BATCH` at a time, whose intermediates stay in its cache,
+    and an accelerator all at once.
+
+    Args:
+      policy: a :class:`Policy` with the built-in :class:`MLP` or :class:`CNN`.
+      params: its parameters.
+      reference: observations, shape ``(n, *obs_shape)`` (e.g.
+        :func:`evorl_pop.envs.random_observations`), as the policy sees them,
+        or their :func:`vbn_reference`.
+      eps: added to the variance.
+
+    Returns:
+      Parameters of the same structure whose network computes the normalised one.
+    """
+    module = policy.module
+    if not isinstance(module, MLP | CNN):
+        raise ValueError(
+            f"virtual batch normalisation folds into the built-in mlp and cnn policies, not a "
+            f"{type(module).__name__}; leave virtual_batch_norm off for this policy."
+        )
+    if not isinstance(reference, VBNReference):
+        reference = vbn_reference(policy, reference)
+
+    @jax.custom_batching.custom_vmap
+    def fold(params, reference):
+        return _fold(module, params, reference, eps)
+
+    @fold.def_vmap
+    def fold_in_batches(axis_size, in_batched, params, reference):
+        def batched(tree, flags):  # every leaf with the leading axis
+            return jax.tree.map(
+                lambda x, b: x if b else jnp.broadcast_to(x, (axis_size, *jnp.shape(x))),
+                tree,
+                flags,
+            )
+
+        params = batched(params, in_batched[0])
+        size = VBN_FOLD_BATCH if jax.default_backend() == "cpu" else axis_size
+        if any(jax.tree.leaves(in_batched[1])):  # one reference per candidate
+            reference = batched(reference, in_batched[1])
+            out = jax.lax.map(lambda a: _fold(module, *a, eps), (params, reference),
+                              batch_size=size)  # fmt: skip
+        else:
+            out = jax.lax.map(lambda p: _fold(module, p, reference, eps), params,
+                              batch_size=size)  # fmt: skip
+        return out, jax.tree.map(lambda _: True, out)
+
+    return fold(params, reference)
+
+
+def _has_conv(module) -> bool:
+    return isinstance(module, CNN) and len(module.channels) > 0
+
+
+def _fold(module, params, reference: VBNReference, eps):
+    act = ACTIVATIONS[module.activation]
+    folded = jax.tree.map(lambda x: x, params)  # new dicts, the same arrays
+    layers = folded["params"]
+    dense = layers["MLP_0"] if isinstance(module, CNN) else layers
+    rows, mean, cov, shape = reference.rows, reference.mean, reference.cov, reference.out_shape
+    conv, n = _has_conv(module), len(module.hidden_sizes)
+    if not (conv or n):
+        return folded  # no hidden layer: only the output layer, which stays as it is
+
+    def scale(layer, mu, sd):
+        layer["kernel"], layer["bias"] = layer["kernel"] / sd, (layer["bias"] - mu) / sd
+
+    def standardise(layer, pre, axes):
+        mu, sd = pre.mean(axes), jnp.sqrt(pre.var(axes) + eps)
+        scale(layer, mu, sd)
+        return act((pre - mu) / sd)
+
+    # The first layer, W x + b over the rows: mean W m + b, variance diag(W C W^T).
+    first = layers["Conv_0"] if conv else dense["Dense_0"]
+    kernel = first["kernel"].reshape(rows.shape[1], -1)
+    mu = mean @ kernel + first["bias"]
+    scale(first, mu, jnp.sqrt(jnp.einsum("io,ij,jo->o", kernel, cov, kernel) + eps))
+    x = act(rows @ first["kernel"].reshape(kernel.shape) + first["bias"]).reshape(*shape, -1)
+    for i, width in enumerate(module.channels[1:] if conv else (), 1):
+        layer = layers[f"Conv_{i}"]
+        pre = nn.Conv(width, (3, 3), padding="VALID").apply({"params": layer}, x)
+        x = standardise(layer, pre, (0, 1, 2))
+    x = jnp.reshape(x, (x.shape[0], -1))
+    for j in range(0 if conv else 1, n):
+        layer = dense[f"Dense_{j}"]
+        x = standardise(layer, x @ layer["kernel"] + layer["bias"], 0)
+    return folded
+
+
+#: Observations in the reference batch of virtual batch normalisation.
+VBN_BATCH = 128
+
+
+class ControlTask:
+    """Neuroevolution of a policy network on an environment (gymnax or brax).
+
+    The score of a candidate is its mean return over ``episodes`` episodes.
+    """
+
+    maximize = True
+
+    def __init__(
+        self,
+        env: str | Env = "CartPole-v1",
+        hidden_sizes: Sequence[int] = (32,),
+        activation: str = "tanh",
+        episodes: int = 1,
+        normalize_obs: bool = False,
+        policy_module=None,
+        episode_length: int | None = None,
+        backend: str | None = None,
+        policy: str = "auto",
+        lanes: int | None = None,
+        virtual_batch_norm: bool = False,
+    ):
+        """Builds the task.
+
+        Args:
+          env: an environment name (see :func:`evorl_pop.tasks.envs.make_env`) or an
+            :class:`~evorl_pop.tasks.envs.Env`.
+          hidden_sizes: hidden layers of the policy's MLP (after the CNN's
+            convolutions for image observations).
+          activation: ``'tanh'``, ``'relu'`` or ``'elu'``.
+          episodes: episodes per candidate evaluation (their mean is the score).
+          normalize_obs: normalise observations with running statistics
+            gathered from the whole population (merged across devices).
+          policy_module: a custom flax module instead of the built-in policy;
+            its output must fit the action space.
+          episode_length: steps after which an episode ends (``None``: the
+            environment's own limit, 1000 for brax).
+          backend: brax environments: the physics backend (``None``: spring).
+          policy: ``'auto'`` (a CNN for image observations, else an MLP),
+            ``'mlp'``, ``'cnn'`` or ``'keypoints'`` (see :func:`make_policy`).
+          lanes: episodes a device steps at once, taking the next pending
+            episode as one ends (``None``: 16 on a CPU, the whole slice on an
+            accelerator; see :func:`evorl_pop.tasks.rollout.rollout_queue`).
+          virtual_batch_norm: standardise every hidden layer of the policy over
+            a fixed batch of :data:`VBN_BATCH` observations of random play
+            (normalised as the policy sees them), folded into each candidate's
+            weights before its episodes (see :func:`fold_virtual_batch_norm`).
+        """
+        if episodes < 1:
+            raise ValueError(f"episodes must be at least 1, got {episodes}.")
+        if episode_length is not None and episode_length < 1:
+            raise ValueError(f"episode_length must be at least 1, got {episode_length}.")
+        if lanes is not None and lanes < 1:
+            raise ValueError(f"lanes must be at least 1 (or None for the default), got {lanes}.")
+        if isinstance(env, str):
+            env = make_env(env, episode_length=episode_length,
+                           **({} if backend is None else {"backend": backend}))  # fmt: skip
+        elif backend is not None:
+            raise ValueError("backend applies to environment names: use make_env(name, backend=).")
+        self.env, self.spec, self.name = env, env.spec, env.spec.name
+        self.policy = make_policy(self.spec, hidden_sizes, activation, policy_module, policy)
+        self.episodes, self.normalize_obs = episodes, normalize_obs
+        self.episode_length, self.lanes = episode_length, lanes
+        template = self.policy.init(jax.random.key(0))
+        flat, self.unravel = ravel_pytree(template)
+        self.num_dims = int(flat.size)
+        self.reference = None
+        if virtual_batch_norm:
+            # a custom module fails here, before any observation is collected
+            one = jax.ShapeDtypeStruct((1, *self.spec.obs_shape), jnp.float32)
+            jax.eval_shape(lambda r: fold_virtual_batch_norm(self.policy, template, r), one)
+            collect = jax.jit(lambda key: random_observations(self.env, key, VBN_BATCH))
+            self.reference = np.asarray(collect(jax.random.key(0)))
+            # the first layer's view of it, once (raw observations are normalised each time)
+            self.vbn_reference = jax.device_get(vbn_reference(self.policy, self.reference))
+
+    def init_solution(self, key):
+        return ravel_pytree(self.policy.init(key))[0]
+
+    def init_state(self):
+        return ObsNorm.create(self.spec.obs_shape) if self.normalize_obs else ()
+
+    def _policy_params(self, solution, obs_norm):
+        params = self.unravel(solution)
+        if self.reference is not None:
+            seen = self.vbn_reference if obs_norm is None else obs_norm.normalize(self.reference)
+            params = fold_virtual_batch_norm(self.policy, params, seen)
+        return params
+
+    def _episodes(self, solution, key, task_state, episodes) -> EpisodeStats:
+        obs_norm = task_state if self.normalize_obs else None
+        params = self._policy_params(solution, obs_norm)
+        return evaluate_episodes(self.env, self.policy, params, key, episodes, obs_norm,
+                                 self.episode_length, self.lanes)  # fmt: skip
+
+    def evaluate(self, solution, key, task_state, collect: bool = False):
+        """Mean return of one candidate over ``episodes`` episodes.
+
+        Args:
+          solution: the flat policy parameters.
+          key: the candidate's key; episode ``j`` uses ``split(key, episodes)[j]``.
+          task_state: the observation normaliser, or ``()``.
+          collect: also return the episodes' transitions (one rollout per episode).
+
+        Returns:
+          ``(return, EvalInfo)``; with ``collect``, ``(return, EvalInfo,
+          Episode)``, the episode's leaves leading with the episodes.
+        """
+        if not collect:
+            stats = self._episodes(solution, key, task_state, self.episodes)
+            moments = stats.moments if self.normalize_obs else None
+            return stats.episode_return, EvalInfo(stats.steps, stats.episodes, moments)
+        obs_norm = task_state if self.normalize_obs else None
+        params = self._policy_params(solution, obs_norm)
+        keys = jax.random.split(key, self.episodes)
+        run = lambda k: rollout(self.env, self.policy, params, k, obs_norm,  # noqa: E731
+                                self.episode_length, collect=True)  # fmt: skip
+        episodes = jax.vmap(run)(keys)
+        moments = jax.tree.map(lambda x: x.sum(0), episodes.moments) if obs_norm else None
+        info = EvalInfo(episodes.steps.sum(), jnp.int32(self.episodes), moments)
+        return episodes.episode_return.mean(), info, episodes
+
+    def evaluate_return(self, solution, key, task_state, episodes: int):
+        """Mean return of one solution over ``episodes`` episodes (for reporting)."""
+        return self._episodes(solution, key, task_state, episodes).episode_return
+
+    def update_state(self, task_state, info_total: EvalInfo):
+        if not self.normalize_obs:
+            return task_state
+        return task_state.merge(info_total.moments)
