@@ -23,6 +23,7 @@ sign boundary being the engine's.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import flax.struct
 import jax
@@ -31,13 +32,12 @@ import numpy as np
 from evosax.algorithms.distribution_based.base import DistributionBasedAlgorithm
 from evosax.algorithms.distribution_based.base import Params as BaseParams
 from evosax.algorithms.distribution_based.base import State as BaseState
-from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh
 
 from evorl_pop.base import ConfigError
 from evorl_pop.core.engine import Engine, make_mesh
 from evorl_pop.rl.replay import ReplayBuffer
-from evorl_pop.rl.td3 import CriticState, HybridConfig, TD3Learner, TD3State
+from evorl_pop.rl.td3 import CriticState, HybridConfig, TD3Learner
 from evorl_pop.tasks.control import ControlTask
 
 
@@ -113,12 +113,8 @@ class CEM(DistributionBasedAlgorithm):
         self.elites = num_elites
         weights = np.log((num_elites + 1) / np.arange(1, num_elites + 1))  # best first
         self.weights = jnp.asarray(weights / weights.sum(), jnp.float32)
-        self.config = config
-
-    @property
-    def _default_params(self) -> CEMParams:
-        c = self.config
-        return CEMParams(c.sigma_init, c.noise_init, c.noise_end, c.noise_decay)
+        c = config
+        self._default_params = CEMParams(c.sigma_init, c.noise_init, c.noise_end, c.noise_decay)
 
     def _init(self, key, params: CEMParams) -> CEMState:
         return CEMState(
@@ -161,40 +157,13 @@ class CEMRLLearner(TD3Learner):
         self.num_rl = config.num_rl_actors
 
     def init(self, key: jax.Array) -> LearnerState:
-        return LearnerState(self.td3.init_critic(key), self.empty_buffer())
-
-    def train_actors(self, critic: CriticState, flat: jax.Array, buffer: ReplayBuffer, key):
-        """TD3 for each actor in turn, all against (and training) the shared critic.
-
-        Each actor starts a fresh Adam state and its target copy from its own
-        sampled weights; ``updates_per_actor`` critic steps are interleaved
-        with its (delayed) actor steps.
-
-        Args:
-          critic: the shared critic.
-          flat: the actors to train, shape ``(num_rl_actors, num_params)``.
-          buffer: the shared replay buffer.
-          key: PRNG key.
-
-        Returns:
-          ``(critic, flat, losses)`` with the trained actors, flat.
-        """
-
-        def body(critic, xs):
-            actor_flat, k = xs
-            actor = self.td3.init_actor(self.task.unravel(actor_flat))
-            learner, losses = self.learn(TD3State(actor, critic, jnp.int32(0)), buffer, k)
-            return learner.critic, (ravel_pytree(learner.actor.params)[0], losses)
-
-        keys = jax.random.split(key, flat.shape[0])
-        critic, (flat, losses) = jax.lax.scan(body, critic, (flat, keys))
-        return critic, flat, jax.tree.map(jnp.mean, losses)
+        return LearnerState(*self.init_critic_and_buffer(key))
 
     def step(self, key, state: LearnerState, population, strategy_state):
         n, ready = self.num_rl, self.ready(state.buffer)
         critic, trained, losses = self.learn_if(
             ready & (n > 0),
-            lambda c, f: self.train_actors(c, f, state.buffer, key),
+            functools.partial(self.train_actors, buffer=state.buffer, key=key),
             state.critic,
             population[:n],
         )
@@ -202,7 +171,7 @@ class CEMRLLearner(TD3Learner):
         return population.at[:n].set(trained), state.replace(critic=critic), metrics
 
     def observe(self, state: LearnerState, summary, episodes):
-        return state.replace(buffer=self.add(state.buffer, episodes)), {}
+        return state.replace(buffer=state.buffer.add(episodes.transitions, episodes.valid)), {}
 
 
 class CEMRL(Engine):
@@ -224,7 +193,7 @@ class CEMRL(Engine):
         self.config, td3 = config, config.td3
         mesh = make_mesh() if mesh is None else mesh
         task = ControlTask(config.task, td3.actor_hidden_sizes, td3.actor_activation,
-                           episode_length=config.episode_length)  # fmt: skip
+                           episode_length=config.episode_length, transitions=True)  # fmt: skip
         strategy = CEM(config.population_size, jnp.zeros(task.num_dims), config.num_elites, config)
         super().__init__(strategy, task, mesh, eval_episodes=config.eval_episodes,
                          learner=CEMRLLearner(task, config, mesh))  # fmt: skip

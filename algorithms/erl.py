@@ -110,11 +110,10 @@ class GA(PopulationBasedAlgorithm):
         self.config, self.task = config, task
         self.neuron = jnp.asarray(_neuron_ids(task.unravel(jnp.zeros(task.num_dims))))
         self.num_neurons = int(self.neuron.max()) + 1
-
-    @property
-    def _default_params(self) -> GAParams:
-        c = self.config
-        return GAParams(c.crossover_prob, c.mutation_prob, c.mutation_frac, c.mutation_std)
+        c = config
+        self._default_params = GAParams(
+            c.crossover_prob, c.mutation_prob, c.mutation_frac, c.mutation_std
+        )
 
     def initial_population(self, key: jax.Array) -> jax.Array:
         """Independently initialised actors: member ``i`` from ``fold_in(key, i)``."""
@@ -213,7 +212,8 @@ class ERLLearner(TD3Learner):
 
     def observe(self, state: LearnerState, summary, episodes):
         returned = jnp.where(state.injected, summary.scores[state.slot], jnp.nan)
-        return state.replace(buffer=self.add(state.buffer, episodes)), {"injected_return": returned}
+        buffer = state.buffer.add(episodes.transitions, episodes.valid)
+        return state.replace(buffer=buffer), {"injected_return": returned}
 
 
 class ERL(Engine):
@@ -235,7 +235,7 @@ class ERL(Engine):
         self.config, td3 = config, config.td3
         mesh = make_mesh() if mesh is None else mesh
         task = ControlTask(config.task, td3.actor_hidden_sizes, td3.actor_activation,
-                           episode_length=config.episode_length)  # fmt: skip
+                           episode_length=config.episode_length, transitions=True)  # fmt: skip
         super().__init__(GA(config.population_size, task, config), task, mesh,
                          eval_episodes=config.eval_episodes,
                          learner=ERLLearner(task, config, mesh))  # fmt: skip

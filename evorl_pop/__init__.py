@@ -12,38 +12,29 @@ The package, layer by layer (imports only go down)::
     distributed the collectives, sharded maps and gradient updates
     base        errors, the evaluation record, the float type, atomic writes
 
-Importing ``evorl_pop`` starts no JAX backend, so the device count and the
-precision can still be set (:func:`use_all_cores`); the names below that need
-JAX's backend are imported when first used.
+Importing ``evorl_pop`` (its layers but the algorithms, which import evosax's)
+starts no JAX backend, so the device count and the precision can still be set
+(:func:`use_all_cores`) after it.
 """
 
-from evorl_pop import distributed
+from evorl_pop import base, core, distributed, rl, run, tasks
+from evorl_pop.base import __version__
+from evorl_pop.core.engine import make_mesh, pad_to_multiple
 from evorl_pop.run.processes import set_precision, use_all_cores, use_compilation_cache
-
-__version__ = "0.1.0"
-
-_LAZY = {
-    "make_mesh": "evorl_pop.core.engine",
-    "pad_to_multiple": "evorl_pop.core.engine",
-    "train": "evorl_pop.run.shell",
-    "resume": "evorl_pop.run.shell",
-}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:  # evosax and gymnax start JAX's backend when imported
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'evorl_pop' has no attribute {name!r}")
-
+from evorl_pop.run.shell import resume, train
 
 __all__ = [
+    "__version__",
+    "base",
+    "core",
     "distributed",
     "make_mesh",
     "pad_to_multiple",
     "resume",
+    "rl",
+    "run",
     "set_precision",
+    "tasks",
     "train",
     "use_all_cores",
     "use_compilation_cache",

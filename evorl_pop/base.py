@@ -24,6 +24,8 @@ import numpy as np
 
 from evorl_pop import jax_private
 
+__version__ = "0.1.0"
+
 # --- errors ------------------------------------------------------------------------
 
 

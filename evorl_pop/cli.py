@@ -13,8 +13,8 @@ import os
 import sys
 import textwrap
 
-from evorl_pop import __version__, tasks
-from evorl_pop.base import CheckpointError, ConfigError, RunError
+from evorl_pop import tasks
+from evorl_pop.base import CheckpointError, ConfigError, RunError, __version__
 from evorl_pop.run import config as config_lib
 from evorl_pop.run import launcher, processes, shell, store
 

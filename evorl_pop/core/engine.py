@@ -360,7 +360,6 @@ class Engine:
                 "low_communication=True needs evosax's Open_ES (the Gaussian family whose "
                 f"noise each device can draw itself) and no learner; got {type(strategy).__name__}."
             )
-        self.params = strategy.default_params if strategy_params is None else strategy_params
         self.population_size = strategy.population_size
         self.num_devices = self.mesh.shape[POP_AXIS_NAME]
         self.padded_size = padded_size(self.population_size, self.num_devices)
@@ -371,6 +370,7 @@ class Engine:
         per_row = float_dtype().itemsize * task.num_dims
         cap = max(1, min(local, NOISE_BLOCK_BYTES // per_row))
         self.noise_block = next(d for d in range(cap, 0, -1) if local % d == 0)
+        self.params = strategy.default_params if strategy_params is None else strategy_params
 
     def evaluate(self, population, key, task_state, collect: bool = False):
         """Scores a ``(pop, dims)`` population with :func:`evaluate`.
@@ -383,7 +383,8 @@ class Engine:
 
         Returns:
           ``(summary, episodes)``: a :class:`Summary` (replicated) and, when
-          collecting, the episodes, padded and sharded (else ``None``).
+          collecting, the episodes, padded and sharded (else ``None``), the
+          padded candidates' steps marked not ``valid``.
         """
 
         def one(x, k):
@@ -391,8 +392,13 @@ class Engine:
                 return self.task.evaluate(x, k, task_state, collect=True)
             return (*self.task.evaluate(x, k, task_state), None)
 
-        maximize = self.task.maximize
-        return evaluate(one, population, key, self.mesh, maximize, self.eval_mode)
+        summary, episodes = evaluate(one, population, key, self.mesh, self.task.maximize,
+                                     self.eval_mode)  # fmt: skip
+        if collect:  # padded candidates' steps are no steps
+            real = jnp.arange(episodes.valid.shape[0]) < self.population_size
+            valid = episodes.valid & real.reshape(-1, *[1] * (episodes.valid.ndim - 1))
+            episodes = episodes.replace(valid=valid)
+        return summary, episodes
 
     def init(self, key: jax.Array, solution: jax.Array | None = None) -> State:
         """Initial state: the strategy around ``solution`` (default: the task's).
@@ -401,13 +407,15 @@ class Engine:
         spread around ``solution`` (normals), evaluated on the mesh.
         """
         k_sol, k_init, k_pop, k_eval = jax.random.split(key, 4)
+        task_state = self.task.init_state()
         if solution is None:
             solution = self.task.init_solution(k_sol)
         solution = jnp.asarray(solution, float_dtype()).reshape(-1)
-        task_state = self.task.init_state()
         learner, collect = self.learner, self.learner is not None and self.learner.collect
-        learner_state = None if learner is None else learner.init(jax.random.fold_in(key, 4))
+        learner_state = None
         if self.population_based:
+            if learner is not None:  # the initial population's steps are its first data
+                learner_state = learner.init(jax.random.fold_in(key, 4))
             initial = getattr(self.strategy, "initial_population", None)
             if initial is not None:
                 population = initial(k_pop)
@@ -422,6 +430,8 @@ class Engine:
             strategy_state = self.strategy.init(k_init, population, fitness, self.params)
         else:
             strategy_state = self.strategy.init(k_init, solution, self.params)
+            if learner is not None:
+                learner_state = learner.init(jax.random.fold_in(key, 4))
         state = State(strategy_state, task_state, jnp.int32(0), learner_state)
         # strong dtypes, replicated over the mesh: the state after a generation
         # has the same types and placement, so the compiled step is reused
@@ -459,13 +469,13 @@ class Engine:
                 )
             collect = learner is not None and learner.collect
             summary, episodes = self.evaluate(population, k_eval, state.task_state, collect)
-            if learner is not None:
-                learner_state, observed = learner.observe(learner_state, summary, episodes)
-                extra = {**extra, **observed}
             fitness = summary.fitness(self.population_size)
             strategy_state, _ = self.strategy.tell(
                 k_tell, population, fitness, strategy_state, self.params
             )
+            if learner is not None:
+                learner_state, observed = learner.observe(learner_state, summary, episodes)
+                extra = {**extra, **observed}
         new_state = State(strategy_state, state.task_state, state.generation + 1, learner_state)
         metrics, task_state = self._metrics(new_state, summary, k_report, extra)
         # same dtypes as the input (evosax returns some leaves weakly typed), so
@@ -495,13 +505,16 @@ class Engine:
         if hasattr(task, "optimal_value"):
             metrics["f_minus_fopt"] = best_so_far - task.optimal_value(task_state)
         new_task_state = task.update_state(task_state, summary.info)
-        if solution is None:
-            pass
-        elif hasattr(task, "evaluate_return"):
-            metrics["eval_return"] = task.evaluate_return(solution, key, task_state,
-                                                          self.eval_episodes)  # fmt: skip
-        else:
-            metrics["eval_return"] = task.evaluate(solution, key, task_state)[0]
+        if solution is not None:
+            # Replicated, as outside it, but in the mesh's shard_map like the
+            # population's evaluation, whose traced episode step it reuses.
+            if hasattr(task, "evaluate_return"):
+                one = functools.partial(task.evaluate_return, episodes=self.eval_episodes)
+            else:  # one evaluation, e.g. of a black-box task
+                one = lambda *args: task.evaluate(*args)[0]  # noqa: E731
+            metrics["eval_return"] = jax.shard_map(
+                one, mesh=self.mesh, in_specs=P(), out_specs=P(), check_vma=False
+            )(solution, key, task_state)
         return {**metrics, **extra}, new_task_state
 
     # --- low-communication Gaussian ES ----------------------------------------------

@@ -153,7 +153,10 @@ def sample(
       dp_axis_name: the data-parallel mesh axis, or ``None``.
 
     Returns:
-      The items of this device's slice of the global minibatch.
+      ``(items, index)``: the items of this device's slice of the global
+      minibatch, and their positions in it (:func:`global_batch_index`), which
+      per-sample randomness is drawn from.
     """
     indices = jax.random.randint(key, (batch_size,), 0, jnp.maximum(buffer.size, 1))
-    return buffer.take(dp_slice(indices, dp_axis_name))
+    local = dp_slice(indices, dp_axis_name)
+    return buffer.take(local), global_batch_index(local.shape[0], dp_axis_name)

@@ -25,16 +25,16 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
+from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop import distributed as dist
 from evorl_pop.base import ConfigError, EnvSpec
-from evorl_pop.core.engine import check_pop_axis, make_mesh
 from evorl_pop.rl import replay
 from evorl_pop.rl.replay import ReplayBuffer
 from evorl_pop.tasks.envs import Critic, Policy, make_policy
-from evorl_pop.tasks.rollout import Episode, Transition
+from evorl_pop.tasks.rollout import Transition
 
 #: gymnax environments with continuous actions (those TD3 can learn).
 CONTINUOUS_ENVS = (
@@ -183,32 +183,22 @@ class TD3:
 
     # --- losses ------------------------------------------------------------------
 
-    def q_values(self, critic_params: Any, obs: jax.Array, action: jax.Array) -> jax.Array:
-        """Both critics' values, shape ``(2, batch)``."""
-        return jax.vmap(self.critic.apply, in_axes=(0, None, None))(critic_params, obs, action)
-
-    def target_action(
-        self, actor_params: Any, next_obs: jax.Array, key: jax.Array, index: jax.Array
-    ) -> jax.Array:
-        """Target-policy smoothing: the target actor's action plus clipped noise.
+    def target_noise(self, key: jax.Array, index: jax.Array) -> jax.Array:
+        """Target-policy smoothing noise, clipped, in action units.
 
         Args:
-          actor_params: the target actor.
-          next_obs: batch of next observations.
           key: the update's noise key (the same on every device).
           index: each sample's position in the global minibatch.
 
         Returns:
-          Actions in ``[low, high]``.
+          One noise vector per sample.
         """
-        half_range = 0.5 * (self._high - self._low)
         cfg = self.config
         noise = jax.vmap(
             lambda i: jax.random.normal(jax.random.fold_in(key, i), (self.spec.action_dim,))
         )(index)
-        noise = jnp.clip(cfg.policy_noise * noise, -cfg.noise_clip, cfg.noise_clip) * half_range
-        action = jax.vmap(self.policy, in_axes=(None, 0))(actor_params, next_obs)
-        return jnp.clip(action + noise, self._low, self._high)
+        half_range = 0.5 * (self._high - self._low)
+        return jnp.clip(cfg.policy_noise * noise, -cfg.noise_clip, cfg.noise_clip) * half_range
 
     def critic_loss(
         self,
@@ -219,19 +209,26 @@ class TD3:
         key: jax.Array,
         index: jax.Array,
     ) -> jax.Array:
-        """Mean over the batch of both critics' squared TD errors (clipped double Q)."""
-        next_action = self.target_action(actor_target_params, batch.next_obs, key, index)
-        next_q = jnp.min(self.q_values(critic_target_params, batch.next_obs, next_action), 0)
+        """Mean over the batch of both critics' squared TD errors (clipped double Q).
+
+        The target actor's next action, smoothed with :meth:`target_noise`,
+        is valued by the smaller of the two target critics (Eq. 10 of the paper).
+        """
+        noise = self.target_noise(key, index)
+        q_values = jax.vmap(self.critic.apply, in_axes=(0, None, None))  # both critics
+        next_action = jax.vmap(self.policy, in_axes=(None, 0))(actor_target_params, batch.next_obs)
+        next_action = jnp.clip(next_action + noise, self._low, self._high)
+        next_q = jnp.min(q_values(critic_target_params, batch.next_obs, next_action), 0)
         target = batch.reward + self.config.discount * (1.0 - batch.terminal) * next_q
         target = jax.lax.stop_gradient(target)
-        q = self.q_values(critic_params, batch.obs, batch.action)
+        q = q_values(critic_params, batch.obs, batch.action)
         return jnp.mean(jnp.sum((q - target) ** 2, axis=0))
 
     def actor_loss(self, actor_params: Any, critic_params: Any, obs: jax.Array) -> jax.Array:
         """Minus the first critic's value of the actor's actions, batch mean."""
+        first = jax.tree.map(lambda p: p[0], critic_params)
         action = jax.vmap(self.policy, in_axes=(None, 0))(actor_params, obs)
-        q1 = self.critic.apply(jax.tree.map(lambda p: p[0], critic_params), obs, action)
-        return -jnp.mean(q1)
+        return -jnp.mean(self.critic.apply(first, obs, action))
 
     # --- updates -----------------------------------------------------------------
 
@@ -242,6 +239,7 @@ class TD3:
         batch: Transition,
         key: jax.Array,
         dp_axis_name: str | None = None,
+        index: jax.Array | None = None,
     ) -> tuple[CriticState, jax.Array]:
         """One gradient step of the twin critics.
 
@@ -251,11 +249,14 @@ class TD3:
           batch: this device's slice of the global minibatch.
           key: noise key, the same on every device.
           dp_axis_name: the data-parallel axis the batch is split over, or ``None``.
+          index: the batch's positions in the global minibatch (``None``: this
+            device's contiguous slice, see :func:`~evorl_pop.rl.replay.global_batch_index`).
 
         Returns:
           ``(critic, loss)``: the loss is the global minibatch mean.
         """
-        index = replay.global_batch_index(batch.reward.shape[0], dp_axis_name)
+        if index is None:
+            index = replay.global_batch_index(batch.reward.shape[0], dp_axis_name)
         step = dist.gradient_update(self.critic_loss, self.critic_optimizer, dp_axis_name)
         loss, params, opt_state = step(
             critic.opt_state,
@@ -296,6 +297,7 @@ class TD3:
         batch: Transition,
         key: jax.Array,
         dp_axis_name: str | None = None,
+        index: jax.Array | None = None,
     ) -> tuple[TD3State, dict[str, jax.Array]]:
         """One TD3 iteration: a critic step; every ``policy_delay``-th time also
         an actor step and the Polyak update of both targets.
@@ -305,13 +307,14 @@ class TD3:
           batch: this device's contiguous slice of the global minibatch.
           key: noise key, the same on every device.
           dp_axis_name: the data-parallel axis the batch is split over, or ``None``.
+          index: the batch's positions in the global minibatch (see :meth:`critic_update`).
 
         Returns:
           ``(state, metrics)`` with ``critic_loss`` and ``actor_loss`` (NaN
           when the actor was not updated).
         """
         critic, critic_loss = self.critic_update(
-            state.critic, state.actor.target_params, batch, key, dp_axis_name
+            state.critic, state.actor.target_params, batch, key, dp_axis_name, index
         )
         tau = self.config.tau
 
@@ -356,8 +359,8 @@ class TD3:
 
         def body(state, key):
             sample_key, noise_key = jax.random.split(key)
-            batch = replay.sample(buffer, sample_key, self.config.batch_size, dp_axis_name)
-            return self.update(state, batch, noise_key, dp_axis_name)
+            batch, index = replay.sample(buffer, sample_key, self.config.batch_size, dp_axis_name)
+            return self.update(state, batch, noise_key, dp_axis_name, index)
 
         state, metrics = jax.lax.scan(body, state, jax.random.split(key, num_updates))
         return state, {
@@ -423,9 +426,8 @@ def example_transition(spec: EnvSpec) -> Transition:
 
 
 def dp_mesh(mesh: Mesh, batch_size: int) -> Mesh:
-    """A ``'DP'`` mesh over the devices of a ``'POP'`` mesh, which must split ``batch_size``."""
-    devices = list(check_pop_axis(mesh).devices.flat)
-    n = len(devices)
+    """A ``'DP'`` mesh over the devices of a population's mesh, which must split ``batch_size``."""
+    n = mesh.devices.size
     if batch_size % n:
         lower, upper = (batch_size // n) * n, (batch_size // n + 1) * n
         options = f"{upper}" if lower == 0 else f"{lower} or {upper}"
@@ -433,7 +435,7 @@ def dp_mesh(mesh: Mesh, batch_size: int) -> Mesh:
             f"The TD3 batch size {batch_size} is split over {n} devices of the 'DP' axis, so "
             f"it must be a multiple of {n} (e.g. {options})."
         )
-    return make_mesh(n, axis_name=dist.DP_AXIS_NAME, devices=devices)
+    return Mesh(mesh.devices.reshape(-1), (dist.DP_AXIS_NAME,))
 
 
 class TD3Learner:
@@ -457,7 +459,6 @@ class TD3Learner:
     def __init__(self, task, config: HybridConfig, mesh: Mesh, num_updates: int, algorithm: str):
         check_continuous(task.spec, algorithm)
         self.task, self.config = task, config
-        self.population_size = config.population_size
         self.dp_mesh = dp_mesh(mesh, config.td3.batch_size)
         self.td3 = TD3(task.spec, config.td3, policy=task.policy)
 
@@ -474,6 +475,40 @@ class TD3Learner:
         example = example_transition(self.task.spec)
         return ReplayBuffer.create(example, self.config.buffer_capacity)
 
+    def init_critic_and_buffer(self, key: jax.Array) -> tuple[CriticState, ReplayBuffer]:
+        """Fresh twin critics and an empty replay buffer."""
+        example = example_transition(self.task.spec)
+        critic = self.td3.init_critic(key)
+        return critic, ReplayBuffer.create(example, self.config.buffer_capacity)
+
+    def train_actors(self, critic: CriticState, flat: jax.Array, buffer: ReplayBuffer, key):
+        """TD3 for each actor in turn, all against (and training) one shared critic
+        (CEM-RL's actors).
+
+        Each actor starts a fresh Adam state and its target copy from its own
+        weights; its :attr:`learn` critic steps are interleaved with its
+        (delayed) actor steps.
+
+        Args:
+          critic: the shared critic.
+          flat: the actors to train, flat, shape ``(actors, num_params)``.
+          buffer: the shared replay buffer.
+          key: PRNG key.
+
+        Returns:
+          ``(critic, flat, losses)`` with the trained actors, flat.
+        """
+
+        def body(critic, xs):
+            actor_flat, k = xs
+            actor = self.td3.init_actor(self.task.unravel(actor_flat))
+            learner, losses = self.learn(TD3State(actor, critic, jnp.int32(0)), buffer, k)
+            return learner.critic, (ravel_pytree(learner.actor.params)[0], losses)
+
+        keys = jax.random.split(key, flat.shape[0])
+        critic, (flat, losses) = jax.lax.scan(body, critic, (flat, keys))
+        return critic, flat, jax.tree.map(jnp.mean, losses)
+
     def ready(self, buffer: ReplayBuffer) -> jax.Array:
         """Whether ``buffer`` holds enough steps to learn from (the learning gate)."""
         return buffer.size >= max(self.config.learning_starts, self.config.td3.batch_size)
@@ -486,8 +521,3 @@ class TD3Learner:
         skip = lambda *ops: (*ops, {"critic_loss": nan, "actor_loss": nan})  # noqa: E731
         return jax.lax.cond(ready, fn, skip, *operands)
 
-    def add(self, buffer: ReplayBuffer, episodes: Episode) -> ReplayBuffer:
-        """The buffer with every valid step of an evaluation's (padded) episodes."""
-        real = jnp.arange(episodes.valid.shape[0]) < self.population_size
-        valid = episodes.valid & real.reshape(-1, *[1] * (episodes.valid.ndim - 1))
-        return buffer.add(episodes.transitions, valid)

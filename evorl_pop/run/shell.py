@@ -38,8 +38,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
-import evorl_pop
-from evorl_pop.base import RunError, objective_error
+from evorl_pop.base import RunError, __version__, objective_error
 from evorl_pop.core.engine import make_mesh
 from evorl_pop.run import config as config_lib
 from evorl_pop.run import processes, store
@@ -120,8 +119,9 @@ def train_loop(
             compiled[length] = jax.jit(lambda s, n=length: jax.lax.scan(body, s, None, length=n))
         t0 = time.perf_counter()
         state, metrics = compiled[length](state)
-        # Under jax.distributed the metrics span every process's devices: read this process's copy.
-        metrics = jax.tree.map(processes.to_host, metrics)
+        # One transfer; under jax.distributed the metrics span every process's devices.
+        many = jax.process_count() > 1
+        metrics = jax.tree.map(processes.to_host, metrics) if many else jax.device_get(metrics)
         elapsed = time.perf_counter() - t0
         done += length
         for name, values in metrics.items():
@@ -244,7 +244,8 @@ def _rows(run: store.Run, metrics: dict, wall: float) -> list[dict]:
 
 
 def _session(run: store.Run, algorithm, state, recorders, progress, figure) -> RunResult:
-    """Runs a session's generations through the recorders; Ctrl-C ends in an ``Interrupted``."""
+    """Runs a session's generations through the (started) recorders; Ctrl-C ends in an
+    ``Interrupted``."""
     config, run_dir = run.config, run.run_dir
     start, base = time.perf_counter(), run.wall_time
     deferred = _Deferred()
@@ -259,8 +260,6 @@ def _session(run: store.Run, algorithm, state, recorders, progress, figure) -> R
 
     try:
         deferred.install()
-        for recorder in recorders:
-            recorder.start(run)
         try:
             state, history = train_loop(
                 algorithm, state, run.key, config.generations - run.generation,
@@ -303,7 +302,7 @@ def _desc(config: RunConfig) -> str:
 
 def _about(what: str, config: RunConfig, mesh) -> str:
     return (
-        f"{what}: {_desc(config)}  (evorl_pop {evorl_pop.__version__}, jax {jax.__version__}, "
+        f"{what}: {_desc(config)}  (evorl_pop {__version__}, jax {jax.__version__}, "
         f"{jax.default_backend()} backend, {mesh.size} device(s) on the population axis, "
         f"{jax.process_count()} process(es), compilation cache: "
         f"{jax.config.jax_compilation_cache_dir or 'off'})"
@@ -350,6 +349,8 @@ def train(
     recorders = default_recorders(recorders)
     with store.hold(run_dir, True, text, overwrite):
         run = store.Run(run_dir, config, text, run_key, about, writer=jax.process_index() == 0)
+        for recorder in recorders:
+            recorder.start(run)
         return _session(run, algorithm, state, recorders, progress, figure)
 
 
@@ -434,4 +435,7 @@ def resume(
             ckpt.generation, tuple(columns), rows.splitlines(keepends=True),
             jax.process_index() == 0,
         )  # fmt: skip
-        return _session(run, algorithm, state, default_recorders(recorders), progress, figure)
+        recorders = default_recorders(recorders)
+        for recorder in recorders:
+            recorder.start(run)
+        return _session(run, algorithm, state, recorders, progress, figure)

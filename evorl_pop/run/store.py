@@ -169,8 +169,8 @@ def hold(run_dir: Path, new: bool, config_text: str | None = None, overwrite: bo
         return ckpt, config_lib.read_mapping(path) if path.exists() else ckpt.config
 
     try:
-        with writing(run_dir):
-            yield processes.share(acquire)
+        with writing(run_dir):  # one process: no other to tell what it read
+            yield acquire() if jax.process_count() == 1 else processes.share(acquire)
     finally:
         if handle is not None:
             handle.close()  # releases the lock

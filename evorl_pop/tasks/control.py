@@ -204,6 +204,7 @@ class ControlTask:
         policy: str = "auto",
         lanes: int | None = None,
         virtual_batch_norm: bool = False,
+        transitions: bool = False,
     ):
         """Builds the task.
 
@@ -230,6 +231,10 @@ class ControlTask:
             a fixed batch of :data:`VBN_BATCH` observations of random play
             (normalised as the policy sees them), folded into each candidate's
             weights before its episodes (see :func:`fold_virtual_batch_norm`).
+          transitions: the task feeds a learner: every episode it runs keeps its
+            transitions (one rollout per episode), so that the evaluation
+            :meth:`evaluate_return` reports runs the step the population's
+            collecting evaluation traced (the same returns as without).
         """
         if episodes < 1:
             raise ValueError(f"episodes must be at least 1, got {episodes}.")
@@ -245,7 +250,7 @@ class ControlTask:
         self.env, self.spec, self.name = env, env.spec, env.spec.name
         self.policy = make_policy(self.spec, hidden_sizes, activation, policy_module, policy)
         self.episodes, self.normalize_obs = episodes, normalize_obs
-        self.episode_length, self.lanes = episode_length, lanes
+        self.episode_length, self.lanes, self.transitions = episode_length, lanes, transitions
         template = self.policy.init(jax.random.key(0))
         flat, self.unravel = ravel_pytree(template)
         self.num_dims = int(flat.size)
@@ -295,18 +300,22 @@ class ControlTask:
             stats = self._episodes(solution, key, task_state, self.episodes)
             moments = stats.moments if self.normalize_obs else None
             return stats.episode_return, EvalInfo(stats.steps, stats.episodes, moments)
-        obs_norm = task_state if self.normalize_obs else None
-        params = self._policy_params(solution, obs_norm)
-        keys = jax.random.split(key, self.episodes)
-        run = lambda k: rollout(self.env, self.policy, params, k, obs_norm,  # noqa: E731
-                                self.episode_length, collect=True)  # fmt: skip
-        episodes = jax.vmap(run)(keys)
-        moments = jax.tree.map(lambda x: x.sum(0), episodes.moments) if obs_norm else None
+        episodes = self._collect(solution, key, task_state, self.episodes)
+        moments = jax.tree.map(lambda x: x.sum(0), episodes.moments) if self.normalize_obs else None
         info = EvalInfo(episodes.steps.sum(), jnp.int32(self.episodes), moments)
         return episodes.episode_return.mean(), info, episodes
 
+    def _collect(self, solution, key, task_state, episodes: int):
+        obs_norm = task_state if self.normalize_obs else None
+        params = self._policy_params(solution, obs_norm)
+        run = lambda k: rollout(self.env, self.policy, params, k, obs_norm,  # noqa: E731
+                                self.episode_length, collect=True)  # fmt: skip
+        return jax.vmap(run)(jax.random.split(key, episodes))
+
     def evaluate_return(self, solution, key, task_state, episodes: int):
         """Mean return of one solution over ``episodes`` episodes (for reporting)."""
+        if self.transitions:
+            return self._collect(solution, key, task_state, episodes).episode_return.mean()
         return self._episodes(solution, key, task_state, episodes).episode_return
 
     def update_state(self, task_state, info_total: EvalInfo):

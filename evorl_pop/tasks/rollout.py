@@ -242,6 +242,9 @@ def rollout(
     track, noisy = obs_norm is not None, noise_std is not None
     step, begin = _compiled(env, policy, episode_length, track, noisy, collect)
     obs, state, step_keys = begin(key, num_segments * segment)
+    # Re-made here: a jitted function's constant outputs carry no mesh inside
+    # shard_map, and the step traced with them would not be the work queue's.
+    obs, state = jax.tree.map(lambda x: jnp.where(True, x, x), (obs, state))
     step_keys = step_keys.reshape(num_segments, segment)
     # zeros derived from obs keep its sharding type (varying inside shard_map)
     zero = jnp.zeros_like(obs, dtype=jnp.float32)
