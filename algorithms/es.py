@@ -29,15 +29,9 @@ from evosax.core.fitness_shaping import weights_fitness_shaping_fn
 
 from evorl_pop.base import ConfigError, check_config, did_you_mean, float_dtype
 from evorl_pop.core.engine import Engine
-from evorl_pop.tasks.blackbox import (
-    BBOB_PREFIX,
-    BLACKBOX_FUNCTIONS,
-    BLACKBOX_TASKS,
-    BBOBTask,
-    BlackBoxTask,
-)
+from evorl_pop.tasks import make_task
+from evorl_pop.tasks.blackbox import BLACKBOX_FUNCTIONS, BLACKBOX_TASKS
 from evorl_pop.tasks.brax_envs import BRAX_PREFIX
-from evorl_pop.tasks.control import ControlTask
 from evorl_pop.tasks.envs import env_names
 
 # --- OpenAI-ES with a noise table --------------------------------------------------
@@ -391,13 +385,12 @@ class ESConfig:
                 raise ConfigError(f"{name} must be > 0 (or null for the default), got {value}.")
 
     def make_task(self):
-        """The task ``task`` names, with this config's settings."""
-        if self.task in BLACKBOX_FUNCTIONS:
-            return BlackBoxTask(self.task, num_dims=self.num_dims, x0=self.x0)
-        if self.task.startswith(BBOB_PREFIX):
-            name = self.task.removeprefix(BBOB_PREFIX)
-            return BBOBTask(name, num_dims=self.num_dims, x0=self.x0, instance=self.instance)
-        return ControlTask(
+        """The task ``task`` names, with this config's settings (see ``tasks.make_task``)."""
+        if self.task in BLACKBOX_TASKS:
+            kwargs = dict(num_dims=self.num_dims, x0=self.x0)
+            return make_task(self.task, **kwargs, **({} if self.task in BLACKBOX_FUNCTIONS else
+                                                     {"instance": self.instance}))  # fmt: skip
+        return make_task(
             self.task,
             hidden_sizes=tuple(self.hidden_sizes),
             activation=self.activation,

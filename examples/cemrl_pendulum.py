@@ -10,32 +10,17 @@ figures/cemrl_pendulum.png (population best / mean / worst and the return of
 the CEM mean actor). The mean actor usually passes -250 within 50k-100k steps.
 """
 
-from _common import parse, train_and_plot
+from evorl_pop.run import script
 
-args = parse(__doc__.splitlines()[0], generations=50)
+args = script.start(__doc__, generations=50)
 
 from evorl_pop.algorithms.cemrl import Config  # noqa: E402
-from evorl_pop.config import RunConfig  # noqa: E402
 
-config = RunConfig(
-    algorithm="cemrl",
-    algorithm_config=Config(),  # Pendulum-v1, population 10, 5 TD3 actors
-    seed=args.seed,
-    generations=args.generations,
-    chunk=5,
-    checkpoint_every=10,
-    devices=args.devices,
-)
-for name, result in train_and_plot(
-    [("cemrl-pendulum", config)],
-    args,
-    "cemrl_pendulum.png",
-    "CEM-RL, Pendulum-v1, eval = the mean actor",
-    metrics=("best", "mean", "worst", "eval_return"),
-    x="steps",
-):
+results = script.train(args, {"cemrl-pendulum": Config()},  # Pendulum-v1, 10 actors, 5 TD3
+                       "cemrl_pendulum.png", "CEM-RL, Pendulum-v1, eval = the mean actor",
+                       metrics=("best", "mean", "worst", "eval_return"), x="steps", chunk=5,
+                       checkpoint_every=10)  # fmt: skip
+for name, result in results.items():
     ret = result.history["eval_return"]
-    print(
-        f"{name}: {result.env_steps:,} env steps; eval return of the mean actor {ret[-1]:.1f}, "
-        f"best {ret.max():.1f}"
-    )
+    print(f"{name}: {result.env_steps:,} env steps; eval return of the mean actor "
+          f"{ret[-1]:.1f}, best {ret.max():.1f}")  # fmt: skip

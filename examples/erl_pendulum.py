@@ -12,33 +12,18 @@ mean / worst and the return of the learner's actor). The learner usually
 passes -250 within 50k steps.
 """
 
-from _common import parse, train_and_plot
+from evorl_pop.run import script
 
-args = parse(__doc__.splitlines()[0], generations=46)
+args = script.start(__doc__, generations=46)
 
 from evorl_pop.algorithms.erl import Config  # noqa: E402
-from evorl_pop.config import RunConfig  # noqa: E402
 
-config = RunConfig(
-    algorithm="erl",
-    algorithm_config=Config(),  # Pendulum-v1, population 10, sync every 5 generations
-    seed=args.seed,
-    generations=args.generations,
-    chunk=5,
-    checkpoint_every=10,
-    devices=args.devices,
-)
-for name, result in train_and_plot(
-    [("erl-pendulum", config)],
-    args,
-    "erl_pendulum.png",
-    "ERL, Pendulum-v1, eval = the TD3 learner",
-    metrics=("best", "mean", "worst", "eval_return"),
-    x="steps",
-):
+results = script.train(args, {"erl-pendulum": Config()},  # Pendulum-v1, 10 actors, sync every 5
+                       "erl_pendulum.png", "ERL, Pendulum-v1, eval = the TD3 learner",
+                       metrics=("best", "mean", "worst", "eval_return"), x="steps", chunk=5,
+                       checkpoint_every=10)  # fmt: skip
+for name, result in results.items():
     ret = result.history["eval_return"]
     injected = int(result.history["rl_actors_injected"].sum())
-    print(
-        f"{name}: {result.env_steps:,} env steps; eval return of the learner {ret[-1]:.1f}, "
-        f"best {ret.max():.1f}; learner copied into the population {injected} times"
-    )
+    print(f"{name}: {result.env_steps:,} env steps; eval return of the learner {ret[-1]:.1f}, "
+          f"best {ret.max():.1f}; learner copied into the population {injected} times")  # fmt: skip

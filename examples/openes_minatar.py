@@ -19,7 +19,7 @@ best over its last 10 generations to ``--generations`` in all, plays that
 mean policy for 64 fresh episodes, and draws every run in one figure.
 """
 
-from _common import parse, train_and_plot
+from evorl_pop.run import script
 
 
 def _arguments(parser):
@@ -45,47 +45,29 @@ def _arguments(parser):
     )
 
 
-args = parse(__doc__.splitlines()[0], _arguments, generations=1000)
+args = script.start(__doc__, _arguments, generations=1000)
 
 from evorl_pop.algorithms.es import ESConfig  # noqa: E402
-from evorl_pop.config import RunConfig  # noqa: E402
 
 keypoints = args.policy == "keypoints"
-config = RunConfig(
-    algorithm="es",
-    algorithm_config=ESConfig(
-        strategy="Open_ES",
-        task="Breakout-MinAtar",
-        population_size=args.pop,
-        learning_rate=0.05,
-        sigma_init=0.1,
-        hidden_sizes=() if keypoints else (64,),
-        policy=args.policy,
-        episode_length=500,
-        eval_episodes=8,
-        virtual_batch_norm=args.vbn,
-        elite=args.elite,
-    ),
-    seed=args.seed,
-    generations=args.generations,
-    chunk=10,
-    checkpoint_every=0,
-    devices=args.devices,
-)
+es = ESConfig(strategy="Open_ES", task="Breakout-MinAtar", population_size=args.pop,
+              learning_rate=0.05, sigma_init=0.1, hidden_sizes=() if keypoints else (64,),
+              policy=args.policy, episode_length=500, eval_episodes=8,
+              virtual_batch_norm=args.vbn, elite=args.elite)  # fmt: skip
 suffix = "-keypoints" if keypoints else ""
 
 
-def restart_and_continue(config, args, name, figure):
+def restart_and_continue(es, args, name, figure):
     """The ``--restarts`` procedure (see the module's docstring); returns nothing."""
-    import dataclasses
     import time
 
     import jax
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from evorl_pop import runner
+    import evorl_pop
     from evorl_pop.algorithms.es import ES
+    from evorl_pop.run.config import RunConfig
 
     if args.restarts < 1 or not 0 < args.restart_generations < args.generations:
         raise SystemExit(
@@ -93,20 +75,20 @@ def restart_and_continue(config, args, name, figure):
             "--restart-generations between 0 and --generations."
         )
     start, runs = time.perf_counter(), []
-    first = dataclasses.replace(config, generations=args.restart_generations)
     for seed in range(args.seed, args.seed + args.restarts):
         run_dir = args.runs / f"{name}-restart{seed}"
-        result = runner.train(dataclasses.replace(first, seed=seed), run_dir, progress=False,
-                              overwrite=True, figure=False)  # fmt: skip
+        first = RunConfig("es", seed, args.restart_generations, chunk=10, checkpoint_every=0,
+                          devices=args.devices, algorithm_config=es)  # fmt: skip
+        result = evorl_pop.train(first, run_dir, progress=False, overwrite=True, figure=False)
         runs.append((float(np.mean(result.history["eval_return"][-10:])), seed, run_dir, result))
         print(f"seed {seed}: mean policy {runs[-1][0]:.2f} over its last 10 generations, "
               f"{time.perf_counter() - start:.0f} s")  # fmt: skip
     score, seed, run_dir, chosen = max(runs, key=lambda run: run[0])  # the first of ties
     more = args.generations - args.restart_generations
-    final = runner.resume(run_dir, more=more, progress=not args.quiet, figure=False)
+    final = evorl_pop.resume(run_dir, more=more, progress=not args.quiet, figure=False)
     seconds = time.perf_counter() - start
     steps = sum(run[3].env_steps for run in runs) + final.env_steps - chosen.env_steps
-    task = ES(config.algorithm_config).task
+    task = ES(es).task
     play = jax.jit(lambda mean, key: task.evaluate_return(mean, key, final.state.task_state, 64))
     fresh = float(play(final.state.strategy_state.mean, jax.random.key(2**31 - 1)))
     curve = np.concatenate([chosen.history["eval_return"], final.history["eval_return"]])
@@ -133,17 +115,13 @@ def restart_and_continue(config, args, name, figure):
 
 run_name, figure = f"openes-breakout{suffix}", f"openes_breakout{suffix.replace('-', '_')}.png"
 if args.restarts:
-    restart_and_continue(config, args, run_name, figure)
+    restart_and_continue(es, args, run_name, figure)
 else:
-    for name, result in train_and_plot(
-        [(run_name, config)],
-        args,
-        figure,
-        f"OpenES on Breakout-MinAtar, {'keypoint' if keypoints else 'CNN'} policy, "
-        f"population {args.pop}" + (f", elite {args.elite:g}" if args.elite else ""),
-        metrics=("best", "mean", "worst", "eval_return"),
-        x="steps",
-    ):
+    title = (f"OpenES on Breakout-MinAtar, {'keypoint' if keypoints else 'CNN'} policy, "
+             f"population {args.pop}" + (f", elite {args.elite:g}" if args.elite else ""))
+    results = script.train(args, {run_name: es}, figure, title, chunk=10, checkpoint_every=0,
+                           metrics=("best", "mean", "worst", "eval_return"), x="steps")
+    for name, result in results.items():
         ret = result.history["eval_return"]
         above = (ret >= 10).nonzero()[0]
         when = f"generation {above[0] + 1}" if above.size else "not within the run"

@@ -11,40 +11,20 @@ and figures/pbt_pendulum.png: the members' returns (best / mean / worst) and
 every member's learning-rate trajectory beside them.
 """
 
-from _common import parse, train_and_plot
+from evorl_pop.run import script
 
-args = parse(__doc__.splitlines()[0], generations=12)
+args = script.start(__doc__, generations=12)
 
 import numpy as np  # noqa: E402
 
 from evorl_pop.algorithms.pbt import Config, Hyperparameter  # noqa: E402
-from evorl_pop.config import RunConfig  # noqa: E402
 
-config = RunConfig(
-    algorithm="pbt",
-    algorithm_config=Config(
-        population_size=8,
-        search=(
-            Hyperparameter("actor_lr", 1e-5, 1e-2),
-            Hyperparameter("critic_lr", 1e-5, 1e-2),
-        ),
-        interval=1000,
-    ),
-    seed=args.seed,
-    generations=args.generations,
-    chunk=2,
-    checkpoint_every=4,
-    devices=args.devices,
-)
-for name, result in train_and_plot(
-    [("pbt-pendulum", config)],
-    args,
-    "pbt_pendulum.png",
-    "PBT-TD3, Pendulum-v1, 8 members",
-    x="steps",
-):
+search = (Hyperparameter("actor_lr", 1e-5, 1e-2), Hyperparameter("critic_lr", 1e-5, 1e-2))
+pbt = Config(population_size=8, search=search, interval=1000)
+results = script.train(args, {"pbt-pendulum": pbt}, "pbt_pendulum.png",
+                       "PBT-TD3, Pendulum-v1, 8 members", x="steps", chunk=2,
+                       checkpoint_every=4)  # fmt: skip
+for name, result in results.items():
     returns = [result.history[f"member{i}_return"][-1] for i in range(8)]
-    print(
-        f"{name}: {result.env_steps:,} env steps; last evaluation: median member "
-        f"{np.median(returns):.1f}, best {max(returns):.1f}"
-    )
+    print(f"{name}: {result.env_steps:,} env steps; last evaluation: median member "
+          f"{np.median(returns):.1f}, best {max(returns):.1f}")  # fmt: skip

@@ -9,9 +9,9 @@ per slice (the batched form). Everything else (sampling, ranking, the
 covariance update, the restarts) is the same compiled engine as for a JAX task.
 """
 
-from _common import parse
+from evorl_pop.run import script
 
-args = parse(__doc__.splitlines()[0], runs=False)  # no run folder: --devices, --seed
+args = script.start(__doc__, runs=False)  # no run folder: --devices, --seed
 
 import jax  # noqa: E402
 
@@ -21,8 +21,9 @@ import numpy as np  # noqa: E402
 from scipy.optimize import rosen  # noqa: E402
 
 from evorl_pop import make_mesh  # noqa: E402
-from evorl_pop.algorithms.es import ESConfig, minimize  # noqa: E402
-from evorl_pop.blackbox import PythonTask  # noqa: E402
+from evorl_pop.algorithms.es import ESConfig  # noqa: E402
+from evorl_pop.algorithms.restarts import minimize  # noqa: E402
+from evorl_pop.tasks import PythonTask  # noqa: E402
 
 calls = []
 

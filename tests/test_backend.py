@@ -9,8 +9,9 @@ from pathlib import Path
 import jax
 import pytest
 
-from evorl_pop import backend, make_mesh
-from evorl_pop.config import RunConfig, resolve_config
+from evorl_pop import make_mesh
+from evorl_pop.run import processes as backend
+from evorl_pop.run.config import RunConfig, resolve_config
 
 
 @pytest.fixture
@@ -76,7 +77,7 @@ def test_precision_cannot_change_once_jax_started():
 
 def test_cli_sets_cores_and_float64_before_jax_starts():
     code = (
-        "from evorl_pop import backend, cli\n"
+        "from evorl_pop import cli\nfrom evorl_pop.run import processes as backend\n"
         "assert cli.main(['train', '--precision', 'float64', '--print-config']) == 0\n"
         "import jax, jax.numpy as jnp\n"
         "print(jnp.zeros(1).dtype, jax.device_count(), backend.available_cores())\n"

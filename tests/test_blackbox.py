@@ -7,6 +7,7 @@ test process keeps JAX's default 32-bit mode.
 import dataclasses
 from collections.abc import Callable
 
+import _loop
 import cma
 import jax
 import jax.numpy as jnp
@@ -25,9 +26,9 @@ from evorl_pop.algorithms.es import (
     default_tolstagnation,
     minimize,
 )
-from evorl_pop.blackbox import BBOBTask, ObjectiveError, PythonTask, bbob_instance
-from evorl_pop.config import ConfigError
-from evorl_pop.tasks import BlackBoxTask, EvalInfo, make_task, task_names
+from evorl_pop.base import ConfigError, EvalInfo, ObjectiveError
+from evorl_pop.tasks import BlackBoxTask, make_task, task_names
+from evorl_pop.tasks.blackbox import BBOBTask, PythonTask, bbob_instance
 
 
 def _float_leaves(tree):
@@ -58,7 +59,7 @@ def test_float64_state_population_and_fitness_after_a_generation(devices):
         )
         es = ES(config, mesh=make_mesh(devices))
         state = es.init(jax.random.key(0))
-        population, _ = es.strategy.ask(jax.random.key(1), state.strategy_state, es.engine.params)
+        population, _ = es.strategy.ask(jax.random.key(1), state.strategy_state, es.params)
         new_state, metrics = jax.jit(es.step)(state, jax.random.key(1))
         assert population.dtype == jnp.float64
         assert {x.dtype for x in _float_leaves(new_state)} == {jnp.dtype(jnp.float64)}
@@ -416,7 +417,7 @@ def test_python_objective_gives_the_same_run_as_the_jax_task(batched):
     histories = []
     for task in (BlackBoxTask("sphere", num_dims=5, x0=1.0), python_task):
         es = ES(config, mesh=make_mesh(2), task=task)
-        _, history = es.train(jax.random.key(3), num_generations=15, chunk=5, progress=False)
+        _, history = _loop.train(es, jax.random.key(3), 15, chunk=5)
         histories.append(history)
     jax_run, python_run = histories
     for name in ("fitness_best", "fitness_median", "eval_return", "f_minus_fopt", "sigma"):
@@ -445,7 +446,7 @@ def test_python_objective_sees_float64_on_every_device():
             runs = []
             for task in (PythonTask(f, 3, x0=1.0), BlackBoxTask("sphere", 3, x0=1.0)):
                 es = ES(config, mesh=make_mesh(devices), task=task)
-                run = jax.jit(lambda s, es=es: es.engine.run(s, jax.random.key(1), 3)[1])
+                run = lambda s, es=es: _loop.run(es, s, jax.random.key(1), 3)[1]  # noqa: E731
                 runs.append(run(es.init(jax.random.key(0)))["fitness_best"])
             assert runs[0].dtype == jnp.float64
             # float32 arguments or results would differ from float64 at about 1e-7
@@ -500,7 +501,7 @@ def test_python_objective_failing_mid_run_is_one_clear_line():
         task=task,
     )
     with pytest.raises(ObjectiveError) as info:
-        es.train(jax.random.key(0), num_generations=5, progress=False)
+        _loop.train(es, jax.random.key(0), 5)
     assert str(info.value) == "The objective 'far_away' raised ValueError: |x| > 10"
     # the process goes on computing, and no stale callback error waits for the next computation
     jax.effects_barrier()

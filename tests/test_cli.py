@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 from flax.traverse_util import flatten_dict
 
-from evorl_pop import checkpoint as ckpt_lib
-from evorl_pop import cli, metrics_file
-from evorl_pop import config as config_lib
+from evorl_pop import cli
+from evorl_pop.base import CheckpointError
+from evorl_pop.run import config as config_lib
+from evorl_pop.run import store as ckpt_lib
+from evorl_pop.run import store as metrics_file
 
 # A job that compiles quickly and then runs long enough (a few seconds) to be
 # killed in the middle: OpenES on CartPole, small population, 2 generations a chunk.
@@ -59,7 +61,7 @@ def _rows(path):
 
 def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     killed, whole = tmp_path / "killed", tmp_path / "whole"
-    ckpt_path = killed / ckpt_lib.FILENAME
+    ckpt_path = killed / ckpt_lib.CHECKPOINT_FILENAME
     proc = subprocess.Popen(
         [sys.executable, "-m", "evorl_pop.cli", "train", *JOB,
          "--generations", str(GENERATIONS), "--out", str(killed), "--quiet", "--no-figure"],
@@ -86,13 +88,13 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     proc.communicate()
     _, reference_err = reference.communicate(timeout=600)
     assert reference.returncode == 0, reference_err
-    at_kill = ckpt_lib.load(killed)
+    at_kill = ckpt_lib.load_checkpoint(killed)
     assert 0 < at_kill.generation < GENERATIONS, "the run ended before it was killed"
 
     # Every line of the metrics file is whole, and it parses.
-    text = (killed / metrics_file.FILENAME).read_text()
+    text = (killed / metrics_file.METRICS_FILENAME).read_text()
     assert text.endswith("\n")
-    rows = _rows(killed / metrics_file.FILENAME)
+    rows = _rows(killed / metrics_file.METRICS_FILENAME)
     assert [int(r["generation"]) for r in rows] == list(range(1, len(rows) + 1))
     for r in rows:
         assert all(v != "" for v in r.values())
@@ -101,7 +103,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     resumed = _cli("resume", str(killed), "--quiet")
     assert resumed.returncode == 0, resumed.stderr
 
-    a, b = ckpt_lib.load(killed), ckpt_lib.load(whole)
+    a, b = ckpt_lib.load_checkpoint(killed), ckpt_lib.load_checkpoint(whole)
     assert a.generation == b.generation == GENERATIONS
     assert a.env_steps == b.env_steps
     np.testing.assert_array_equal(a.key, b.key)
@@ -153,16 +155,16 @@ def test_resume_refuses_a_changed_config_unless_forced(tmp_path, capsys):
     assert cli.main(["resume", str(run), "--more", "2", "--chunk", "1", "--force", "-q"]) == 0
     rows = _rows(run / "metrics.csv")
     assert [int(r["generation"]) for r in rows] == [1, 2, 3, 4, 5, 6]
-    assert ckpt_lib.load(run).config["algorithm_config"]["population_size"] == 12
+    assert ckpt_lib.load_checkpoint(run).config["algorithm_config"]["population_size"] == 12
 
 
 def test_resume_to_a_total_and_nothing_to_do(tmp_path, capsys):
     run = tmp_path / "run"
     assert _train(run, "--no-figure") == 0
     assert cli.main(["resume", str(run), "--generations", "6", "-q", "--no-figure"]) == 0
-    assert ckpt_lib.load(run).generation == 6
+    assert ckpt_lib.load_checkpoint(run).generation == 6
     assert cli.main(["resume", str(run), "-q", "--no-figure"]) == 0  # already there
-    assert ckpt_lib.load(run).generation == 6
+    assert ckpt_lib.load_checkpoint(run).generation == 6
     assert cli.main(["resume", str(run), "--generations", "3", "-q"]) == 1
     assert "past the requested total" in capsys.readouterr().err
 
@@ -177,20 +179,20 @@ def test_missing_and_corrupt_checkpoints_are_clear_and_change_nothing(tmp_path, 
 
     run = tmp_path / "run"
     assert _train(run, "--no-figure") == 0
-    data = bytearray((run / ckpt_lib.FILENAME).read_bytes())
+    data = bytearray((run / ckpt_lib.CHECKPOINT_FILENAME).read_bytes())
     data[len(data) // 2] ^= 0xFF
-    (run / ckpt_lib.FILENAME).write_bytes(bytes(data))
+    (run / ckpt_lib.CHECKPOINT_FILENAME).write_bytes(bytes(data))
     (run / "metrics.csv").write_text((run / "metrics.csv").read_text() + "5,1,2.0")
     snapshot = {p.name: p.read_bytes() for p in run.iterdir()}
     assert cli.main(["resume", str(run), "--more", "2", "-q"]) == 1
     assert "damaged" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in run.iterdir()} == snapshot
-    (run / ckpt_lib.FILENAME).write_bytes(bytes(data[: len(data) // 3]))
-    with pytest.raises(ckpt_lib.CheckpointError, match="damaged"):
-        ckpt_lib.load(run)
-    (run / ckpt_lib.FILENAME).write_bytes(b"not a checkpoint")
-    with pytest.raises(ckpt_lib.CheckpointError, match="not an evorl-pop checkpoint"):
-        ckpt_lib.load(run)
+    (run / ckpt_lib.CHECKPOINT_FILENAME).write_bytes(bytes(data[: len(data) // 3]))
+    with pytest.raises(CheckpointError, match="damaged"):
+        ckpt_lib.load_checkpoint(run)
+    (run / ckpt_lib.CHECKPOINT_FILENAME).write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="not an evorl-pop checkpoint"):
+        ckpt_lib.load_checkpoint(run)
 
 
 def test_train_refuses_to_overwrite_a_run(tmp_path, capsys):
@@ -274,7 +276,7 @@ def test_top_level_algorithm_field_in_a_file_says_where_it_belongs(tmp_path, cap
 
 
 def test_devices_auto_equals_the_explicit_count(tmp_path, monkeypatch):
-    from evorl_pop import backend
+    from evorl_pop.run import processes as backend
 
     monkeypatch.setattr(backend, "available_cores", lambda: 2)
     monkeypatch.setenv("XLA_FLAGS", "")  # no user count: auto follows the cores
@@ -335,8 +337,7 @@ def test_list(capsys):
         assert word in out
     # every name whole, never split at a line end ("Freeway-" / "MinAtar")
     from evorl_pop.algorithms.es import STRATEGIES
-    from evorl_pop.blackbox import bbob_task_names
-    from evorl_pop.envs import ENV_FACTORIES
+    from evorl_pop.tasks.blackbox import bbob_task_names
 
     names = {*STRATEGIES, *ENV_FACTORIES, *bbob_task_names()}
     tokens = set(re.split(r"[,\s]+", out))
@@ -401,10 +402,11 @@ def test_plot_of_other_algorithms_labels_them_briefly_and_shows_a_lone_point(
         config_lib.save(config_lib.resolve_config([], [f"algorithm={algorithm}"]),
                         runs[-1] / "config.yaml")  # fmt: skip
         columns = metrics_file.columns_for(("fitness_best", "fitness_mean", "fitness_worst"))
-        writer = metrics_file.MetricsWriter(runs[-1] / metrics_file.FILENAME, columns)
-        writer.append([dict(generation=g, env_steps=100 * g, wall_time=0.1 * g, fitness_best=-g,
-                            fitness_mean=-2 * g, fitness_worst=-3 * g)
-                       for g in range(1, generations + 1)])  # fmt: skip
+        rows = [dict(generation=g, env_steps=100 * g, wall_time=0.1 * g, fitness_best=-g,
+                     fitness_mean=-2 * g, fitness_worst=-3 * g)
+                for g in range(1, generations + 1)]  # fmt: skip
+        metrics_file.restore_metrics(runs[-1] / metrics_file.METRICS_FILENAME, columns,
+                                     "".join(metrics_file.csv_lines(rows, columns)))  # fmt: skip
     out = tmp_path / "all.png"
     assert cli.main(["plot", *map(str, runs), "--out", str(out), "--svg"]) == 0
     svg = out.with_suffix(".svg").read_text()
@@ -419,15 +421,16 @@ def test_plot_of_other_algorithms_labels_them_briefly_and_shows_a_lone_point(
 
 def test_metrics_file_truncates_rows_past_a_generation(tmp_path):
     path = tmp_path / "metrics.csv"
-    writer = metrics_file.MetricsWriter(path, ("generation", "env_steps", "wall_time", "x"))
-    writer.append(
-        [{"generation": g, "env_steps": 10 * g, "wall_time": 0.5, "x": 0.1 * g} for g in (1, 2, 3)]
-    )
+    columns = ("generation", "env_steps", "wall_time", "x")
+    rows = [
+        {"generation": g, "env_steps": 10 * g, "wall_time": 0.5, "x": 0.1 * g} for g in (1, 2, 3)
+    ]
+    metrics_file.restore_metrics(path, columns, "".join(metrics_file.csv_lines(rows, columns)))
     with open(path, "a") as f:
         f.write("4,40,0.5,0.")  # a write cut short
-    assert metrics_file.read(path)["generation"].tolist() == [1, 2, 3]
-    assert metrics_file.truncate(path, 2) == ("generation", "env_steps", "wall_time", "x")
-    data = metrics_file.read(path)
+    assert metrics_file.read_metrics(path)["generation"].tolist() == [1, 2, 3]
+    assert metrics_file.truncate_metrics(path, 2) == ("generation", "env_steps", "wall_time", "x")
+    data = metrics_file.read_metrics(path)
     assert data["generation"].tolist() == [1, 2]
     assert data["x"].tolist() == [0.1, 0.2]  # floats read back exactly
     assert path.read_text().endswith("\n")

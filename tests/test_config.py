@@ -4,10 +4,11 @@ import dataclasses
 
 import pytest
 
-from evorl_pop import config as config_lib
-from evorl_pop import registry
 from evorl_pop.algorithms.es import ESConfig
-from evorl_pop.config import ConfigError, RunConfig
+from evorl_pop.base import ConfigError
+from evorl_pop.run import config as config_lib
+from evorl_pop.run import config as registry
+from evorl_pop.run.config import RunConfig
 
 
 def test_defaults_are_the_es_defaults():
@@ -237,7 +238,7 @@ def test_nested_config_from_a_file_keeps_the_algorithms_defaults(tmp_path):
 
 def test_registry_tells_a_missing_package_from_a_broken_module(tmp_path, monkeypatch):
     (tmp_path / "algo_missing_dep.py").write_text("import package_that_is_not_installed_x\n")
-    (tmp_path / "algo_broken.py").write_text("from evorl_pop.config import no_such_name\n")
+    (tmp_path / "algo_broken.py").write_text("from evorl_pop.run.config import no_such_name\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     missing = registry.AlgorithmSpec("missing", "algo_missing_dep", "Config", "Algo")
     assert not missing.available()

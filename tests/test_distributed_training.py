@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 from flax.traverse_util import flatten_dict
 
-from evorl_pop import checkpoint as ckpt_lib
-from evorl_pop import cli, launcher
+from evorl_pop import cli
+from evorl_pop.run import launcher
+from evorl_pop.run import store as ckpt_lib
 
 OPENES = [
     "--strategy", "Open_ES", "--task", "CartPole-v1", "--pop", "16", "--seed", "3",
@@ -100,7 +101,7 @@ def test_two_processes_equal_one_process_and_one_device(tmp_path, job):
             np.testing.assert_allclose(
                 got[name], reference[name], rtol=1e-4, atol=1e-4, err_msg=f"{name} vs {out.name}"
             )
-        _assert_same_state(ckpt_lib.load(multi), ckpt_lib.load(out))
+        _assert_same_state(ckpt_lib.load_checkpoint(multi), ckpt_lib.load_checkpoint(out))
 
 
 KILL_JOB = [
@@ -128,7 +129,7 @@ def test_killed_process_stops_the_launch_and_the_run_resumes(tmp_path):
     for t in readers:
         t.start()
     deadline = time.time() + 240
-    while not (run / ckpt_lib.FILENAME).exists():
+    while not (run / ckpt_lib.CHECKPOINT_FILENAME).exists():
         assert launch.poll() is None, "the launch ended before its first checkpoint"
         assert time.time() < deadline, "no checkpoint appeared"
         time.sleep(0.01)
@@ -154,7 +155,7 @@ def test_killed_process_stops_the_launch_and_the_run_resumes(tmp_path):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
 
-    at_kill = ckpt_lib.load(run)  # the last checkpoint is whole
+    at_kill = ckpt_lib.load_checkpoint(run)  # the last checkpoint is whole
     assert 0 < at_kill.generation < 120, "the run ended before it was killed"
 
     # Resume on another layout: 2 processes x 1 device.
@@ -163,7 +164,7 @@ def test_killed_process_stops_the_launch_and_the_run_resumes(tmp_path):
     assert f"resume from generation {at_kill.generation}" in (run / "train.log").read_text()
 
     assert cli.main(["train", *KILL_JOB, "--devices", "2", "--out", str(whole)]) == 0
-    a, b = ckpt_lib.load(run), ckpt_lib.load(whole)
+    a, b = ckpt_lib.load_checkpoint(run), ckpt_lib.load_checkpoint(whole)
     assert a.generation == b.generation == 120
     assert a.env_steps == b.env_steps
     np.testing.assert_array_equal(a.key, b.key)
@@ -203,7 +204,7 @@ def test_without_the_launcher_survivors_fail_instead_of_hanging(tmp_path):
     ]  # fmt: skip
     try:
         deadline = time.time() + 240
-        while not (run / ckpt_lib.FILENAME).exists():
+        while not (run / ckpt_lib.CHECKPOINT_FILENAME).exists():
             assert procs[0].poll() is None and procs[1].poll() is None
             assert time.time() < deadline, "no checkpoint appeared"
             time.sleep(0.01)
@@ -213,7 +214,7 @@ def test_without_the_launcher_survivors_fail_instead_of_hanging(tmp_path):
         except subprocess.TimeoutExpired:
             pytest.fail("the surviving process hung after its peer died")
         assert returncode != 0
-        assert 0 < ckpt_lib.load(run).generation < 5000
+        assert 0 < ckpt_lib.load_checkpoint(run).generation < 5000
     finally:
         for p in procs:
             p.kill()
@@ -231,7 +232,7 @@ def test_ctrl_c_reaches_every_process_and_they_checkpoint(tmp_path):
         text=True,
     )  # fmt: skip
     deadline = time.time() + 240
-    while not (run / ckpt_lib.FILENAME).exists():
+    while not (run / ckpt_lib.CHECKPOINT_FILENAME).exists():
         assert launch.poll() is None, launch.communicate()[1][-3000:]
         assert time.time() < deadline, "no checkpoint appeared"
         time.sleep(0.01)
@@ -244,4 +245,4 @@ def test_ctrl_c_reaches_every_process_and_they_checkpoint(tmp_path):
     assert launch.returncode == 130
     assert "[p0] evorl-pop train: interrupted" in err and "[p1] evorl-pop train: interrupted" in err
     assert "interrupted after generation" in (run / "train.log").read_text()
-    assert 0 < ckpt_lib.load(run).generation < 5000
+    assert 0 < ckpt_lib.load_checkpoint(run).generation < 5000

@@ -2,17 +2,17 @@
 
 import dataclasses
 
+import _loop
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from evorl_pop import make_mesh
-from evorl_pop.algorithms.es import ES, ESConfig, elite_shaping, make_strategy
-from evorl_pop.config import ConfigError
-from evorl_pop.engine import ShardedES, _median
-from evorl_pop.fitness import to_minimization, worst_for_nonfinite
-from evorl_pop.noise_table import NoiseTableOpen_ES
+from evorl_pop.algorithms.es import ES, ESConfig, NoiseTableOpen_ES, elite_shaping, make_strategy
+from evorl_pop.base import ConfigError
+from evorl_pop.core import engine as engine_module
+from evorl_pop.core.engine import Engine, _median, to_minimization, worst_for_nonfinite
 from evorl_pop.tasks import BlackBoxTask, ControlTask
 
 GENERATIONS = 6
@@ -44,9 +44,9 @@ def reference_run(strategy, params, task, key, generations, init_key):
 
 
 def engine_run(strategy, params, task, key, generations, init_key, n, **kwargs):
-    engine = ShardedES(strategy, task, mesh=make_mesh(n), strategy_params=params, **kwargs)
+    engine = Engine(strategy, task, mesh=make_mesh(n), strategy_params=params, **kwargs)
     state = engine.init(init_key)
-    state, metrics = jax.jit(lambda s: engine.run(s, key, generations))(state)
+    state, metrics = _loop.run(engine, state, key, generations)
     return engine, state, metrics
 
 
@@ -206,10 +206,10 @@ def test_obs_norm_merge_matches_numpy_statistics():
     """The normaliser merged from psum'd moments equals the mean/var of all observations."""
     task = ControlTask("Pendulum-v1", hidden_sizes=(4,), normalize_obs=True)
     strategy, params = make_strategy("Open_ES", 8, task.num_dims)
-    engine = ShardedES(strategy, task, mesh=make_mesh(4), strategy_params=params)
+    engine = Engine(strategy, task, mesh=make_mesh(4), strategy_params=params)
     state = engine.init(jax.random.key(0))
     population, _ = strategy.ask(jax.random.key(1), state.strategy_state, params)
-    summary = jax.jit(engine.evaluate)(population, jax.random.key(2), state.task_state)
+    summary, _ = jax.jit(engine.evaluate)(population, jax.random.key(2), state.task_state)
     merged = task.update_state(state.task_state, summary.info)
 
     def observations(x, i):  # collect the raw observations of one candidate
@@ -240,7 +240,7 @@ def test_obs_norm_merge_matches_numpy_statistics():
 def test_low_communication_openes_equals_full_matrix_update(n, noise):
     task = BlackBoxTask("rastrigin", num_dims=7, x0=1.0)
     strategy, params = make_strategy("Open_ES", 14, task.num_dims, learning_rate=0.05, noise=noise)
-    engine = ShardedES(strategy, task, make_mesh(n), params, low_communication=True)
+    engine = Engine(strategy, task, make_mesh(n), params, low_communication=True)
     state = engine.init(jax.random.key(0))
     key = jax.random.key(9)
     new_state, metrics = jax.jit(engine.step)(state, key)
@@ -261,18 +261,17 @@ def test_low_communication_openes_equals_full_matrix_update(n, noise):
     np.testing.assert_allclose(metrics["fitness_best"], scores.min(), rtol=1e-6)
 
 
-def test_low_communication_chunks_bound_noise_memory_and_match():
-    """Drawing the noise in chunks (bounded memory) changes nothing."""
+def test_low_communication_blocks_bound_noise_memory_and_match(monkeypatch):
+    """Drawing the noise in blocks (bounded memory) changes nothing."""
     task = BlackBoxTask("sphere", num_dims=50, x0=1.0)
     strategy, params = make_strategy("Open_ES", 32, task.num_dims, learning_rate=0.05)
     key = jax.random.key(1)
     states = []
-    for chunk_bytes in (1 << 30, 4 * 50 * 2):  # whole slice at once vs two rows at a time
-        engine = ShardedES(
-            strategy, task, make_mesh(2), params, low_communication=True, chunk_bytes=chunk_bytes
-        )
-        states.append(jax.jit(lambda s, e=engine: e.run(s, key, 3))(engine.init(key))[0])
-    assert engine.chunk == 2
+    for block_bytes in (1 << 30, 4 * 50 * 2):  # whole slice at once vs two rows at a time
+        monkeypatch.setattr(engine_module, "NOISE_BLOCK_BYTES", block_bytes)
+        engine = Engine(strategy, task, make_mesh(2), params, low_communication=True)
+        states.append(_loop.run(engine, engine.init(key), key, 3)[0])
+    assert engine.noise_block == 2
     np.testing.assert_allclose(
         states[0].strategy_state.mean, states[1].strategy_state.mean, rtol=1e-5, atol=1e-6
     )
@@ -284,7 +283,7 @@ def _sphere_openes_final(**variant):
     config.validate()
     es = ES(config, mesh=make_mesh(2))
     assert isinstance(es.strategy, NoiseTableOpen_ES) == (config.noise != "normal")
-    _, history = es.train(jax.random.key(0), 150, chunk=150, progress=False)
+    _, history = _loop.train(es, jax.random.key(0), 150)
     return history["fitness_mean"][-10:].mean()
 
 
@@ -313,7 +312,7 @@ def test_step_compiles_once_and_scan_equals_loop():
     for g in range(3):
         s_loop, _ = jstep(s_loop, jax.random.fold_in(jax.random.key(1), g))
     assert len(traces) == 1  # no retrace on later calls
-    s_scan, _ = jax.jit(lambda s: es.engine.run(s, jax.random.key(1), 3))(state)
+    s_scan, _ = _loop.run(es, state, jax.random.key(1), 3)
     np.testing.assert_allclose(s_scan.strategy_state.mean, s_loop.strategy_state.mean, rtol=1e-6)
     eager, _ = es.step(state, jax.random.fold_in(jax.random.key(1), 0))
     jitted, _ = jstep(state, jax.random.fold_in(jax.random.key(1), 0))
@@ -379,13 +378,13 @@ def test_strategy_with_required_arguments_says_which():
 def test_strategy_and_task_dimensions_must_agree():
     strategy, params = make_strategy("CMA_ES", 8, 5)
     with pytest.raises(ValueError, match=r"searches 5 dimensions but the task.*has 4"):
-        ShardedES(strategy, BlackBoxTask("sphere", num_dims=4), make_mesh(1), params)
+        Engine(strategy, BlackBoxTask("sphere", num_dims=4), make_mesh(1), params)
 
 
 def test_low_communication_requires_openes():
     strategy, params = make_strategy("CMA_ES", 8, 4)
     with pytest.raises(ValueError, match="needs evosax's Open_ES"):
-        ShardedES(
+        Engine(
             strategy,
             BlackBoxTask("sphere", num_dims=4),
             make_mesh(1),
@@ -413,7 +412,7 @@ def test_elite_update_follows_the_best_fraction(n):
     key = jax.random.key(1)
     new, metrics = jax.jit(es.step)(state, key)
     s = state.strategy_state
-    population, _ = es.strategy.ask(jax.random.split(key, 4)[0], s, es.engine.params)
+    population, _ = es.strategy.ask(jax.random.split(key, 4)[0], s, es.params)
     f = np.asarray((population**2).sum(1))
     best = np.argsort(f)[:2]
     assert float(metrics["fitness_best"]) == pytest.approx(f.min(), rel=1e-6)

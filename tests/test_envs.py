@@ -4,6 +4,7 @@ image observations, episode ends, and the errors for bad input."""
 import subprocess
 import sys
 
+import _loop
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,20 +13,23 @@ from jax.flatten_util import ravel_pytree
 
 from evorl_pop import make_mesh
 from evorl_pop.algorithms.es import ES, ESConfig
-from evorl_pop.envs import ENV_FACTORIES, UNLISTED_GYMNAX, make_env, random_observations, rollout
-from evorl_pop.networks import (
+from evorl_pop.tasks import ControlTask
+from evorl_pop.tasks.control import fold_virtual_batch_norm, vbn_reference
+from evorl_pop.tasks.envs import (
     CNN,
     MLP,
+    UNLISTED_GYMNAX,
     Keypoints,
     Policy,
-    fold_virtual_batch_norm,
+    env_names,
+    make_env,
     make_policy,
-    vbn_reference,
+    random_observations,
 )
-from evorl_pop.tasks import ControlTask
+from evorl_pop.tasks.rollout import rollout
 
-BRAX = sorted(name for name in ENV_FACTORIES if name.startswith("brax/"))
-GYMNAX = sorted(name for name in ENV_FACTORIES if not name.startswith("brax/"))
+BRAX = sorted(name for name in env_names() if name.startswith("brax/"))
+GYMNAX = sorted(name for name in env_names() if not name.startswith("brax/"))
 
 # tiny and cheap: 2 generations of 8 candidates, 8-step episodes, no evaluation
 TINY = dict(population_size=8, hidden_sizes=(4,), episode_length=8, eval_episodes=0)
@@ -33,7 +37,7 @@ TINY = dict(population_size=8, hidden_sizes=(4,), episode_length=8, eval_episode
 
 def _train(config, n=1, generations=2):
     es = ES(config, mesh=make_mesh(n))
-    state, history = es.train(jax.random.key(0), generations, chunk=generations, progress=False)
+    state, history = _loop.train(es, jax.random.key(0), generations)
     return es, state, {k: np.asarray(v) for k, v in history.items()}
 
 

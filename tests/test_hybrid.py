@@ -15,7 +15,7 @@ from jax.flatten_util import ravel_pytree
 
 from evorl_pop import make_mesh
 from evorl_pop.algorithms import cemrl, erl
-from evorl_pop.counter import Count
+from evorl_pop.base import Count
 from evorl_pop.rl import TD3Config
 
 TINY_TD3 = TD3Config(actor_hidden_sizes=(8,), critic_hidden_sizes=(16,), batch_size=32)

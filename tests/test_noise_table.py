@@ -1,16 +1,16 @@
 """Open_ES reading its noise from a shared table: the rows it reads, and the engine's
 invariants (low communication, resume) with it."""
 
+import _loop
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from evorl_pop import make_mesh
-from evorl_pop.algorithms.es import ESConfig, make_strategy
-from evorl_pop.config import ConfigError
-from evorl_pop.engine import ShardedES
-from evorl_pop.noise_table import NoiseTableOpen_ES
+from evorl_pop.algorithms.es import ESConfig, NoiseTableOpen_ES, make_strategy
+from evorl_pop.base import ConfigError
+from evorl_pop.core.engine import Engine
 from evorl_pop.tasks import BlackBoxTask
 
 
@@ -51,12 +51,12 @@ def test_table_noise_resumes_exactly_with_the_table_rebuilt():
         strategy, params = make_strategy(
             "Open_ES", 14, task.num_dims, learning_rate=0.1, noise="table", table_size=500
         )
-        return ShardedES(strategy, task, make_mesh(2), params)
+        return Engine(strategy, task, make_mesh(2), params)
 
     first = engine()
-    whole, history = jax.jit(lambda s: first.run(s, key, 6))(first.init(jax.random.key(0)))
+    whole, history = _loop.run(first, first.init(jax.random.key(0)), key, 6)
     restarted = engine()  # as after a restart: in two chunks, bit for bit
-    run3 = jax.jit(lambda s: restarted.run(s, key, 3))
+    run3 = lambda s: _loop.run(restarted, s, key, 3)  # noqa: E731
     state, _ = run3(restarted.init(jax.random.key(0)))
     state, metrics = run3(state)
     np.testing.assert_array_equal(state.strategy_state.mean, whole.strategy_state.mean)
@@ -72,8 +72,8 @@ def test_low_communication_reads_the_same_table_rows(n):
     )
     key, states = jax.random.key(2), {}
     for low in (False, True):
-        e = ShardedES(strategy, task, make_mesh(n), params, low_communication=low)
-        states[low] = jax.jit(lambda s, e=e: e.run(s, key, 4))(e.init(jax.random.key(1)))[0]
+        e = Engine(strategy, task, make_mesh(n), params, low_communication=low)
+        states[low] = _loop.run(e, e.init(jax.random.key(1)), key, 4)[0]
     np.testing.assert_allclose(
         states[True].strategy_state.mean, states[False].strategy_state.mean, rtol=1e-5, atol=1e-6
     )

@@ -14,11 +14,13 @@ import pytest
 import yaml
 from flax.traverse_util import flatten_dict
 
-from evorl_pop import checkpoint as ckpt_lib
-from evorl_pop import cli, make_mesh, metrics_file, plotting
+from evorl_pop import cli, make_mesh
 from evorl_pop.algorithms import pbt
-from evorl_pop.config import ConfigError
+from evorl_pop.base import ConfigError
 from evorl_pop.rl import TD3Config
+from evorl_pop.run import plotting
+from evorl_pop.run import store as ckpt_lib
+from evorl_pop.run import store as metrics_file
 
 TINY_TD3 = TD3Config(actor_hidden_sizes=(8,), critic_hidden_sizes=(16,), batch_size=16)
 CONFIG = pbt.Config(
@@ -192,14 +194,14 @@ def test_resumed_run_equals_uninterrupted_and_plots_hyperparameters(tmp_path):
     short = _write_config(tmp_path / "short.yaml", 2)
     assert cli.main(["train", "--config", short, "--out", str(part), *common]) == 0
     assert cli.main(["resume", str(part), "--generations", "3", "-q", "--no-figure"]) == 0
-    a, b = ckpt_lib.load(part), ckpt_lib.load(whole)
+    a, b = ckpt_lib.load_checkpoint(part), ckpt_lib.load_checkpoint(whole)
     assert a.generation == b.generation == 3
     flat_a, flat_b = _flat(a.state), _flat(b.state)
     assert flat_a.keys() == flat_b.keys()
     for name in flat_a:
         np.testing.assert_array_equal(flat_a[name], flat_b[name], err_msg=name)
-    rows_a = metrics_file.read(part / metrics_file.FILENAME)
-    rows_b = metrics_file.read(whole / metrics_file.FILENAME)
+    rows_a = metrics_file.read_metrics(part / metrics_file.METRICS_FILENAME)
+    rows_b = metrics_file.read_metrics(whole / metrics_file.METRICS_FILENAME)
     for column in rows_b:
         if column != "wall_time":
             np.testing.assert_array_equal(rows_a[column], rows_b[column], err_msg=column)
@@ -247,7 +249,7 @@ def test_bad_ranges_and_intervals_rejected():
 
 
 def test_bad_config_file_is_a_config_error(tmp_path):
-    from evorl_pop import config as config_lib
+    from evorl_pop.run import config as config_lib
 
     with pytest.raises(ConfigError, match="truncation must be in"):
         config_lib.from_dict({"algorithm": "pbt", "algorithm_config": {"truncation": 0.7}})

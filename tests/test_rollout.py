@@ -1,5 +1,6 @@
 """The one rollout: against a plain gymnax loop, early exit, episode length, counters."""
 
+import _loop
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,11 +8,16 @@ import pytest
 
 from evorl_pop import make_mesh
 from evorl_pop.algorithms.es import make_strategy
-from evorl_pop.engine import ShardedES
-from evorl_pop.envs import EnvSpec, ObsNorm, evaluate_episodes, rollout, rollout_queue
-from evorl_pop.rl.rollout import collect_episode
-from evorl_pop.tasks import ControlTask, EvalInfo
-from evorl_pop.training import train_loop
+from evorl_pop.base import EnvSpec, EvalInfo
+from evorl_pop.core.engine import Engine
+from evorl_pop.run.shell import train_loop
+from evorl_pop.tasks import ControlTask
+from evorl_pop.tasks.rollout import ObsNorm, evaluate_episodes, rollout, rollout_queue
+
+
+def collect_episode(env, policy, params, key, noise_std=0.0, episode_length=None):
+    """One episode with its transitions and exploration noise."""
+    return rollout(env, policy, params, key, None, episode_length, noise_std, collect=True)
 
 
 def plain_gymnax_returns(task, solutions, key, num_steps):
@@ -40,7 +46,7 @@ def plain_gymnax_returns(task, solutions, key, num_steps):
 
 @pytest.mark.parametrize("env, num_steps", [("CartPole-v1", None), ("Pendulum-v1", 30)])
 def test_rollout_equals_plain_gymnax_loop(env, num_steps):
-    task = ControlTask(env, hidden_sizes=(8,), num_steps=num_steps)
+    task = ControlTask(env, hidden_sizes=(8,), episode_length=num_steps)
     solutions = jax.vmap(task.init_solution)(jax.random.split(jax.random.key(0), 6))
     key = jax.random.key(1)
     scores, info = jax.jit(jax.vmap(lambda x, k: task.evaluate(x, k, ())))(
@@ -118,12 +124,12 @@ def test_queued_rollout_equals_per_episode_rollouts_and_costs_the_steps_taken(la
     lengths = [3, 60, 7, 12, 1, 30, 45, 2, 9]  # 60: cut at 50 steps
     keys = jax.random.split(jax.random.key(0), len(lengths))
     policy = lambda p, o: jnp.full(1, p)  # noqa: E731
-    ref = jax.jit(jax.vmap(lambda n, k: rollout(env, policy, n, k, num_steps=50)))(
+    ref = jax.jit(jax.vmap(lambda n, k: rollout(env, policy, n, k, episode_length=50)))(
         jnp.array(lengths, jnp.float32), keys
     )
     jax.effects_barrier()
     env.steps_run = 0
-    out = jax.jit(lambda n, k: rollout_queue(env, policy, n, k, num_steps=50, lanes=lanes))(
+    out = jax.jit(lambda n, k: rollout_queue(env, policy, n, k, episode_length=50, lanes=lanes))(
         jnp.array(lengths, jnp.float32), keys
     )
     jax.effects_barrier()
@@ -161,7 +167,7 @@ def test_queue_shared_by_a_population_keeps_each_candidates_episodes():
 def test_collected_transitions_with_early_exit_and_truncation():
     env = _Fall()
     ep = jax.jit(
-        lambda k: collect_episode(env, lambda p, o: jnp.full(1, p), 40.0, k, 0.0, num_steps=60)
+        lambda k: collect_episode(env, lambda p, o: jnp.full(1, p), 40.0, k, 0.0, episode_length=60)
     )(jax.random.key(0))
     jax.effects_barrier()
     assert ep.valid.shape == (60,) and ep.transitions.obs.shape == (60, 1)
@@ -177,13 +183,13 @@ def test_collected_transitions_with_early_exit_and_truncation():
 
 
 def test_episode_length_is_honoured_by_the_engine_on_any_device_count():
-    task = ControlTask("Pendulum-v1", hidden_sizes=(4,), num_steps=17)
+    task = ControlTask("Pendulum-v1", hidden_sizes=(4,), episode_length=17)
     strategy, params = make_strategy("Open_ES", 6, task.num_dims)
     metrics = {}
     for n in (1, 4):  # 6 members on 4 devices: padded to 8
-        engine = ShardedES(strategy, task, make_mesh(n), params)
+        engine = Engine(strategy, task, make_mesh(n), params)
         state = engine.init(jax.random.key(0))
-        _, metrics[n] = jax.jit(lambda s, e=engine: e.run(s, jax.random.key(1), 2))(state)
+        _, metrics[n] = _loop.run(engine, state, jax.random.key(1), 2)
     np.testing.assert_array_equal(metrics[1]["env_steps"], [6 * 17, 6 * 17])
     for k in ("env_steps", "fitness_mean", "fitness_best"):
         np.testing.assert_allclose(metrics[4][k], metrics[1][k], rtol=1e-5)
@@ -196,9 +202,9 @@ def test_queued_slices_give_the_per_episode_results_on_any_device_count():
     for n in (1, 2):
         for lanes in (2, 8):  # 2: a queue on each device; 8: one lane per episode
             task = ControlTask("CartPole-v1", (4,), episodes=2, normalize_obs=True, lanes=lanes)
-            engine = ShardedES(strategy, task, make_mesh(n), params)
+            engine = Engine(strategy, task, make_mesh(n), params)
             state = engine.init(jax.random.key(0))
-            state, m = jax.jit(lambda s, e=engine: e.run(s, jax.random.key(1), 2))(state)
+            state, m = _loop.run(engine, state, jax.random.key(1), 2)
             metrics[n, lanes] = {**m, "obs_mean": state.task_state.mean}
     assert np.all(metrics[1, 2]["env_steps"] < 8 * 2 * 500)
     for k in ("env_steps", "episodes", "fitness_mean", "fitness_best", "obs_mean"):
@@ -232,7 +238,7 @@ class _BigCount:
 
 def test_cumulative_env_steps_are_exact_past_2_to_the_31():
     strategy, params = make_strategy("Open_ES", 256, 2)
-    engine = ShardedES(strategy, _BigCount(), make_mesh(2), params)
+    engine = Engine(strategy, _BigCount(), make_mesh(2), params)
     totals = []
 
     def accumulate(state, metrics):  # as the run loop does: Python ints on the host

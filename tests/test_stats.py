@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from evorl_pop import engine, make_mesh
+from evorl_pop import make_mesh
+from evorl_pop.core import engine
+from evorl_pop.core.engine import summarize
 from evorl_pop.distributed import POP_AXIS_NAME
-from evorl_pop.stats import summarize
 
 SCORES = np.array([3.0, np.nan, -1.0, 7.5, np.inf, 2.0, 0.5, 9.0], np.float32)
 MASK = np.array([True] * 7 + [False])  # the last slot is padding

@@ -12,17 +12,19 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop import make_mesh
-from evorl_pop.envs import EnvSpec, make_env, rollout
-from evorl_pop.rl import (
-    TD3,
-    ReplayBuffer,
-    TD3Config,
-    Transition,
-    collect_episode,
-    example_transition,
-    population_rollout,
-    sample,
-)
+from evorl_pop.algorithms.cemrl import CEM, Config
+from evorl_pop.base import EnvSpec
+from evorl_pop.core.engine import Engine
+from evorl_pop.rl import TD3, ReplayBuffer, TD3Config, example_transition, sample
+from evorl_pop.tasks import ControlTask
+from evorl_pop.tasks.envs import make_env
+from evorl_pop.tasks.rollout import Transition, rollout
+
+
+def collect_episode(env, policy, params, key, noise_std=0.0, episode_length=None):
+    """One episode with its transitions and exploration noise."""
+    return rollout(env, policy, params, key, None, episode_length, noise_std, collect=True)
+
 
 TINY = TD3Config(actor_hidden_sizes=(8,), critic_hidden_sizes=(16, 16), batch_size=32)
 
@@ -42,7 +44,7 @@ def filled(pendulum):
     """A TD3 learner and a buffer holding two noisy episodes of its actor."""
     td3 = TD3(pendulum.spec, TINY)
     state = td3.init(jax.random.key(0))
-    buffer = ReplayBuffer.create(example_transition(pendulum), 1000)
+    buffer = ReplayBuffer.create(example_transition(pendulum.spec), 1000)
     episodes = jax.jit(
         jax.vmap(lambda k: collect_episode(pendulum, td3.policy, state.actor.params, k, 0.5, 100))
     )(jax.random.split(jax.random.key(1)))
@@ -101,12 +103,12 @@ def test_update_dp_equals_full_batch(filled, n):
 @pytest.mark.parametrize("n", [2, 4])
 def test_train_from_buffer_dp_equals_single_device(filled, n):
     td3, state, buffer = filled
-    ref, ref_metrics = jax.jit(lambda s, b, k: td3.train(s, b, k, 4))(
+    ref, ref_metrics = jax.jit(lambda s, b, k: td3.learn(s, b, k, 4))(
         state, buffer, jax.random.key(5)
     )
     mesh = make_mesh(n, axis_name="DP")
     sharded = jax.shard_map(
-        lambda s, b, k: td3.train(s, b, k, 4, "DP"),
+        lambda s, b, k: td3.learn(s, b, k, 4, "DP"),
         mesh=mesh,
         in_specs=(P(), P(), P()),
         out_specs=P(),
@@ -168,9 +170,9 @@ def test_discrete_env_rejected_with_hint():
 
 def test_config_checks():
     with pytest.raises(ValueError, match="batch_size"):
-        TD3Config(batch_size=0)
+        TD3Config(batch_size=0).validate()
     with pytest.raises(ValueError, match="tau"):
-        TD3Config(tau=0.0)
+        TD3Config(tau=0.0).validate()
 
 
 # --- replay buffer ---------------------------------------------------------------
@@ -208,14 +210,16 @@ def test_buffer_add_more_than_capacity_keeps_the_newest():
 def test_sample_slices_the_global_batch(n):
     buf = ReplayBuffer.create({"x": jnp.float32(0), "y": jnp.zeros(2)}, 64)
     buf = buf.add(_items(np.arange(50)))
-    ref = sample(buf, jax.random.key(3), 16)
-    got = jax.shard_map(
+    ref, ref_index = sample(buf, jax.random.key(3), 16)
+    got, index = jax.shard_map(
         lambda b, k: sample(b, k, 16, "DP"),
         mesh=make_mesh(n, axis_name="DP"),
         in_specs=(P(), P()),
         out_specs=P("DP"),
     )(buf, jax.random.key(3))
     _leaves_close(got, ref, rtol=0, atol=0)
+    np.testing.assert_array_equal(index, ref_index)  # positions in the global batch
+    np.testing.assert_array_equal(ref_index, np.arange(16))
     assert np.all(np.asarray(ref["x"]) < 50)
     assert len(np.unique(np.asarray(ref["x"]))) > 8
 
@@ -243,7 +247,7 @@ def test_collect_episode_masks_after_termination():
     np.testing.assert_array_equal(ep.transitions.terminal[:3], [0, 0, 1])
     np.testing.assert_array_equal(ep.transitions.next_obs[:3, 0], [1, 2, 3])
     assert float(ep.episode_return) == 1.5 and int(ep.steps) == 3
-    buf = ReplayBuffer.create(example_transition(env), 8).add(ep.transitions, ep.valid)
+    buf = ReplayBuffer.create(example_transition(env.spec), 8).add(ep.transitions, ep.valid)
     assert int(buf.size) == 3
 
 
@@ -260,45 +264,50 @@ def test_time_limit_is_not_terminal(pendulum):
     np.testing.assert_allclose(ep.transitions.obs[1:], ep.transitions.next_obs[:-1])
 
 
+def _collecting_engine(pop, n, episode_length):
+    """The engine evaluating a population of TINY actors, collecting their transitions."""
+    task = ControlTask("Pendulum-v1", TINY.actor_hidden_sizes, TINY.actor_activation,
+                       episode_length=episode_length, transitions=True)  # fmt: skip
+    strategy = CEM(pop, jnp.zeros(task.num_dims), 2, Config())
+    return task, Engine(strategy, task, make_mesh(n))
+
+
 @pytest.mark.parametrize("n", [1, 2, 4])
-def test_population_rollout_global_statistics(pendulum, n):
-    td3 = TD3(pendulum.spec, TINY)
+def test_collecting_evaluation_global_statistics(n):
     pop = 5  # padded to 6 or 8 on 2 or 4 devices
-    params = jax.vmap(td3.policy.init)(jax.random.split(jax.random.key(0), pop))
-    noise = jnp.linspace(0.0, 0.4, pop)
-    mesh = make_mesh(n)
-    out = jax.jit(lambda p, k, s: population_rollout(pendulum, td3.policy, mesh, p, k, s, 12))(
-        params, jax.random.key(9), noise
+    task, engine = _collecting_engine(pop, n, 12)
+    flat = jax.vmap(task.init_solution)(jax.random.split(jax.random.key(0), pop))
+    summary, episodes = jax.jit(lambda x, k: engine.evaluate(x, k, (), collect=True))(
+        flat, jax.random.key(9)
     )
     ref = jax.jit(
         jax.vmap(
-            lambda p, i, s: collect_episode(
-                pendulum, td3.policy, p, jax.random.fold_in(jax.random.key(9), i), s, 12
+            lambda x, i: collect_episode(
+                task.env, task.policy, task.unravel(x),
+                jax.random.split(jax.random.fold_in(jax.random.key(9), i))[0], 0.0, 12,
             )
         )
-    )(params, jnp.arange(pop), noise)
+    )(flat, jnp.arange(pop))  # fmt: skip
     r = np.asarray(ref.episode_return)
-    np.testing.assert_allclose(out.returns, r, rtol=1e-5)
-    m = out.metrics
+    np.testing.assert_allclose(summary.scores[:pop], r, rtol=1e-5)
+    m = summary.metrics()
     np.testing.assert_allclose(m["fitness_best"], r.max(), rtol=1e-5)
     np.testing.assert_allclose(m["fitness_worst"], r.min(), rtol=1e-5)
     np.testing.assert_allclose(m["fitness_mean"], r.mean(), rtol=1e-5)
     np.testing.assert_allclose(m["fitness_std"], r.std(), rtol=1e-4)
     assert int(m["env_steps"]) == pop * 12 and int(m["episodes"]) == pop
-    assert int(out.valid.sum()) == pop * 12  # padded members insert nothing
-    np.testing.assert_allclose(out.transitions.action[:pop], ref.transitions.action, rtol=1e-5)
+    assert int(episodes.valid.sum()) == pop * 12  # padded members insert nothing
+    actions = episodes.transitions.action[:pop, 0]  # each member's one episode
+    np.testing.assert_allclose(actions, ref.transitions.action, rtol=1e-5)
 
 
-def test_population_rollout_nan_is_worst_and_counted(pendulum):
-    td3 = TD3(pendulum.spec, TINY)
-    params = jax.vmap(td3.policy.init)(jax.random.split(jax.random.key(0), 4))
-    params = jax.tree.map(lambda x: x.at[2].set(jnp.nan), params)
-    mesh = make_mesh(2)
-    out = jax.jit(lambda p, k: population_rollout(pendulum, td3.policy, mesh, p, k, 0.0, 8))(
-        params, jax.random.key(1)
+def test_collecting_evaluation_nan_is_worst_and_counted():
+    task, engine = _collecting_engine(4, 2, 8)
+    flat = jax.vmap(task.init_solution)(jax.random.split(jax.random.key(0), 4))
+    flat = flat.at[2].set(jnp.nan)
+    summary, _ = jax.jit(lambda x, k: engine.evaluate(x, k, (), collect=True))(
+        flat, jax.random.key(1)
     )
-    assert int(out.metrics["num_nonfinite"]) == 1
-    assert float(out.fitness[2]) == -np.inf
-    finite = np.asarray(out.returns)[[0, 1, 3]]
-    np.testing.assert_allclose(out.metrics["fitness_mean"], finite.mean(), rtol=1e-5)
-    np.testing.assert_allclose(out.metrics["fitness_worst"], finite.min(), rtol=1e-5)
+    assert int(summary.num_nonfinite) == 1
+    fitness = np.asarray(summary.fitness(4))
+    assert fitness[2] == fitness.max() and np.isfinite(fitness).all()  # worst, not NaN

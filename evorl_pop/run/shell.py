@@ -118,7 +118,10 @@ def train_loop(
         if length not in compiled:
             compiled[length] = jax.jit(lambda s, n=length: jax.lax.scan(body, s, None, length=n))
         t0 = time.perf_counter()
-        state, metrics = compiled[length](state)
+        try:
+            state, metrics = compiled[length](state)
+        except jax.errors.JaxRuntimeError as err:  # a Python objective's error in one line
+            raise objective_error(err) from None
         # One transfer; under jax.distributed the metrics span every process's devices.
         many = jax.process_count() > 1
         metrics = jax.tree.map(processes.to_host, metrics) if many else jax.device_get(metrics)
