@@ -38,7 +38,8 @@ import numpy as np  # noqa: E402
 from evosax.problems.bbob.bbob_fns import bbob_fns  # noqa: E402
 
 from evorl_pop import make_mesh  # noqa: E402
-from evorl_pop.algorithms.es import ESConfig, Minimizer  # noqa: E402
+from evorl_pop.algorithms.es import ESConfig  # noqa: E402
+from evorl_pop.algorithms.restarts import Minimizer  # noqa: E402
 from evorl_pop.blackbox import BBOB_FUNCTIONS, BBOBTask, bbob_instance  # noqa: E402
 from evorl_pop.tasks import EvalInfo  # noqa: E402
 

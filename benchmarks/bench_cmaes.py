@@ -15,7 +15,8 @@ import jax
 import numpy as np
 
 from evorl_pop import make_mesh
-from evorl_pop.algorithms.es import ESConfig, minimize
+from evorl_pop.algorithms.es import ESConfig
+from evorl_pop.algorithms.restarts import minimize
 
 PYCMA = {"sphere": 1511, "ellipsoid": 4106, "rosenbrock": 4778}
 SETUPS = {"sphere": (3.0, 1.0), "ellipsoid": (3.0, 1.0), "rosenbrock": (0.0, 0.5)}

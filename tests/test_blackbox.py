@@ -16,10 +16,9 @@ import pytest
 from evosax.problems.bbob.bbob import BBOBProblem
 
 from evorl_pop import make_mesh
-from evorl_pop.algorithms.es import (
-    ES,
-    CMA_ES_pycma,
-    ESConfig,
+from evorl_pop.algorithms.cma_es import CMA_ES_pycma
+from evorl_pop.algorithms.es import ES, ESConfig
+from evorl_pop.algorithms.restarts import (
     Minimizer,
     StopRules,
     default_max_generations,

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from evorl_pop import make_mesh
-from evorl_pop.algorithms.es import ES, STOP_REASONS, ESConfig, minimize
+from evorl_pop.algorithms.es import ES, ESConfig
+from evorl_pop.algorithms.restarts import STOP_REASONS, minimize
 
 # pycma's median evaluations to f < 1e-8 in 10-D (x0 = 3·1, σ0 = 1 on sphere and
 # ellipsoid; x0 = 0, σ0 = 0.5 on Rosenbrock), default population 10

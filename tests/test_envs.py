@@ -357,7 +357,7 @@ def test_episode_length_is_honoured():
         lambda p, o: jnp.zeros(1),
         None,
         jax.random.key(0),
-        num_steps=20,
+        episode_length=20,
     )
     assert int(stats.steps) == 5
 
@@ -371,7 +371,7 @@ def test_brax_name_without_brax_says_what_to_install(monkeypatch):
 
 def test_brax_tasks_start_without_third_party_noise():
     # a fresh process: brax and mujoco print their notices on first import
-    code = "from evorl_pop.envs import make_env; make_env('brax/inverted_pendulum')"
+    code = "from evorl_pop.tasks import make_env; make_env('brax/inverted_pendulum')"
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
     )

@@ -1,9 +1,9 @@
-"""CEM-RL and ERL: device-count invariance, RL actors entering the population,
-exact step counters, and configuration errors.
+"""CEM-RL and ERL on the engine: device-count invariance, RL actors entering the
+population, exact step counts, and configuration errors.
 
 Each algorithm runs two generations step by step on one device (the
 reference) and under ``lax.scan`` on 2 and 4 devices; the results must agree
-to float tolerance. The second generation is the first with TD3 updates.
+to float tolerance. CEM-RL's second generation is the first with TD3 updates.
 """
 
 import chex
@@ -15,8 +15,9 @@ from jax.flatten_util import ravel_pytree
 
 from evorl_pop import make_mesh
 from evorl_pop.algorithms import cemrl, erl
-from evorl_pop.base import Count
 from evorl_pop.rl import TD3Config
+from evorl_pop.run import store
+from evorl_pop.run.shell import _rows
 
 TINY_TD3 = TD3Config(actor_hidden_sizes=(8,), critic_hidden_sizes=(16,), batch_size=32)
 CEM_CONFIG = cemrl.Config(
@@ -25,7 +26,7 @@ CEM_CONFIG = cemrl.Config(
     num_rl_actors=3,
     updates_per_actor=4,
     learning_starts=60,  # reached after the first generation (6 x 10 steps)
-    episode_steps=10,
+    episode_length=10,
     eval_episodes=2,
     td3=TINY_TD3,
 )
@@ -34,16 +35,12 @@ ERL_CONFIG = erl.Config(
     num_elites=2,
     sync_period=1,
     updates_per_generation=4,
-    learning_starts=64,
-    episode_steps=10,
+    learning_starts=64,  # the initial population's 60 steps and the learner's first 10
+    episode_length=10,
     eval_episodes=2,
     td3=TINY_TD3,
 )
 KEYS = jax.random.split(jax.random.key(42), 2)
-
-
-def _flat(tree):
-    return np.asarray(jax.vmap(lambda p: ravel_pytree(p)[0])(tree))
 
 
 def _like(value, ref):
@@ -105,64 +102,89 @@ def test_erl_same_on_any_device_count(erl_reference, n):
     assert [int(m["episodes"]) for m in metrics] == [7, 7]
 
 
+def _generation_pieces(algo, before, key):
+    """A generation's ask, learner step and evaluation, as the engine's step runs them."""
+    k_ask, k_eval, _, _ = jax.random.split(key, 4)
+    asked, strategy_state = algo.strategy.ask(k_ask, before.strategy_state, algo.params)
+    population, _, metrics = jax.jit(algo.learner.step)(
+        jax.random.fold_in(key, 4), before.learner_state, asked, strategy_state
+    )
+    summary, _ = jax.jit(algo.evaluate, static_argnums=3)(
+        population, k_eval, before.task_state, True
+    )
+    return np.asarray(asked), np.asarray(population), summary, metrics
+
+
 def test_cemrl_population_holds_the_td3_actors(cem_reference):
-    """The RL half of the evaluated population is exactly what TD3 produced from
-    the CEM samples, the rest are the samples, and the new mean is fitted to
-    that population."""
+    """The RL part of the evaluated population is exactly what TD3 made of the CEM
+    samples, the rest are the samples, and the new mean is fitted to that population."""
     algo, states, metrics, _ = cem_reference
     before, after = states[1], states[2]
-    ask_key, rl_key, _, _ = jax.random.split(KEYS[1], 4)
-    samples = np.asarray(algo.ask(before, ask_key))
+    samples, population, summary, _ = _generation_pieces(algo, before, KEYS[1])
     n_rl = CEM_CONFIG.num_rl_actors
-    _, trained, _ = jax.jit(algo.train_actors)(
-        before.critic, jnp.asarray(samples[:n_rl]), before.buffer, rl_key
-    )
-    population = _flat(after.population)
+    rl_key = jax.random.fold_in(KEYS[1], 4)
+    _, trained, _ = jax.jit(algo.learner.train_actors)(
+        before.learner_state.critic, jnp.asarray(samples[:n_rl]), before.learner_state.buffer,
+        rl_key,
+    )  # fmt: skip
     np.testing.assert_allclose(population[:n_rl], trained, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(population[n_rl:], samples[n_rl:], rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(population[n_rl:], samples[n_rl:])
     assert np.abs(population[:n_rl] - samples[:n_rl]).max() > 1e-4  # TD3 moved them
     # the critic was trained, and the CEM mean follows the evaluated population
-    assert not np.allclose(
-        jax.tree.leaves(after.critic.params)[0], jax.tree.leaves(before.critic.params)[0]
-    )
-    order = np.argsort(-np.asarray(after.fitness), kind="stable")[: CEM_CONFIG.num_elites]
-    np.testing.assert_allclose(after.mean, np.asarray(algo.weights) @ population[order], rtol=1e-5)
-    np.testing.assert_allclose(
-        metrics[1]["fitness_best"], np.max(np.asarray(after.fitness)), rtol=1e-6
-    )
+    critic = lambda s: jax.tree.leaves(s.learner_state.critic.params)[0]  # noqa: E731
+    assert not np.allclose(critic(after), critic(before))
+    fitness = np.asarray(summary.fitness(CEM_CONFIG.population_size))  # minimised
+    order = np.argsort(fitness, kind="stable")[: CEM_CONFIG.num_elites]
+    mean = np.asarray(algo.strategy.weights) @ population[order]
+    np.testing.assert_allclose(after.strategy_state.mean, mean, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(metrics[1]["fitness_best"], -fitness.min(), rtol=1e-6)
+
+
+def _flat(params):
+    return np.asarray(ravel_pytree(params)[0])
 
 
 def test_erl_learner_actor_replaces_the_weakest(erl_reference):
     algo, states, metrics, _ = erl_reference
     before, after = states[1], states[2]
-    weakest = int(np.argmin(before.fitness))
-    population = _flat(after.population)
-    learner = np.asarray(ravel_pytree(before.learner.actor.params)[0])
-    np.testing.assert_array_equal(population[weakest], learner)
+    s = before.strategy_state  # the population the second generation is bred from
+    weakest = int(np.argmax(s.fitness))  # fitness is minimised
+    population = np.asarray(after.strategy_state.population)
+    learner = after.learner_state.learner  # it trained, then joined the population
+    np.testing.assert_array_equal(population[weakest], _flat(learner.actor.params))
     assert int(metrics[1]["rl_actors_injected"]) == 1
-    np.testing.assert_allclose(metrics[1]["injected_return"], after.fitness[weakest])
-    # elites survive in their slots; the first generation injects nothing
-    elites = np.argsort(-np.asarray(before.fitness))[: ERL_CONFIG.num_elites]
-    np.testing.assert_array_equal(population[elites], _flat(before.population)[elites])
-    assert int(metrics[0]["rl_actors_injected"]) == 0
+    np.testing.assert_allclose(
+        metrics[1]["injected_return"], -after.strategy_state.fitness[weakest], rtol=1e-6
+    )
+    # elites survive in their slots
+    elites = np.argsort(np.asarray(s.fitness), kind="stable")[: ERL_CONFIG.num_elites]
+    np.testing.assert_array_equal(population[elites], np.asarray(s.population)[elites])
     # the learner trained on the shared buffer in both generations
     assert np.isfinite(float(metrics[0]["critic_loss"]))
-    assert not np.allclose(learner, ravel_pytree(states[0].learner.actor.params)[0])
+    first = states[0].learner_state.learner
+    assert not np.allclose(_flat(learner.actor.params), _flat(first.actor.params))
+
+
+def _ga_state(algo, flat, fitness):
+    """A GA state holding ``flat`` with evosax fitness (minimised) ``fitness``."""
+    state = algo.strategy.init(jax.random.key(0), flat, jnp.asarray(fitness), algo.params)
+    return state.replace(generation_counter=jnp.int32(4))  # generation 5: sync_period 5 injects
 
 
 def test_erl_breed_selects_fitter_parents():
     config = erl.Config(
         population_size=8, num_elites=1, mutation_prob=0.0, crossover_prob=0.0, td3=TINY_TD3
     )
-    algo = erl.ERL(config)
-    flat = jnp.arange(8.0)[:, None] * jnp.ones((8, algo.num_params))
-    fitness = jnp.arange(8.0)
+    algo = erl.ERL(config, make_mesh(1))
+    flat = jnp.arange(8.0)[:, None] * jnp.ones((8, algo.task.num_dims))
+    state = _ga_state(algo, flat, -jnp.arange(8.0))  # member j returned j
     key = jax.random.key(0)
-    children = np.asarray(jax.jit(algo.breed)(flat, fitness, key))
+    children, _ = jax.jit(algo.strategy.ask)(key, state, algo.params)
+    children = np.asarray(children)
     np.testing.assert_array_equal(children[7], flat[7])  # the elite
     # Without crossover and mutation child i copies the first of its two
     # tournament winners: the fittest of 3 members drawn with the first of
-    # the 7 keys of fold_in(key, i). Member j's weights and fitness are all j.
+    # the 7 keys of fold_in(key, i). Member j's weights and return are all j.
 
     def winner(i):
         first = jax.random.split(jax.random.fold_in(key, i), 7)[0]
@@ -175,74 +197,71 @@ def test_erl_breed_selects_fitter_parents():
 
 @pytest.fixture(scope="module")
 def erl_operators():
-    algo = erl.ERL(erl.Config(population_size=6, num_elites=2, td3=TINY_TD3))
-    return algo, jax.jit(algo.breed), jax.jit(algo.inject)
+    config = erl.Config(population_size=6, num_elites=2, sync_period=5, td3=TINY_TD3)
+    algo = erl.ERL(config, make_mesh(1))
+    return algo, jax.jit(algo.strategy.ask), jax.jit(algo.learner.step)
 
 
-def _elites(fitness, k):
+def _elites(returns, k):
     """The k best slots, ties broken by slot order (an independent reference)."""
-    fitness = np.asarray(fitness)
-    return np.lexsort((np.arange(fitness.size), -fitness))[:k]
+    returns = np.asarray(returns)
+    return np.lexsort((np.arange(returns.size), -returns))[:k]
 
 
 @pytest.mark.parametrize(
-    "fitness",
+    "returns",
     [[-np.inf] * 6, [3.0, 5.0, 5.0, 1.0, 1.0, 0.0], [0.0, 0.0, 2.0, 0.0, -np.inf, -np.inf]],
     ids=["all-tied", "ties", "tied-worst"],
 )
-def test_erl_injection_keeps_the_elites(erl_operators, fitness):
-    algo, breed, inject = erl_operators
-    flat = jnp.arange(6.0)[:, None] * jnp.ones((6, algo.num_params))
-    fitness = jnp.asarray(fitness, jnp.float32)
-    actor = jnp.full((algo.num_params,), -1.0)
-    bred = np.asarray(breed(flat, fitness, jax.random.key(1)))
-    injected, slot = inject(jnp.asarray(bred), fitness, actor, jnp.bool_(True))
-    injected, slot = np.asarray(injected), int(slot)
-    elites = _elites(fitness, 2)
-    assert slot not in elites and fitness[slot] == fitness.min()
+def test_erl_injection_keeps_the_elites(erl_operators, returns):
+    algo, ask, step = erl_operators
+    flat = jnp.arange(6.0)[:, None] * jnp.ones((6, algo.task.num_dims))
+    # evosax fitness as the engine hands it over: minimised, non-finite made worst
+    fitness = np.where(np.isfinite(returns), -np.asarray(returns), np.finfo(np.float32).max)
+    state = _ga_state(algo, flat, fitness.astype(np.float32))
+    bred, state = ask(jax.random.key(1), state, algo.params)
+    learner_state = algo.learner.init(jax.random.key(2))
+    injected, learner_state, metrics = step(jax.random.key(3), learner_state, bred, state)
+    injected, slot = np.asarray(injected), int(learner_state.slot)
+    elites = _elites(returns, 2)
+    assert slot not in elites and returns[slot] == min(returns)
+    assert int(metrics["rl_actors_injected"]) == 1
     np.testing.assert_array_equal(injected[elites], np.asarray(flat)[elites])
-    np.testing.assert_array_equal(injected[slot], actor)
+    np.testing.assert_array_equal(injected[slot], _flat(learner_state.learner.actor.params))
     others = np.delete(np.arange(6), slot)
-    np.testing.assert_array_equal(injected[others], bred[others])
-    unchanged, _ = inject(jnp.asarray(bred), fitness, actor, jnp.bool_(False))
+    np.testing.assert_array_equal(injected[others], np.asarray(bred)[others])
+    # a generation that is not a multiple of sync_period injects nothing
+    quiet = state.replace(generation_counter=jnp.int32(5))
+    unchanged, _, metrics = step(jax.random.key(3), algo.learner.init(jax.random.key(2)), bred,
+                                 quiet)  # fmt: skip
     np.testing.assert_array_equal(unchanged, bred)
+    assert int(metrics["rl_actors_injected"]) == 0
 
 
 def test_erl_step_with_tied_fitness_keeps_the_elites(erl_reference):
-    """A generation whose parents all failed (fitness -inf) keeps its elites in
+    """A generation whose parents all failed (every fitness worst) keeps its elites in
     slots 0 and 1 and injects the learner into a child's slot."""
-    _, states, _, step = erl_reference
-    before = states[1].replace(fitness=_like(np.full(6, -np.inf), states[1].fitness))
+    algo, states, _, step = erl_reference
+    s = states[1].strategy_state
+    worst = _like(np.full(6, np.finfo(np.float32).max), s.fitness)
+    before = states[1].replace(strategy_state=s.replace(fitness=worst))
     after, metrics = step(before, KEYS[1])
     assert step._cache_size() == 1
-    population = _flat(after.population)
-    np.testing.assert_array_equal(population[:2], _flat(before.population)[:2])
-    learner = np.asarray(ravel_pytree(before.learner.actor.params)[0])
-    np.testing.assert_array_equal(population[5], learner)
+    population = np.asarray(after.strategy_state.population)
+    np.testing.assert_array_equal(population[:2], np.asarray(s.population)[:2])
+    learner = after.learner_state.learner
+    np.testing.assert_array_equal(population[5], _flat(learner.actor.params))
     assert int(metrics["rl_actors_injected"]) == 1
 
 
-def test_count_exact_past_2_31():
-    add = jax.jit(lambda c, n: c.add(n))
-    count, total = Count.zero(), 0
-    for n in [2**31 - 1, 2**31 - 1, 2**31 - 1, 7, 123_456]:
-        count, total = add(count, jnp.int32(n)), total + n
-        assert int(count) == total
-    assert total > 2**32
-
-
-@pytest.mark.parametrize("name", ["cem", "erl"])
-def test_env_steps_exact_past_2_31(name, cem_reference, erl_reference):
-    """The state's step total carries past 2**32 where an int32 would wrap."""
-    _, states, metrics, step = cem_reference if name == "cem" else erl_reference
-    start = 2**33 - 30  # hi word 1, lo word 2**32 - 30
-    steps = states[1].env_steps
-    before = states[1].replace(env_steps=Count(_like(1, steps.hi), _like(2**32 - 30, steps.lo)))
-    assert int(before.env_steps) == start
-    after, m = step(before, KEYS[1])
-    assert step._cache_size() == 1
-    assert int(m["env_steps"]) == int(metrics[1]["env_steps"]) > 30
-    assert int(after.env_steps) == start + int(m["env_steps"])
+def test_run_counts_env_steps_exactly_past_2_31(tmp_path):
+    """The run's step total is a Python int: it carries past 2**32 where an int32 wraps."""
+    run = store.Run(tmp_path, None, "", None, "", generation=3, env_steps=2**33 - 30)
+    steps = np.array([2**31 - 1, 2**31 - 1, 70], np.int32)
+    rows = _rows(run, {"env_steps": steps, "fitness_best": np.zeros(3)}, wall=1.0)
+    assert [r["env_steps"] for r in rows] == [2**33 - 30 + 2**31 - 1, 2**33 + 2**32 - 32,
+                                              2**33 + 2**32 + 38]  # fmt: skip
+    assert [r["generation"] for r in rows] == [4, 5, 6] and run.env_steps == rows[-1]["env_steps"]
 
 
 @pytest.mark.parametrize("module", [cemrl, erl])

@@ -118,13 +118,13 @@ def train_loop(
         if length not in compiled:
             compiled[length] = jax.jit(lambda s, n=length: jax.lax.scan(body, s, None, length=n))
         t0 = time.perf_counter()
+        many = jax.process_count() > 1
         try:
             state, metrics = compiled[length](state)
+            # One transfer; under jax.distributed the metrics span every process's devices.
+            metrics = jax.tree.map(processes.to_host, metrics) if many else jax.device_get(metrics)
         except jax.errors.JaxRuntimeError as err:  # a Python objective's error in one line
             raise objective_error(err) from None
-        # One transfer; under jax.distributed the metrics span every process's devices.
-        many = jax.process_count() > 1
-        metrics = jax.tree.map(processes.to_host, metrics) if many else jax.device_get(metrics)
         elapsed = time.perf_counter() - t0
         done += length
         for name, values in metrics.items():
