@@ -380,7 +380,7 @@ class PBT:
         index = jnp.arange(hyperparameters.shape[0])
         donor, replaced = self.select_donors(fitness, donor_key)
 
-        def local(learners, hps, index):
+        def local(learners, hps, index, donor, replaced):
             # Every device gathers all members, so it can copy a donor that lives
             # on another device; padded members sit past `pop` and copy nobody.
             all_learners, all_hps = dist.all_gather((learners, hps), axis, tiled=True)
@@ -392,13 +392,16 @@ class PBT:
 
             keys = jax.vmap(lambda i: jax.random.fold_in(explore_key, i))(index)
             explored = jax.vmap(self.explore)(all_hps[src], keys)
-            return jax.tree.map(take, learners, all_learners), jnp.where(
-                copy[:, None], explored, hps
-            )
+            return jax.tree.map(take, learners, all_learners), jnp.where(copy[:, None], explored, hps)
 
+        members, ranking = P(axis), P()
         return jax.shard_map(
-            local, mesh=self.mesh, in_specs=P(axis), out_specs=P(axis), check_vma=False
-        )(learners, hyperparameters, index)
+            local,
+            mesh=self.mesh,
+            in_specs=(members, members, members, ranking, ranking),
+            out_specs=members,
+            check_vma=False,
+        )(learners, hyperparameters, index, donor, replaced)
 
     def step(self, state: State, key: jax.Array) -> tuple[State, dict[str, jax.Array]]:
         """One interval: train and evaluate every member (the engine's evaluator),

@@ -27,7 +27,7 @@ CONFIG = pbt.Config(
     population_size=6,  # padded to 8 on 4 devices
     truncation=0.34,  # two members replaced per interval
     interval=20,
-    episode_steps=10,
+    episode_length=10,
     learning_starts=10,  # TD3 from the first episode on
     updates_per_step=0.5,
     buffer_capacity=64,
@@ -94,8 +94,8 @@ def _padded_population(algo, state, n):
     decoy = lambda x: jnp.full((total - pop, *x.shape[1:]), 1e6, x.dtype)  # noqa: E731
     learners = jax.tree.map(lambda x: jnp.concatenate([x, decoy(x)]), state.learners)
     hps = jnp.concatenate([state.hyperparameters, decoy(state.hyperparameters)])
-    fitness = jnp.concatenate([jnp.arange(pop, dtype=jnp.float32), jnp.full(total - pop, 1e9)])
-    return learners, hps, fitness, jnp.arange(total) < pop
+    returns = jnp.arange(pop, dtype=jnp.float32)  # member i returned i
+    return learners, hps, returns, jnp.arange(total) < pop
 
 
 @pytest.mark.parametrize("n", [1, 4])
@@ -103,10 +103,11 @@ def test_exploit_copies_donors_exactly_into_the_bottom_fraction(reference, n):
     algo, states, _ = reference
     algo = pbt.PBT(CONFIG, make_mesh(n))
     before = jax.device_get(states[1])  # uncommitted, so any mesh may take it
-    learners, hps, fitness, valid = _padded_population(algo, before, n)
-    new_learners, new_hps = jax.jit(algo.exploit)(learners, hps, fitness, valid, KEYS[0])
+    learners, hps, returns, valid = _padded_population(algo, before, n)
+    # evosax fitness (minimised) of the real members: the decoys are never ranked
+    new_learners, new_hps = jax.jit(algo.exploit)(learners, hps, -returns, KEYS[0])
     pop, k = CONFIG.population_size, algo.num_replaced
-    ranked = np.argsort(-np.asarray(fitness[:pop]))
+    ranked = np.argsort(-np.asarray(returns))
     top, bottom = set(ranked[:k].tolist()), set(ranked[pop - k :].tolist())
     low, high = np.asarray(algo.low), np.asarray(algo.high)
     donors = []
@@ -219,33 +220,33 @@ def test_resumed_run_equals_uninterrupted_and_plots_hyperparameters(tmp_path):
 
 def test_unknown_hyperparameter_rejected():
     with pytest.raises(ValueError, match=r"cannot search the hyperparameter 'tau'.*'actor_lr'"):
-        pbt.Config(search=(pbt.Hyperparameter("tau", 0.001, 0.01),))
+        pbt.PBT(pbt.Config(search=(pbt.Hyperparameter("tau", 0.001, 0.01),)))
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.6, -0.1])
 def test_truncation_outside_range_rejected(fraction):
     with pytest.raises(ValueError, match=r"truncation must be in \(0, 0.5\]"):
-        pbt.Config(truncation=fraction)
+        pbt.Config(truncation=fraction).validate()
 
 
 def test_population_of_one_rejected():
-    with pytest.raises(ValueError, match="population_size >= 2"):
-        pbt.Config(population_size=1)
+    with pytest.raises(ValueError, match="population_size must be at least 2"):
+        pbt.PBT(pbt.Config(population_size=1))
 
 
 def test_bad_ranges_and_intervals_rejected():
     with pytest.raises(ValueError, match="low < high"):
-        pbt.Hyperparameter("actor_lr", 1e-2, 1e-5)
+        pbt.Hyperparameter("actor_lr", 1e-2, 1e-5).validate()
     with pytest.raises(ValueError, match="low > 0 when log=True"):
-        pbt.Hyperparameter("discount", 0.0, 0.99)
+        pbt.Hyperparameter("discount", 0.0, 0.99).validate()
     with pytest.raises(ValueError, match=r"interval=250 must be a whole number of 200-step"):
         pbt.PBT(pbt.Config(interval=250))
     with pytest.raises(ValueError, match="continuous actions"):
         pbt.PBT(pbt.Config(task="CartPole-v1"))
     with pytest.raises(ValueError, match="smaller than one TD3 batch"):
         pbt.PBT(pbt.Config(buffer_capacity=16))
-    with pytest.raises(ValueError, match="updates_per_step > 0"):
-        pbt.Config(updates_per_step=0.0)
+    with pytest.raises(ValueError, match="updates_per_step must be > 0"):
+        pbt.Config(updates_per_step=0.0).validate()
 
 
 def test_bad_config_file_is_a_config_error(tmp_path):
