@@ -57,10 +57,8 @@ def test_minimize_restarts_a_stalled_run_and_counts_its_evaluations():
 def _first_generation_reaching(config, seeds, generations, threshold):
     es = ES(config, mesh=make_mesh(1))
 
-    @jax.jit
     def run(key):
-        init_key, run_key = jax.random.split(key)
-        return _loop.run(es, es.init(init_key), run_key, generations)[1]["eval_return"]
+        return _loop.train(es, key, generations)[1]["eval_return"]
 
     firsts = []
     for seed in seeds:

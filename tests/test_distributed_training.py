@@ -60,7 +60,7 @@ def _fitness(run):
 
 
 def _flat(tree):
-    return {k: np.asarray(v) for k, v in flatten_dict(tree, sep="/").items()}
+    return {k: np.asarray(v) for k, v in flatten_dict(tree, sep="/").items() if v is not None}
 
 
 def _assert_same_state(a, b, rtol=1e-3, atol=1e-3):

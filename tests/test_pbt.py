@@ -184,7 +184,7 @@ def _write_config(path, generations):
 
 
 def _flat(tree):
-    return {k: np.asarray(v) for k, v in flatten_dict(tree, sep="/").items()}
+    return {k: np.asarray(v) for k, v in flatten_dict(tree, sep="/").items() if v is not None}
 
 
 def test_resumed_run_equals_uninterrupted_and_plots_hyperparameters(tmp_path):

@@ -353,7 +353,7 @@ def train(
     with store.hold(run_dir, True, text, overwrite):
         run = store.Run(run_dir, config, text, run_key, about, writer=jax.process_index() == 0)
         for recorder in recorders:
-            recorder.start(run)
+            recorder.start(run, state)
         return _session(run, algorithm, state, recorders, progress, figure)
 
 
@@ -440,5 +440,5 @@ def resume(
         )  # fmt: skip
         recorders = default_recorders(recorders)
         for recorder in recorders:
-            recorder.start(run)
+            recorder.start(run, state)
         return _session(run, algorithm, state, recorders, progress, figure)

@@ -433,8 +433,8 @@ class Recorder:
     :meth:`finish` at the end, in that order.
     """
 
-    def start(self, run: Run) -> None:
-        """The run starts (``run.generation``: 0) or resumes (from a checkpoint)."""
+    def start(self, run: Run, state) -> None:
+        """The run starts (``run.generation``: 0) or resumes (from a checkpoint) at ``state``."""
 
     def row(self, row: dict[str, Any]) -> None:
         """One generation's metrics: the columns of ``metrics.csv`` (NumPy scalars)."""
@@ -452,7 +452,7 @@ class Recorder:
 class MetricsCSV(Recorder):
     """``metrics.csv``: the chunk's rows in one append, after each chunk."""
 
-    def start(self, run: Run) -> None:
+    def start(self, run: Run, state) -> None:
         self.path, self.written = run.run_dir / METRICS_FILENAME, len(run.lines)
 
     def flush(self, run: Run, state) -> None:
@@ -475,7 +475,7 @@ class TrainLog(Recorder):
     """``train.log`` (the ``evorl_pop.run`` log): the run's set-up, a line per chunk,
     checkpoints, warnings, how it ended."""
 
-    def start(self, run: Run) -> None:
+    def start(self, run: Run, state) -> None:
         self.nonfinite, self.last = [], {}
         writer = run.writer
         self.handler = logging.FileHandler(run.run_dir / LOG_FILENAME) if writer else None
@@ -524,8 +524,8 @@ class Checkpoints(Recorder):
     the last, and at the end (a new run checkpoints even at generation 0, so that
     ``-g 0`` can be resumed). Every process takes part (the state is gathered)."""
 
-    def start(self, run: Run) -> None:
-        self.state = None
+    def start(self, run: Run, state) -> None:
+        self.state = state
         self.saved = run.generation if run.generation > 0 else -1
 
     def flush(self, run: Run, state) -> None:
