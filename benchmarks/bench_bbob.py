@@ -40,8 +40,8 @@ from evosax.problems.bbob.bbob_fns import bbob_fns  # noqa: E402
 from evorl_pop import make_mesh  # noqa: E402
 from evorl_pop.algorithms.es import ESConfig  # noqa: E402
 from evorl_pop.algorithms.restarts import Minimizer  # noqa: E402
-from evorl_pop.blackbox import BBOB_FUNCTIONS, BBOBTask, bbob_instance  # noqa: E402
-from evorl_pop.tasks import EvalInfo  # noqa: E402
+from evorl_pop.base import EvalInfo  # noqa: E402
+from evorl_pop.tasks.blackbox import BBOB_FUNCTIONS, BBOBTask, bbob_instance  # noqa: E402
 
 TARGET = 1e-8
 SOLVERS = ("engine", "pycma", "engine BIPOP", "pycma BIPOP")

@@ -20,7 +20,7 @@ Prints one table:
   a device's rollout costs the steps its episodes take). The engine runs a
   device's episodes from a work queue on ``--lanes`` lanes (default: 16 on a
   CPU, the whole slice on an accelerator; see
-  :func:`evorl_pop.envs.rollout_queue`); the hand-written rollout steps all
+  :func:`evorl_pop.tasks.rollout.rollout_queue`); the hand-written rollout steps all
   candidates at once, at full width.
 * ``floor`` (only when asked for): the least any lane schedule that steps
   the running episodes together costs on this machine: the hand-written
@@ -71,7 +71,8 @@ from ceilings import best_time  # noqa: E402  (benchmarks/ceilings.py, next to t
 
 from evorl_pop import make_mesh  # noqa: E402
 from evorl_pop.algorithms.es import ES, ESConfig  # noqa: E402
-from evorl_pop.envs_brax import BraxEnv  # noqa: E402
+from evorl_pop.run.shell import chunk_fn  # noqa: E402
+from evorl_pop.tasks.brax_envs import BraxEnv  # noqa: E402
 
 TASKS = {"hopper": "brax/hopper", "halfcheetah": "brax/halfcheetah", "breakout": "Breakout-MinAtar"}
 
@@ -93,7 +94,7 @@ def engine_time(es, args):
     """Seconds per generation and env steps per generation of the engine."""
     state = es.init(jax.random.key(0))
     # the whole state and metrics are outputs: nothing of the rollout is dead code
-    run = jax.jit(lambda s, k: es.engine.run(s, k, args.gens))
+    run = chunk_fn(es, args.gens)
     seconds, (_, metrics) = best_time(run, state, jax.random.key(1), reps=args.reps)
     steps = np.sum(np.asarray(metrics["env_steps"], np.float64))
     return seconds / args.gens, float(steps) / args.gens
@@ -157,7 +158,7 @@ def episode_lengths(es, num_steps):
     """Steps the episode of each candidate of the engine's first generation lasts
     (at most ``num_steps``; other episode keys than the engine's)."""
     task, state = es.task, es.init(jax.random.key(0))
-    population = es.strategy.ask(jax.random.key(2), state.strategy_state, es.engine.params)[0]
+    population = es.strategy.ask(jax.random.key(2), state.strategy_state, es.params)[0]
 
     def length(flat, key):
         params = task.unravel(flat)

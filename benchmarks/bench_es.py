@@ -12,7 +12,7 @@ Prints six tables:
    evaluate, each rolled out for 500 steps of ``env.step_env`` + mask, no
    ask / tell), same run, and the time of the strategy's ask + tell alone.
    One row per Open_ES noise sampler: the shared noise table (the default,
-   :mod:`evorl_pop.noise_table`) and evosax's own normals (``noise='normal'``).
+   :class:`evorl_pop.algorithms.es.NoiseTableOpen_ES`) and evosax's own normals (``noise='normal'``).
 3. pendulum: the same on Pendulum-v1, population 1024, 3-16-16-1 ReLU MLP,
    also against the first population's rollout alone (``first``);
    ``(c+a+t)/c`` is the floor the strategy's own ask + tell sets on the ratio,
@@ -50,8 +50,9 @@ from evosax.algorithms import Open_ES  # noqa: E402
 
 from evorl_pop import make_mesh  # noqa: E402
 from evorl_pop.algorithms.es import make_strategy  # noqa: E402
-from evorl_pop.engine import ShardedES  # noqa: E402
-from evorl_pop.envs import make_env  # noqa: E402
+from evorl_pop.core.engine import Engine  # noqa: E402
+from evorl_pop.run.shell import chunk_fn  # noqa: E402
+from evorl_pop.tasks.envs import make_env  # noqa: E402
 from evorl_pop.tasks import BlackBoxTask, ControlTask  # noqa: E402
 
 STEPS = 500
@@ -66,9 +67,10 @@ def engine_generations(pop, n_devices, gens, env="CartPole-v1", noise="normal", 
     strategy, params = make_strategy(
         "Open_ES", pop, task.num_dims, learning_rate=0.05, sigma_init=0.1, noise=noise
     )
-    engine = ShardedES(strategy, task, make_mesh(n_devices), params)
+    engine = Engine(strategy, task, make_mesh(n_devices), params)
     state = engine.init(jax.random.key(0))
-    return jax.jit(lambda s, k: engine.run(s, k, gens)[1]["fitness_mean"]), state, engine
+    run = chunk_fn(engine, gens)
+    return lambda s, k: run(s, k)[1]["fitness_mean"], state, engine
 
 
 def handwritten_generations(pop, gens):
@@ -345,7 +347,7 @@ def bench_memory(args):
     rows = []
     for low in (False, True):
         strategy, params = make_strategy("Open_ES", 4096, task.num_dims, learning_rate=0.01)
-        engine = ShardedES(strategy, task, make_mesh(n), params, low_communication=low)
+        engine = Engine(strategy, task, make_mesh(n), params, low_communication=low)
         state = jax.eval_shape(engine.init, jax.random.key(0))
         compiled = jax.jit(engine.step).lower(state, jax.random.key(0)).compile()
         mem = compiled.memory_analysis()

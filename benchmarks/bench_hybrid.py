@@ -41,6 +41,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from evorl_pop import make_mesh  # noqa: E402
 from evorl_pop.algorithms import cemrl, erl  # noqa: E402
+from evorl_pop.run.shell import chunk_fn  # noqa: E402
 
 ALGORITHMS = {
     "cemrl": ("CEM-RL", lambda mesh: cemrl.CEMRL(cemrl.Config(), mesh)),
@@ -53,14 +54,12 @@ def train(algo, run, seed: int) -> tuple[dict[str, np.ndarray], float]:
     """One run until ``--steps`` env steps; generation g uses fold_in(key, g)."""
     init_key, run_key = jax.random.split(jax.random.key(seed))
     state = algo.init(init_key)
-    history = {k: [] for k in KEYS}
+    history, steps = {k: [] for k in KEYS}, 0
     start = time.perf_counter()
-    while int(state.env_steps) < args.steps:
-        keys = jax.vmap(lambda g: jax.random.fold_in(run_key, g))(
-            state.generation + np.arange(args.chunk)
-        )
-        state, metrics = run(state, keys)
+    while steps < args.steps:
+        state, metrics = run(state, run_key)
         metrics = jax.device_get(metrics)
+        steps += int(np.sum(metrics["env_steps"], dtype=np.int64))
         for k in KEYS:
             history[k].append(np.asarray(metrics[k]))
     wall = time.perf_counter() - start
@@ -89,7 +88,7 @@ def main():
     for name in args.algorithms:
         label, make = ALGORITHMS[name]
         algo = make(mesh)
-        run = jax.jit(lambda s, keys, algo=algo: jax.lax.scan(algo.step, s, keys))
+        run = chunk_fn(algo, args.chunk)
         results[name] = []
         for seed in args.seeds:
             history, wall = train(algo, run, seed)

@@ -45,7 +45,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from evorl_pop import make_mesh  # noqa: E402
 from evorl_pop.algorithms import pbt  # noqa: E402
-from evorl_pop.rl.rollout import evaluate  # noqa: E402
+from evorl_pop.tasks.rollout import evaluate_episodes  # noqa: E402
 
 SEARCH = (pbt.Hyperparameter("actor_lr", 1e-5, 1e-2), pbt.Hyperparameter("critic_lr", 1e-5, 1e-2))
 CONFIG = pbt.Config(population_size=args.population, search=SEARCH, interval=args.interval)
@@ -73,7 +73,9 @@ def final_returns(algo: pbt.PBT, state: pbt.State) -> np.ndarray:
     key = jax.random.fold_in(jax.random.key(args.seed), 10**6)
     run = jax.jit(
         jax.vmap(
-            lambda p: evaluate(algo.env, algo.policy, p, key, FINAL_EPISODES, algo.episode_steps)
+            lambda p: evaluate_episodes(
+                algo.env, algo.policy, p, key, FINAL_EPISODES, None, algo.episode_length
+            ).episode_return
         )
     )
     return np.asarray(run(state.learners.actor.params))

@@ -6,9 +6,9 @@
 Prints one table, each row timed against the same work done the direct way:
 
 * ``fold``: folding VBN into a population's weights (the default CNN, the
-  reference batch of ``evorl_pop.tasks.VBN_BATCH`` observations), as the
+  reference batch of ``evorl_pop.tasks.control.VBN_BATCH`` observations), as the
   engine does, under ``vmap`` over the candidates:
-  :func:`evorl_pop.networks.fold_virtual_batch_norm` (the first layer's
+  :func:`evorl_pop.tasks.control.fold_virtual_batch_norm` (the first layer's
   statistics from the reference batch's moments, the candidates folded a few
   at a time) against the direct fold of the same population, vmapped (every
   layer applied to the whole reference batch, its statistics reduced from
@@ -31,10 +31,14 @@ import numpy as np
 from ceilings import best_time  # benchmarks/ceilings.py, next to this file
 from jax.flatten_util import ravel_pytree
 
-from evorl_pop import checkpoint, make_mesh, tasks
-from evorl_pop import config as config_lib
+from evorl_pop import make_mesh
+from evorl_pop.run import config as config_lib
+from evorl_pop.run import store
+from evorl_pop.run.shell import chunk_fn
+from evorl_pop.tasks import control
 from evorl_pop.algorithms.es import ES, ESConfig
-from evorl_pop.networks import ACTIVATIONS, CNN, fold_virtual_batch_norm
+from evorl_pop.tasks.control import fold_virtual_batch_norm
+from evorl_pop.tasks.envs import ACTIVATIONS, CNN
 
 
 def fold_direct(policy, params, reference, eps=1e-5):
@@ -104,12 +108,12 @@ def main():
             es = ES(config, mesh=make_mesh(1))
             if fold is fold_direct:  # the same engine, its task folding the direct way
                 es.task.vbn_reference = es.task.reference
-            saved, tasks.fold_virtual_batch_norm = tasks.fold_virtual_batch_norm, fold
+            saved, control.fold_virtual_batch_norm = control.fold_virtual_batch_norm, fold
             try:
-                run = jax.jit(lambda s, es=es: es.engine.run(s, jax.random.key(1), args.gens))
+                run = lambda s, c=chunk_fn(es, args.gens): c(s, jax.random.key(1))  # noqa: E731
                 t, (_, metrics) = best_time(run, start(es), reps=args.reps)
             finally:
-                tasks.fold_virtual_batch_norm = saved
+                control.fold_virtual_batch_norm = saved
             out.append((t / args.gens, metrics["env_steps"]))
         (t_new, steps), (t_old, steps_old) = out
         same = np.array_equal(steps, steps_old)
@@ -118,13 +122,13 @@ def main():
     steps, *times = time_generations(config, lambda es: es.init(jax.random.key(0)))
     rows.append((f"generation ({steps})", *times))
     if args.run:
-        ckpt = checkpoint.load(args.run)
+        ckpt = store.load_checkpoint(args.run)
         run_config = config_lib.from_dict(ckpt.config).algorithm_config
         if not getattr(run_config, "virtual_batch_norm", False):
             raise SystemExit(f"--run {args.run}: not a run with virtual_batch_norm.")
         steps, *times = time_generations(
             run_config,
-            lambda es: checkpoint.restore_state(es.init(jax.random.key(0)), ckpt),
+            lambda es: store.restore_state(es.init(jax.random.key(0)), ckpt),
         )
         rows.append((f"generation, {args.run} at {ckpt.generation} ({steps})", *times))
 

@@ -5,7 +5,7 @@
 
 Each setting trains ``--seeds`` independent OpenES runs at once, the seeds a
 vmapped axis of one compiled program, so an accelerator trains four seeds in
-about the time of one. The policy is the project's (``evorl_pop.networks``:
+about the time of one. The policy is the project's (``evorl_pop.tasks.envs``:
 the CNN, the MLP or the keypoints, greedy over the logits), the strategy
 evosax's Open_ES built by :func:`evorl_pop.algorithms.es.make_strategy` (evosax's own draw),
 ranked on the mean return of each candidate's episodes, capped at 500 steps;
@@ -70,9 +70,8 @@ from evosax.core.fitness_shaping import (
 from jax.flatten_util import ravel_pytree
 
 from evorl_pop.algorithms.es import elite_shaping, make_strategy
-from evorl_pop.envs import make_env, random_observations
-from evorl_pop.networks import CNN, MLP, Keypoints, Policy, fold_virtual_batch_norm, vbn_reference
-from evorl_pop.tasks import VBN_BATCH
+from evorl_pop.tasks.control import VBN_BATCH, fold_virtual_batch_norm, vbn_reference
+from evorl_pop.tasks.envs import CNN, MLP, Keypoints, Policy, make_env, random_observations
 
 EPISODE_LENGTH = 500
 EVAL_EPISODES = 8

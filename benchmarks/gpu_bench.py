@@ -40,7 +40,8 @@ if importlib.util.find_spec("evorl_pop.algorithms") is None:
 
 from evorl_pop import make_mesh  # noqa: E402
 from evorl_pop.algorithms.es import make_strategy  # noqa: E402
-from evorl_pop.engine import ShardedES  # noqa: E402
+from evorl_pop.core.engine import Engine  # noqa: E402
+from evorl_pop.run.shell import chunk_fn  # noqa: E402
 from evorl_pop.tasks import ControlTask  # noqa: E402
 
 JOBS = {
@@ -69,9 +70,10 @@ def row(env, pop, reps, gens):
     t_ceil, _ = median_seconds(run, (params, key), reps)
     task = ControlTask(env, **task_kwargs)
     strategy, es_params = make_strategy("Open_ES", pop, task.num_dims, sigma_init=0.1)
-    engine = ShardedES(strategy, task, make_mesh(1), es_params)
+    engine = Engine(strategy, task, make_mesh(1), es_params)
     state = engine.init(jax.random.key(0))
-    generations = jax.jit(lambda s, k: engine.run(s, k, gens)[1]["env_steps"])
+    run = chunk_fn(engine, gens)
+    generations = lambda s, k: run(s, k)[1]["env_steps"]  # noqa: E731
     t_run, env_steps = median_seconds(generations, (state, jax.random.key(1)), reps)
     t_gen = t_run / gens
     engine_rate = int(env_steps.sum()) / t_run  # steps actually taken

@@ -136,34 +136,6 @@ class EvalInfo:
     moments: Any = None  # observation sums (rollout.ObsMoments) when observations are normalised
 
 
-@flax.struct.dataclass
-class Count:
-    """A non-negative integer exact past 2**31 without 64-bit JAX: ``hi * 2**32 + lo``.
-
-    Cumulative totals (environment steps, episodes) outgrow int32 within
-    seconds on an accelerator, and ``jax_enable_x64`` would change every
-    other dtype; each generation's own count stays int32.
-    """
-
-    hi: jax.Array  # uint32, shape=()
-    lo: jax.Array  # uint32, shape=()
-
-    @classmethod
-    def zero(cls) -> Count:
-        """A count of 0."""
-        return cls(hi=jnp.uint32(0), lo=jnp.uint32(0))
-
-    def add(self, n: jax.Array | int) -> Count:
-        """The count plus ``n``, a non-negative increment below 2**32 (the low word
-        wraps and carries into the high one)."""
-        lo = self.lo + jnp.asarray(n).astype(jnp.uint32)
-        carry = (lo < self.lo).astype(jnp.uint32)  # the sum wrapped past 2**32
-        return Count(hi=self.hi + carry, lo=lo)
-
-    def __int__(self) -> int:
-        return (int(self.hi) << 32) | int(self.lo)
-
-
 # --- files -------------------------------------------------------------------------
 
 

@@ -67,6 +67,25 @@ class RunResult:
 # --- the compiled chunk loop ----------------------------------------------------------
 
 
+def chunk_fn(algorithm, length: int):
+    """``length`` generations as one compiled ``lax.scan``: ``(state, key) -> (state, metrics)``,
+    generation ``g`` with ``fold_in(key, g)`` (``g`` the state's ``generation``), the metrics
+    stacked over the chunk. :func:`train_loop` runs them; benchmarks time them."""
+
+    def body(carry, _):
+        state, key = carry
+        dtypes = jax.tree.map(lambda x: x.dtype, state)
+        new_state, metrics = algorithm.step(state, jax.random.fold_in(key, state.generation))
+        # A leaf that came back weakly typed would compile the next chunk again.
+        return (jax.tree.map(jnp.asarray, new_state, dtypes), key), metrics
+
+    def chunk(state, key):
+        (state, _), metrics = jax.lax.scan(body, (state, key), None, length=length)
+        return state, metrics
+
+    return jax.jit(chunk)
+
+
 def train_loop(
     algorithm,
     state,
@@ -99,13 +118,6 @@ def train_loop(
     """
     if num_generations < 0 or chunk < 1:
         raise ValueError(f"need generations >= 0 and chunk >= 1, got {num_generations}, {chunk}")
-
-    def body(state, _):
-        dtypes = jax.tree.map(lambda x: x.dtype, state)
-        new_state, metrics = algorithm.step(state, jax.random.fold_in(key, state.generation))
-        # A leaf that came back weakly typed would compile the next chunk again.
-        return jax.tree.map(jnp.asarray, new_state, dtypes), metrics
-
     history: dict[str, list[np.ndarray]] = {}
     total = generation_offset + num_generations
     bar = tqdm(total=total, initial=generation_offset, desc=desc, disable=not progress, unit="gen")
@@ -116,11 +128,11 @@ def train_loop(
             raise KeyboardInterrupt
         length = min(chunk, num_generations - done)
         if length not in compiled:
-            compiled[length] = jax.jit(lambda s, n=length: jax.lax.scan(body, s, None, length=n))
+            compiled[length] = chunk_fn(algorithm, length)
         t0 = time.perf_counter()
         many = jax.process_count() > 1
         try:
-            state, metrics = compiled[length](state)
+            state, metrics = compiled[length](state, key)
             # One transfer; under jax.distributed the metrics span every process's devices.
             metrics = jax.tree.map(processes.to_host, metrics) if many else jax.device_get(metrics)
         except jax.errors.JaxRuntimeError as err:  # a Python objective's error in one line

@@ -418,7 +418,7 @@ def rollout_queue(
 
 @flax.struct.dataclass
 class EpisodeStats:
-    """What one evaluation produced (summed over its episodes)."""
+    """What one evaluation produced: its episodes' mean return, their summed steps."""
 
     episode_return: jax.Array  # mean return over the evaluation's episodes
     steps: jax.Array  # int32: env steps taken before each episode ended, summed
@@ -491,7 +491,7 @@ def evaluate_episodes(
       lanes: episodes stepped at once (``None``: :func:`default_lanes`).
 
     Returns:
-      :class:`EpisodeStats` summed over the episodes.
+      :class:`EpisodeStats`: the mean return, the steps and observation sums summed.
     """
     run = _episodes_fn(env, policy, episode_length, lanes)
     episodes = run(params, jax.random.split(key, num_episodes), obs_norm)
