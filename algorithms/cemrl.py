@@ -175,25 +175,15 @@ class CEMRLLearner(TD3Learner):
 
 
 class CEMRL(Engine):
-    """CEM-RL on a population sharded over the devices of ``mesh``: the engine with
-    :class:`CEM` as its strategy and TD3 as its learner.
-
-    Args:
-      config: a :class:`Config`.
-      mesh: a mesh with the axis ``'POP'`` (``None``: every device); TD3
-        minibatches are split over the same devices along a ``'DP'`` axis.
-
-    Raises:
-      ConfigError: a setting that cannot run (see ``Config.validate``), a
-        discrete-action environment, a batch the device count does not split.
+    """CEM-RL: the engine with :class:`CEM` as its strategy and :class:`CEMRLLearner`
+    between ask and evaluate, its population sharded over the devices of ``mesh``
+    (``None``: every device), TD3's minibatches over the same devices along ``'DP'``.
+    ``Config.validate`` says what to change in a config that cannot run.
     """
 
     def __init__(self, config: Config = Config(), mesh: Mesh | None = None):
         config.validate()
-        self.config, td3 = config, config.td3
-        mesh = make_mesh() if mesh is None else mesh
-        task = ControlTask(config.task, td3.actor_hidden_sizes, td3.actor_activation,
-                           episode_length=config.episode_length, transitions=True)  # fmt: skip
+        self.config, mesh, task = config, make_mesh() if mesh is None else mesh, config.actor_task()
         strategy = CEM(config.population_size, jnp.zeros(task.num_dims), config.num_elites, config)
-        super().__init__(strategy, task, mesh, eval_episodes=config.eval_episodes,
-                         learner=CEMRLLearner(task, config, mesh))  # fmt: skip
+        learner = CEMRLLearner(task, config, mesh)
+        super().__init__(strategy, task, mesh, eval_episodes=config.eval_episodes, learner=learner)

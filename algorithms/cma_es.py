@@ -137,15 +137,9 @@ class CMA_ES_pycma(evosax.algorithms.CMA_ES):
         chi_n = jnp.sqrt(2.0) * jnp.exp(
             jax.scipy.special.gammaln((n + 1) / 2) - jax.scipy.special.gammaln(n / 2)
         )
-        return params.replace(
-            weights=weights,
-            c_1=c_1,
-            c_mu=c_mu,
-            c_std=c_std,
-            d_std=d_std,
-            chi_n=chi_n,
-            std_max=jnp.inf,  # pycma bounds σ by no constant
-        )
+        # pycma bounds σ by no constant
+        return params.replace(weights=weights, c_1=c_1, c_mu=c_mu, c_std=c_std, d_std=d_std,
+                              chi_n=chi_n, std_max=jnp.inf)  # fmt: skip
 
     def _initial_C(self):
         return jnp.diag(jnp.exp(1e-4 / self.num_dims * jnp.arange(self.num_dims)))

@@ -217,28 +217,18 @@ class ERLLearner(TD3Learner):
 
 
 class ERL(Engine):
-    """ERL on a population sharded over the devices of ``mesh``: the engine with
-    :class:`GA` as its strategy and a TD3 learner.
-
-    Args:
-      config: a :class:`Config`.
-      mesh: a mesh with the axis ``'POP'`` (``None``: every device); TD3
-        minibatches are split over the same devices along a ``'DP'`` axis.
-
-    Raises:
-      ConfigError: a setting that cannot run (see ``Config.validate``), a
-        discrete-action environment, a batch the device count does not split.
+    """ERL as the engine runs it: :class:`GA` asks and tells, :class:`ERLLearner` steps
+    in between. ``mesh`` (``None``: every device) shards the population over
+    ``'POP'`` and the learner's minibatches over ``'DP'``, on the same devices;
+    a config that cannot run is refused by ``Config.validate`` with what to change.
     """
 
     def __init__(self, config: Config = Config(), mesh: Mesh | None = None):
         config.validate()
-        self.config, td3 = config, config.td3
-        mesh = make_mesh() if mesh is None else mesh
-        task = ControlTask(config.task, td3.actor_hidden_sizes, td3.actor_activation,
-                           episode_length=config.episode_length, transitions=True)  # fmt: skip
-        super().__init__(GA(config.population_size, task, config), task, mesh,
-                         eval_episodes=config.eval_episodes,
-                         learner=ERLLearner(task, config, mesh))  # fmt: skip
+        self.config, mesh, task = config, make_mesh() if mesh is None else mesh, config.actor_task()
+        learner = ERLLearner(task, config, mesh)
+        strategy = GA(config.population_size, task, config)
+        super().__init__(strategy, task, mesh, eval_episodes=config.eval_episodes, learner=learner)
 
 
 def ranks(fitness: jax.Array) -> jax.Array:

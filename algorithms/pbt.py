@@ -53,7 +53,6 @@ from evorl_pop.rl.td3 import (
     check_continuous,
     example_transition,
 )
-from evorl_pop.tasks.control import ControlTask
 from evorl_pop.tasks.rollout import evaluate_episodes, rollout
 
 #: TD3Config fields PBT can search; policy_delay and tau stay fixed (they are
@@ -186,9 +185,7 @@ class PBT:
         config.validate()
         self.config = config
         self.mesh = check_pop_axis(make_mesh() if mesh is None else mesh)
-        td3 = config.td3
-        self.task = ControlTask(config.task, td3.actor_hidden_sizes, td3.actor_activation,
-                                episode_length=config.episode_length)  # fmt: skip
+        self.task = config.actor_task()
         self.env, self.policy = self.task.env, self.task.policy
         check_continuous(self.env.spec, "PBT (its members are TD3 learners)")
         self.episode_length = t = self.env.spec.max_steps
@@ -197,7 +194,7 @@ class PBT:
                 f"interval={config.interval} must be a whole number of {t}-step episodes, "
                 f"e.g. {max(1, config.interval // t) * t}."
             )
-        self.td3 = TD3(self.env.spec, td3, policy=self.policy)
+        self.td3 = TD3(self.env.spec, config.td3, policy=self.policy)
         self.names = tuple(h.name for h in config.search)
         self.low = jnp.asarray([h.low for h in config.search], jnp.float32)
         self.high = jnp.asarray([h.high for h in config.search], jnp.float32)
@@ -392,7 +389,8 @@ class PBT:
 
             keys = jax.vmap(lambda i: jax.random.fold_in(explore_key, i))(index)
             explored = jax.vmap(self.explore)(all_hps[src], keys)
-            return jax.tree.map(take, learners, all_learners), jnp.where(copy[:, None], explored, hps)
+            new_hps = jnp.where(copy[:, None], explored, hps)
+            return jax.tree.map(take, learners, all_learners), new_hps
 
         members, ranking = P(axis), P()
         return jax.shard_map(

@@ -12,7 +12,8 @@ Prints six tables:
    evaluate, each rolled out for 500 steps of ``env.step_env`` + mask, no
    ask / tell), same run, and the time of the strategy's ask + tell alone.
    One row per Open_ES noise sampler: the shared noise table (the default,
-   :class:`evorl_pop.algorithms.es.NoiseTableOpen_ES`) and evosax's own normals (``noise='normal'``).
+   :class:`evorl_pop.algorithms.es.NoiseTableOpen_ES`) and evosax's own normals
+   (``noise='normal'``).
 3. pendulum: the same on Pendulum-v1, population 1024, 3-16-16-1 ReLU MLP,
    also against the first population's rollout alone (``first``);
    ``(c+a+t)/c`` is the floor the strategy's own ask + tell sets on the ratio,
@@ -52,8 +53,8 @@ from evorl_pop import make_mesh  # noqa: E402
 from evorl_pop.algorithms.es import make_strategy  # noqa: E402
 from evorl_pop.core.engine import Engine  # noqa: E402
 from evorl_pop.run.shell import chunk_fn  # noqa: E402
-from evorl_pop.tasks.envs import make_env  # noqa: E402
 from evorl_pop.tasks import BlackBoxTask, ControlTask  # noqa: E402
+from evorl_pop.tasks.envs import make_env  # noqa: E402
 
 STEPS = 500
 

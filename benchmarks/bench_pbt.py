@@ -73,9 +73,11 @@ def final_returns(algo: pbt.PBT, state: pbt.State) -> np.ndarray:
     key = jax.random.fold_in(jax.random.key(args.seed), 10**6)
     run = jax.jit(
         jax.vmap(
-            lambda p: evaluate_episodes(
-                algo.env, algo.policy, p, key, FINAL_EPISODES, None, algo.episode_length
-            ).episode_return
+            lambda p: (
+                evaluate_episodes(
+                    algo.env, algo.policy, p, key, FINAL_EPISODES, None, algo.episode_length
+                ).episode_return
+            )
         )
     )
     return np.asarray(run(state.learners.actor.params))

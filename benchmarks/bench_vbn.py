@@ -32,11 +32,11 @@ from ceilings import best_time  # benchmarks/ceilings.py, next to this file
 from jax.flatten_util import ravel_pytree
 
 from evorl_pop import make_mesh
+from evorl_pop.algorithms.es import ES, ESConfig
 from evorl_pop.run import config as config_lib
 from evorl_pop.run import store
 from evorl_pop.run.shell import chunk_fn
 from evorl_pop.tasks import control
-from evorl_pop.algorithms.es import ES, ESConfig
 from evorl_pop.tasks.control import fold_virtual_batch_norm
 from evorl_pop.tasks.envs import ACTIVATIONS, CNN
 
@@ -110,7 +110,8 @@ def main():
                 es.task.vbn_reference = es.task.reference
             saved, control.fold_virtual_batch_norm = control.fold_virtual_batch_norm, fold
             try:
-                run = lambda s, c=chunk_fn(es, args.gens): c(s, jax.random.key(1))  # noqa: E731
+                chunk = chunk_fn(es, args.gens)
+                run = lambda s, c=chunk: c(s, jax.random.key(1))  # noqa: E731
                 t, (_, metrics) = best_time(run, start(es), reps=args.reps)
             finally:
                 control.fold_virtual_batch_norm = saved

@@ -13,8 +13,9 @@ from evorl_pop.algorithms.es import ESConfig  # noqa: E402
 
 SETUPS = {"sphere": (3.0, 1.0), "ellipsoid": (3.0, 1.0), "rosenbrock": (0.0, 0.5)}
 configs = {
-    f"cmaes-{fn}": ESConfig(strategy="CMA_ES", task=fn, num_dims=10, population_size=10, x0=x0,
-                            sigma_init=sigma)  # fmt: skip
+    f"cmaes-{fn}": ESConfig(
+        strategy="CMA_ES", task=fn, num_dims=10, population_size=10, x0=x0, sigma_init=sigma
+    )  # fmt: skip
     for fn, (x0, sigma) in SETUPS.items()
 }
 results = script.train(args, configs, "cmaes_blackbox.png", "CMA-ES, 10-D, population 10",

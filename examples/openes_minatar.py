@@ -117,10 +117,20 @@ run_name, figure = f"openes-breakout{suffix}", f"openes_breakout{suffix.replace(
 if args.restarts:
     restart_and_continue(es, args, run_name, figure)
 else:
-    title = (f"OpenES on Breakout-MinAtar, {'keypoint' if keypoints else 'CNN'} policy, "
-             f"population {args.pop}" + (f", elite {args.elite:g}" if args.elite else ""))
-    results = script.train(args, {run_name: es}, figure, title, chunk=10, checkpoint_every=0,
-                           metrics=("best", "mean", "worst", "eval_return"), x="steps")
+    title = (
+        f"OpenES on Breakout-MinAtar, {'keypoint' if keypoints else 'CNN'} policy, "
+        f"population {args.pop}" + (f", elite {args.elite:g}" if args.elite else "")
+    )
+    results = script.train(
+        args,
+        {run_name: es},
+        figure,
+        title,
+        chunk=10,
+        checkpoint_every=0,
+        metrics=("best", "mean", "worst", "eval_return"),
+        x="steps",
+    )
     for name, result in results.items():
         ret = result.history["eval_return"]
         above = (ret >= 10).nonzero()[0]

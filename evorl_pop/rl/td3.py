@@ -33,6 +33,7 @@ from evorl_pop import distributed as dist
 from evorl_pop.base import ConfigError, EnvSpec
 from evorl_pop.rl import replay
 from evorl_pop.rl.replay import ReplayBuffer
+from evorl_pop.tasks.control import ControlTask
 from evorl_pop.tasks.envs import Critic, Policy, make_policy
 from evorl_pop.tasks.rollout import Transition
 
@@ -416,6 +417,13 @@ class HybridConfig:
                 "enlarge the buffer."
             )
 
+    def actor_task(self) -> ControlTask:
+        """The control task of the actors: TD3's actor network on ``task``; its episodes
+        keep their transitions for the learners."""
+        td3 = self.td3
+        return ControlTask(self.task, td3.actor_hidden_sizes, td3.actor_activation,
+                           episode_length=self.episode_length, transitions=True)  # fmt: skip
+
 
 def example_transition(spec: EnvSpec) -> Transition:
     """A zero transition with the shapes of a continuous-action environment's steps."""
@@ -520,4 +528,3 @@ class TD3Learner:
         nan = jnp.float32(jnp.nan)
         skip = lambda *ops: (*ops, {"critic_loss": nan, "actor_loss": nan})  # noqa: E731
         return jax.lax.cond(ready, fn, skip, *operands)
-

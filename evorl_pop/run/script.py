@@ -84,14 +84,31 @@ def start(
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
     if runs:
-        parser.add_argument("--seeds", type=int, default=1, help="train seeds seed .. seed+N-1 "
-                            "and plot their mean with a min-max band (default %(default)s)")
-        parser.add_argument("--generations", type=int, default=defaults.get("generations"),
-                            help="generations to run (default %(default)s)")
-        parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "examples",
-                            help="folder for the run folders (default %(default)s)")
-        parser.add_argument("--figures", type=Path, default=ROOT / "figures",
-                            help="folder for the figure (default %(default)s)")
+        parser.add_argument(
+            "--seeds",
+            type=int,
+            default=1,
+            help="train seeds seed .. seed+N-1 "
+            "and plot their mean with a min-max band (default %(default)s)",
+        )
+        parser.add_argument(
+            "--generations",
+            type=int,
+            default=defaults.get("generations"),
+            help="generations to run (default %(default)s)",
+        )
+        parser.add_argument(
+            "--runs",
+            type=Path,
+            default=ROOT / "runs" / "examples",
+            help="folder for the run folders (default %(default)s)",
+        )
+        parser.add_argument(
+            "--figures",
+            type=Path,
+            default=ROOT / "figures",
+            help="folder for the figure (default %(default)s)",
+        )
         parser.add_argument("--quiet", action="store_true", help="no progress bar")  # fmt: skip
     if add_arguments:
         add_arguments(parser)

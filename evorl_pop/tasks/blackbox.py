@@ -72,6 +72,15 @@ BLACKBOX_FUNCTIONS: dict[str, Callable] = {
 }
 
 
+def _check_function(kind: str, name: str, valid, num_dims: int) -> None:
+    """ValueError for a function ``valid`` lacks (with the nearest), or fewer than 2 dimensions."""
+    if name not in valid:
+        hint = did_you_mean(name, valid, 3)
+        raise ValueError(f"Unknown {kind} {name!r}.{hint} Valid: {', '.join(valid)}.")
+    if num_dims < 2:
+        raise ValueError(f"num_dims must be at least 2, got {num_dims}.")
+
+
 @dataclasses.dataclass(frozen=True)
 class BlackBoxTask:
     """Minimise a black-box function of a ``num_dims`` vector.
@@ -88,14 +97,7 @@ class BlackBoxTask:
     maximize = False
 
     def __post_init__(self):
-        if self.function not in BLACKBOX_FUNCTIONS:
-            hint = did_you_mean(self.function, BLACKBOX_FUNCTIONS, 3)
-            raise ValueError(
-                f"Unknown black-box function {self.function!r}.{hint} "
-                f"Valid: {', '.join(BLACKBOX_FUNCTIONS)}."
-            )
-        if self.num_dims < 2:
-            raise ValueError(f"num_dims must be at least 2, got {self.num_dims}.")
+        _check_function("black-box function", self.function, BLACKBOX_FUNCTIONS, self.num_dims)
 
     @property
     def name(self) -> str:
@@ -202,14 +204,7 @@ class BBOBTask:
     maximize = False
 
     def __post_init__(self):
-        if self.function not in BBOB_FUNCTIONS:
-            hint = did_you_mean(self.function, BBOB_FUNCTIONS, 3)
-            raise ValueError(
-                f"Unknown BBOB function {self.function!r}.{hint} "
-                f"Valid: {', '.join(BBOB_FUNCTIONS)}."
-            )
-        if self.num_dims < 2:
-            raise ValueError(f"num_dims must be at least 2, got {self.num_dims}.")
+        _check_function("BBOB function", self.function, BBOB_FUNCTIONS, self.num_dims)
         if not 1 <= self.instance <= MAX_INSTANCE:
             raise ValueError(
                 f"BBOB instance must be an integer in [1, {MAX_INSTANCE}] (the seed of the "

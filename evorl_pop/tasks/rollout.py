@@ -24,6 +24,9 @@ import jax.numpy as jnp
 
 from evorl_pop.tasks.envs import Env
 
+#: A policy: ``(params, observation) -> action``.
+PolicyFn = Callable[[Any, jax.Array], jax.Array]
+
 # --- running observation normalisation -----------------------------------------
 
 
@@ -199,7 +202,7 @@ def _length(env: Env, episode_length: int | None) -> int:
 
 def rollout(
     env: Env,
-    policy: Callable[[Any, jax.Array], jax.Array],
+    policy: PolicyFn,
     params: Any,
     key: jax.Array,
     obs_norm: ObsNorm | None = None,
@@ -308,7 +311,7 @@ def _select(mask, new, old):
 
 def rollout_queue(
     env: Env,
-    policy: Callable[[Any, jax.Array], jax.Array],
+    policy: PolicyFn,
     params: Any,
     keys: jax.Array,
     obs_norm: ObsNorm | None = None,
@@ -464,7 +467,7 @@ def _episodes_fn(env, policy, episode_length, lanes):
 
 def evaluate_episodes(
     env: Env,
-    policy: Callable[[Any, jax.Array], jax.Array],
+    policy: PolicyFn,
     params: Any,
     key: jax.Array,
     num_episodes: int = 1,
