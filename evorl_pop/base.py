@@ -45,15 +45,21 @@ class ObjectiveError(RuntimeError):
     """A Python objective raised or returned something other than its scores."""
 
 
-def objective_error(err: jax.errors.JaxRuntimeError) -> Exception:
-    """The one-line :class:`ObjectiveError` a failed Python objective raised, else ``err``.
+def objective_error(err: jax.errors.JaxRuntimeError) -> BaseException:
+    """The one-line :class:`ObjectiveError` a failed Python objective raised, the
+    ``KeyboardInterrupt`` of a Ctrl-C inside it, else ``err``.
 
     An exception inside ``jax.pure_callback`` reaches the caller as a
     ``JaxRuntimeError`` carrying the whole host traceback; a run catches it
-    and raises ``objective_error(err)`` instead: the objective's own message.
+    and raises ``objective_error(err)`` instead: the objective's own message,
+    or the interrupt, so that a caller's ``except KeyboardInterrupt`` sees it.
     """
     marker = f"{ObjectiveError.__name__}: "
-    lines = [line for line in str(err).splitlines() if marker in line]
+    text = str(err).splitlines()
+    lines = [line for line in text if marker in line]
+    if any(line.strip().startswith("KeyboardInterrupt") for line in text):
+        jax_private.drop_failed_callbacks()
+        return KeyboardInterrupt()
     if not lines:
         return err
     jax_private.drop_failed_callbacks()
@@ -137,6 +143,26 @@ class EvalInfo:
 
 
 # --- files -------------------------------------------------------------------------
+
+
+#: The largest text file the program reads (a config, metrics.csv): more is not one.
+MAX_TEXT_BYTES = 1 << 30
+
+
+def read_text(path: str | os.PathLike, what: str, limit: int = MAX_TEXT_BYTES) -> str:
+    """The text of a file of at most ``limit`` bytes: a ``ValueError`` naming the file
+    and ``what`` it should be when it is larger or not UTF-8 (``OSError`` when unreadable)."""
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{str(path)!r} is larger than {limit:,} bytes: not {what}.")
+    try:
+        return data.decode()
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{str(path)!r} is not {what}: it holds bytes that are not UTF-8 text (at byte "
+            f"{err.start})."
+        ) from None
 
 
 def write_atomic(path: str | os.PathLike, data: bytes) -> None:

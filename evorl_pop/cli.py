@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import textwrap
 
@@ -38,6 +39,26 @@ COMMANDS = {
   evorl-pop launch -n 2 --devices-per-process 2 -- train --pop 2048 --out runs/two"""),
     "list": ("list algorithms, strategies, environments and black-box tasks", "", None),
 }  # fmt: skip
+
+
+def duration(text: str) -> float:
+    """Seconds from ``'3600'``, ``'90m'``, ``'2h'``, ``'1h30m'`` or ``'1:30:00'`` (H:M:S)."""
+    try:
+        if ":" in text:
+            return float(sum(float(p) * 60**i for i, p in enumerate(reversed(text.split(":")))))
+        units, total, number = {"h": 3600, "m": 60, "s": 1}, 0.0, ""
+        for char in text.strip().lower():
+            if char in units and number:
+                total, number = total + float(number) * units[char], ""
+            else:
+                number += char
+        seconds = total + (float(number) if number else 0.0)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: give seconds (3600), "
+                                         "90m, 2h, 1h30m or 1:30:00")  # fmt: skip
+    return seconds
 
 
 def _add(p, options, exclusive: bool = False) -> None:
@@ -73,6 +94,8 @@ SETTINGS = [
     ("--checkpoint-every", "generations between checkpoints; 0: at the end (default: 10)", N0),
     ("-q --quiet", "no progress bar and no summary", FLAG),
     ("--no-figure", "do not draw fitness.png at the end", FLAG),
+    ("--time-limit", "stop with a checkpoint before this much training time has passed "
+     "(seconds, or 90m, 2h, 1:30:00; exit status 124)", {"type": duration, "metavar": "T"}),
 ]
 PROCESSES = [
     ("--coordinator", "address of process 0's coordinator", {"metavar": "HOST:PORT"}),
@@ -97,8 +120,8 @@ LAUNCH = [
     ("--devices-per-process", "CPU devices of each process (default: 1)", K1),
     ("--gpus-per-process", "give process I the GPUs I*K..I*K+K-1", K1),
     ("--port", "coordinator port (default: free)", {"type": int, "metavar": "P"}),
-    ("--grace-period", "seconds from SIGTERM to SIGKILL (default: 10)",
-     {"type": float, "default": 10.0, "metavar": "S"}),
+    ("--grace-period", "seconds from SIGTERM to SIGKILL (default: 30)",
+     {"type": float, "default": 30.0, "metavar": "S"}),
     ("--pid-file", "write the process ids here as JSON (default: RUN/launch.json)", FILE),
     ("launch_command", "train or resume", {"nargs": argparse.REMAINDER, "metavar": "-- CMD"}),
 ]
@@ -189,13 +212,22 @@ def _overrides(args) -> list[str]:
     return given + args.overrides
 
 
+def _stop_at_once(signum, frame):
+    raise shell.Interrupted("", 128 + signum, signal.Signals(signum).name)
+
+
 def _cmd_train(args) -> int:
     """``train`` and ``resume``."""
     resume, overrides = args.command == "resume", _overrides(args)
     sources = [os.path.join(args.run, "config.yaml")] if resume else []
     sources += [args.config] if args.config else []
     _precheck(args, [s for s in sources if os.path.exists(s)], overrides)
-    show = dict(progress=not args.quiet, figure=not args.no_figure)
+    # After jax.distributed (whose preemption notifier takes SIGTERM): a signal before
+    # the session's own handlers ends the command as Ctrl-C does.
+    for signum in shell.STOP_SIGNALS[1:]:
+        signal.signal(signum, _stop_at_once)
+    launcher.watch_launcher()
+    show = dict(progress=not args.quiet, figure=not args.no_figure, time_limit=args.time_limit)
     if resume:
         result = shell.resume(args.run, overrides, args.config, args.more, args.force, **show)
     else:
@@ -257,10 +289,14 @@ def _cmd_plot(args) -> int:
         out = os.path.join(args.runs[0], "fitness.png")
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
     log_y = True if args.log_y else False if args.linear_y else None
-    written = plotting.plot_runs(
-        args.runs, out=out, x=args.x, metrics=metrics, band=args.band, svg=args.svg,
-        title=args.title, log_y=log_y,
-    )  # fmt: skip
+    try:
+        written = plotting.plot_runs(
+            args.runs, out=out, x=args.x, metrics=metrics, band=args.band, svg=args.svg,
+            title=args.title, log_y=log_y,
+        )  # fmt: skip
+    except OSError as err:  # a read-only run folder, a full disk
+        raise RunError(f"Cannot write {str(err.filename or out)!r}: {err.strerror or err}; "
+                       "draw it elsewhere with --out FILE.") from None  # fmt: skip
     print("\n".join(map(str, written)))
     return 0
 
@@ -311,11 +347,11 @@ def main(argv=None) -> int:
         print(f"evorl-pop {args.command}: {kind}: {err}", file=sys.stderr)
         return status
     except KeyboardInterrupt as err:  # the runner's message says what the run folder holds
-        print(
-            f"\nevorl-pop {args.command}: interrupted; {err or 'stopped before training began'}",
-            file=sys.stderr,
-        )
-        return 130
+        why, generation = getattr(err, "why", "Ctrl-C"), getattr(err, "generation", None)
+        when = "" if generation is None else f" after generation {generation}"
+        what = str(err) or "stopped before training began"
+        print(f"\nevorl-pop {args.command}: interrupted ({why}){when}; {what}", file=sys.stderr)
+        return getattr(err, "status", 130)
 
 
 if __name__ == "__main__":

@@ -158,7 +158,11 @@ def test_ctrl_c_during_the_first_compile_stops_cleanly_and_tells_the_truth(tmp_p
         assert "interrupted" in line
         if (run / ckpt_lib.CHECKPOINT_FILENAME).exists():
             assert f"evorl-pop resume {run}" in line, line
-            assert ckpt_lib.load_checkpoint(run).generation >= 0
+            # the checkpoint and metrics.csv agree on the generations done
+            generation = ckpt_lib.load_checkpoint(run).generation
+            path = run / metrics_file.METRICS_FILENAME
+            rows = metrics_file.read_metrics(path) if path.exists() else {}
+            assert list(rows.get("generation", [])) == list(range(1, generation + 1))
         else:
             assert "no checkpoint was written" in line, line
 

@@ -8,7 +8,6 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop import make_mesh
-from evorl_pop.core import engine
 from evorl_pop.core.engine import summarize
 from evorl_pop.distributed import POP_AXIS_NAME
 
@@ -47,5 +46,3 @@ def test_no_finite_score_gives_nan_mean_and_std(n):
     assert int(s.num_nonfinite) == 7
 
 
-def test_engine_reexports_the_summary():
-    assert engine.summarize is summarize

@@ -36,7 +36,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from evorl_pop.base import ConfigError, did_you_mean, write_atomic
+from evorl_pop.base import ConfigError, did_you_mean, read_text, write_atomic
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +63,7 @@ RESUMABLE_FIELDS = ("generations", "chunk", "checkpoint_every", "devices")
 
 #: Algorithm config keys that were renamed: still read, with a note naming the new key.
 RENAMED = {"episode_steps": "episode_length"}
+MAX_CONFIG_BYTES = 1 << 20  # a config file is a few hundred bytes
 
 _RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig))
 _WORDS = {int: "an integer", float: "a number", bool: "a boolean", str: "a string"}
@@ -95,6 +96,11 @@ def _check_scalars(data: Mapping, cls, prefix: str = "") -> None:
         elif typing.get_origin(hint) is tuple and isinstance(value, list | tuple):
             for i, item in enumerate(value):
                 _check_scalar(item, typing.get_args(hint)[0], f"{name}[{i}]")
+        elif typing.get_origin(hint) is tuple and value is not None:
+            raise ConfigError(
+                f"{name}: expected a list, got {value!r}: write {name}=[{value}] "
+                f"(--set {name}={value},{value} for two)."
+            )
         elif not dataclasses.is_dataclass(hint) and typing.get_origin(hint) is not tuple:
             _check_scalar(value, hint, name)
 
@@ -237,9 +243,11 @@ def read_mapping(path: str | os.PathLike) -> dict:
     """
     path = Path(path)
     try:
-        text = path.read_text()
+        text = read_text(path, "a YAML or TOML run config", MAX_CONFIG_BYTES)
     except OSError as err:
         raise ConfigError(f"Cannot read the config file {str(path)!r}: {err.strerror}.") from None
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     try:
         if path.suffix == ".toml":
             return tomllib.loads(text)
@@ -289,6 +297,8 @@ def validate(config: RunConfig, algorithm: bool = True) -> None:
     for name, least in (("generations", 0), ("chunk", 1), ("checkpoint_every", 0), ("seed", 0)):
         if getattr(config, name) < least:
             raise ConfigError(f"{name} must be >= {least}, got {getattr(config, name)}.")
+    if config.seed >= 2**63:
+        raise ConfigError(f"seed must be below 2**63 (a 64-bit integer), got {config.seed}.")
     if config.precision not in ("float32", "float64"):
         hint = did_you_mean(config.precision, ("float32", "float64"))
         raise ConfigError(f"precision: unknown value {config.precision!r}.{hint} Valid: "

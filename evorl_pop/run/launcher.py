@@ -3,13 +3,14 @@
 Process ``i`` runs ``evorl-pop COMMAND ... --coordinator 127.0.0.1:PORT
 --num-processes n --process-id i`` with its own CPU devices or GPUs, its output
 forwarded as ``[pi] ...``. When one fails the others are stopped (SIGTERM, then
-SIGKILL after a grace period); Ctrl-C is passed on to every process.
+SIGKILL after a grace period); Ctrl-C, SIGTERM, SIGUSR1 and SIGHUP are passed
+on to every process, which stops after its current chunk with a checkpoint;
+processes whose launcher dies stop the same way (:func:`watch_launcher`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -39,12 +40,42 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+#: The variable that tells a launched process its launcher's pid (see :func:`watch_launcher`).
+LAUNCHER_PID = "EVORL_POP_LAUNCHER_PID"
+#: Signals the launcher passes on to every process (then SIGKILL after the grace period).
+FORWARDED = tuple(
+    getattr(signal, n) for n in ("SIGTERM", "SIGUSR1", "SIGHUP") if hasattr(signal, n)
+)
+
+
 def _child_setup() -> None:  # runs in the child before exec
     # A launcher started in the background inherits an ignored SIGINT; the
     # children must still turn the Ctrl-C it passes on into KeyboardInterrupt.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    with contextlib.suppress(Exception):  # Linux: SIGTERM when the launcher dies, even by SIGKILL
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def watch_launcher(grace: float = 60.0, every: float = 0.5) -> None:
+    """In a launched process: when the launcher is gone (killed, even by SIGKILL), stop
+    as SIGTERM stops a run (after the current chunk, with a checkpoint), and exit
+    after ``grace`` seconds in any case. Output goes to ``/dev/null`` from then on:
+    nothing reads it. A thread polls the parent's pid, which works on every POSIX
+    system (Linux's parent-death signal would reach JAX's own SIGTERM handler
+    before the run's)."""
+    pid = os.environ.get(LAUNCHER_PID, "")
+    if not pid.isdigit():
+        return
+
+    def watch():
+        while os.getppid() == int(pid):
+            time.sleep(every)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, sys.stderr.fileno())
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace)
+        os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=watch, name="watch-launcher", daemon=True).start()
 
 
 def _forward(stream, out, prefix: str, lock: threading.Lock) -> None:
@@ -75,7 +106,7 @@ def launch(
     port: int | None = None,
     host: str = "127.0.0.1",
     gpus_per_process: int | None = None,
-    grace_period: float = 10.0,
+    grace_period: float = 30.0,
     pid_file: str | os.PathLike | None = None,
     python: str = sys.executable,
     out=None,
@@ -121,7 +152,7 @@ def launch(
 
     children: list[subprocess.Popen] = []
     for i in range(num_processes):
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # lines reach the launcher as written
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", LAUNCHER_PID: str(os.getpid())}
         env.setdefault("JAX_CPU_COLLECTIVES_IMPLEMENTATION", "gloo")
         if devices_per_process is not None:
             flags = env.get("XLA_FLAGS", "")
@@ -168,11 +199,15 @@ def launch(
             while any(c.poll() is None for c in running) and time.monotonic() < deadline:
                 time.sleep(0.05)
 
-    def on_sigterm(signum, frame):
+    received = []
+
+    def on_signal(signum, frame):
+        received.append(signum)
         raise SystemExit(128 + signum)
 
     # Ctrl-C must reach the launcher even when it was started with SIGINT ignored.
-    handlers = {signal.SIGTERM: on_sigterm, signal.SIGINT: signal.default_int_handler}
+    handlers = {sig: on_signal for sig in FORWARDED}
+    handlers[signal.SIGINT] = signal.default_int_handler
     main = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, h) for sig, h in handlers.items()} if main else {}
     status = 0
@@ -192,10 +227,11 @@ def launch(
         say("interrupted: passing Ctrl-C on to every process")
         stop(signal.SIGINT)
         status = 130
-    except SystemExit:  # SIGTERM
-        say("terminated: stopping every process")
-        stop(signal.SIGTERM)
-        status = 128 + signal.SIGTERM
+    except SystemExit:  # SIGTERM, SIGUSR1, SIGHUP: each process stops after its chunk
+        signum = received[-1] if received else signal.SIGTERM
+        say(f"{signal.Signals(signum).name}: passing it on to every process")
+        stop(signum)
+        status = 128 + signum
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

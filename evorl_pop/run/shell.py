@@ -15,8 +15,9 @@ the examples and Python.
 A run split into chunks, or stopped and resumed, gives the result of one
 piece: the checkpoint holds the state and the run key between chunks, so a
 resumed run ends in exactly the state and metrics of an uninterrupted one.
-Ctrl-C is deferred to the end of a chunk, so that every process stops after
-the same one.
+Ctrl-C, SIGTERM and SIGUSR1 (a scheduler's notice before it preempts a job)
+and a session's time limit stop a run at the end of a chunk, the same one on
+every process; the run checkpoints, and says how to resume it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -38,7 +40,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
-from evorl_pop.base import RunError, __version__, objective_error
+from evorl_pop.base import RunError, __version__, objective_error, read_text
 from evorl_pop.core.engine import make_mesh
 from evorl_pop.run import config as config_lib
 from evorl_pop.run import processes, store
@@ -48,8 +50,18 @@ from evorl_pop.run.store import Recorder
 logger = logging.getLogger("evorl_pop.run")
 
 
+class _Stop(KeyboardInterrupt):
+    """:func:`train_loop` stopped between chunks, as its ``stop`` asked."""
+
+
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C, with a message that says what the run folder holds now."""
+    """A run stopped early (Ctrl-C, a signal, its time limit), with a message that says
+    what the run folder holds now; ``status`` is the command line's exit status."""
+
+    def __init__(self, message: str = "", status: int = 130, why: str = "Ctrl-C",
+                 generation: int | None = None):  # fmt: skip
+        super().__init__(message)
+        self.status, self.why, self.generation = status, why, generation
 
 
 @dataclasses.dataclass
@@ -125,7 +137,7 @@ def train_loop(
     while done < num_generations:
         if stop is not None and stop():
             bar.close()
-            raise KeyboardInterrupt
+            raise _Stop
         length = min(chunk, num_generations - done)
         if length not in compiled:
             compiled[length] = chunk_fn(algorithm, length)
@@ -153,28 +165,68 @@ def train_loop(
     return state, dict(zip(history, map(np.concatenate, history.values()), strict=True))
 
 
-class _Deferred:
-    """Ctrl-C deferred to the end of the current chunk; a second Ctrl-C stops at once.
+#: Signals that stop a run at the end of its chunk (SIGUSR1: SLURM's early notice).
+STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, name)
+)
+TIME_LIMIT_STATUS = 124  # as timeout(1) ends a command that ran out of time
 
-    :meth:`requested` says whether some process was interrupted (a collective
-    under ``jax.distributed``): :func:`train_loop`'s ``stop``.
+
+class _Deferred:
+    """Ctrl-C, SIGTERM and SIGUSR1 deferred to the end of the current chunk (a second
+    signal stops at once), and the session's time limit.
+
+    :meth:`requested` says whether some process was told to stop (a collective
+    under ``jax.distributed``, so that all stop after the same chunk):
+    :func:`train_loop`'s ``stop``. It stops early for the time limit when
+    another chunk as long as the last would pass it.
     """
 
-    def __init__(self):
+    def __init__(self, time_limit: float | None = None):
         self.flag = threading.Event()
-        self.previous = None
-        # several processes agree (a collective); one process asks its flag alone
-        self.requested = self.flag.is_set if jax.process_count() == 1 else (
-            lambda: processes.any_process(self.flag.is_set()))  # fmt: skip
+        self.signum = None  # the signal this process received
+        self.previous = {}
+        self.time_limit, self.t0, self.last = time_limit, time.monotonic(), time.monotonic()
+        self.out_of_time = False
+
+    def local(self) -> bool:
+        now = time.monotonic()
+        chunk, self.last = now - self.last, now
+        if self.time_limit is not None and now - self.t0 + chunk > self.time_limit:
+            self.out_of_time = True
+        return self.flag.is_set() or self.out_of_time
+
+    def requested(self) -> bool:
+        local = self.local()
+        return local if jax.process_count() == 1 else processes.any_process(local)
+
+    def why(self) -> tuple[str, int]:
+        """What stopped the run, and the exit status that says so."""
+        if self.signum is not None:
+            name = "Ctrl-C" if self.signum == signal.SIGINT else signal.Signals(self.signum).name
+            return name, 128 + self.signum
+        if self.out_of_time:
+            return f"time limit of {self.time_limit:g}s", TIME_LIMIT_STATUS
+        return "another process was stopped", 128 + signal.SIGTERM
 
     def handler(self, signum, frame):
+        if self.flag.is_set():
+            raise KeyboardInterrupt  # the second signal: at once
+        self.signum = signum
         self.flag.set()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        print("\nstopping after the current chunk (Ctrl-C again to stop at once)", file=sys.stderr)
+        what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        print(f"\n{what}: stopping after the current chunk ({what} again to stop at once)",
+              file=sys.stderr, flush=True)  # fmt: skip
 
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self.handler)
+            # Replaces JAX's own SIGTERM handler (its preemption notifier) for the session.
+            self.previous = {sig: signal.signal(sig, self.handler) for sig in STOP_SIGNALS}
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self.previous = {}
 
 
 # --- building a run -------------------------------------------------------------------
@@ -258,12 +310,13 @@ def _rows(run: store.Run, metrics: dict, wall: float) -> list[dict]:
     return rows
 
 
-def _session(run: store.Run, algorithm, state, recorders, progress, figure) -> RunResult:
-    """Runs a session's generations through the (started) recorders; Ctrl-C ends in an
-    ``Interrupted``."""
+def _session(run: store.Run, algorithm, state, recorders, progress, figure,
+             time_limit=None) -> RunResult:  # fmt: skip
+    """Starts the recorders and runs a session's generations through them; a stop ends
+    in an :class:`Interrupted` that says what the run folder holds."""
     config, run_dir = run.config, run.run_dir
     start, base = time.perf_counter(), run.wall_time
-    deferred = _Deferred()
+    deferred = _Deferred(time_limit)
 
     def record(state, metrics):
         rows = _rows(run, metrics, base + time.perf_counter() - start)
@@ -273,7 +326,13 @@ def _session(run: store.Run, algorithm, state, recorders, progress, figure) -> R
                 recorder.row(row)
             recorder.flush(run, state)
 
+    def finish(completed: bool) -> None:  # in reverse: the log's last line knows the rest
+        for recorder in reversed(recorders):
+            recorder.finish(run, completed)
+
     try:
+        for recorder in recorders:
+            recorder.start(run, state)
         deferred.install()
         try:
             state, history = train_loop(
@@ -281,32 +340,47 @@ def _session(run: store.Run, algorithm, state, recorders, progress, figure) -> R
                 chunk=config.chunk, callback=record, progress=progress and run.writer,
                 desc=_desc(config), generation_offset=run.generation, stop=deferred.requested,
             )  # fmt: skip
+        except _Stop:  # every process stops after the same chunk: they checkpoint together
+            run.stopped = deferred.why()[0]
+            finish(completed=False)
+            raise
         except KeyboardInterrupt:
-            for recorder in recorders:
-                recorder.finish(run, completed=False)
+            finish(completed=False)
             raise
         finally:
-            if deferred.previous is not None:  # Ctrl-C as before the session
-                signal.signal(signal.SIGINT, deferred.previous)
+            deferred.restore()
         if figure and run.writer:
-            from evorl_pop.run import plotting  # matplotlib: only when a figure is drawn
-
-            try:
-                path = run_dir / store.FIGURE_FILENAME
-                plotting.plot_runs([run_dir], out=path)
-                for recorder in recorders:
-                    recorder.image("fitness", path)
-            except ValueError as err:  # e.g. no rows yet
-                logger.info("no figure: %s", err)
-        for recorder in recorders:
-            recorder.finish(run, completed=True)
-    except KeyboardInterrupt:
-        if (run_dir / store.CHECKPOINT_FILENAME).exists():
-            what = f"continue from its last checkpoint with `evorl-pop resume {run_dir}`."
-        else:
-            what = f"no checkpoint was written; start again (with --overwrite to reuse {run_dir})."
-        raise Interrupted(what) from None
+            _figure(run, recorders)
+        finish(completed=True)
+    except KeyboardInterrupt as err:
+        if isinstance(err, _Stop):
+            why, status = deferred.why()
+        elif isinstance(err, Interrupted):  # a signal before the session's handlers
+            why, status = err.why, err.status
+        else:  # a second signal, or one before the session's own handlers
+            signum = deferred.signum or signal.SIGINT
+            why = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+            status = 128 + signum
+        raise Interrupted(store.resume_hint(run_dir), status, why, run.generation) from None
     return RunResult(run_dir, state, history, run.generation, run.env_steps, run.wall_time)
+
+
+def _figure(run: store.Run, recorders) -> None:
+    """``fitness.png``, shown to the recorders; a figure that cannot be drawn or written
+    is a line in the log, the run itself being complete."""
+    from evorl_pop.run import plotting  # matplotlib: only when a figure is drawn
+
+    path = run.run_dir / store.FIGURE_FILENAME
+    try:
+        plotting.plot_runs([run.run_dir], out=path)
+    except (ValueError, OSError) as err:  # no rows yet; a full disk
+        what = err.strerror if isinstance(err, OSError) and err.strerror else err
+        logger.info("no figure: %s", what)
+        print(f"warning: no figure ({what}); `evorl-pop plot {shlex.quote(str(run.run_dir))} "
+              "--out FILE` draws it later", file=sys.stderr)  # fmt: skip
+        return
+    for recorder in recorders:
+        recorder.image("fitness", path)
 
 
 def _desc(config: RunConfig) -> str:
@@ -334,6 +408,7 @@ def train(
     overwrite: bool = False,
     figure: bool = True,
     recorders: Sequence[Recorder] = (),
+    time_limit: float | None = None,
 ) -> RunResult:
     """Starts a run of ``config`` in a new run folder.
 
@@ -344,6 +419,8 @@ def train(
       progress: show a progress bar; figure: draw ``fitness.png`` at the end.
       overwrite: replace the records of an earlier run in ``run_dir``.
       recorders: recorders beside the run folder's own (TensorBoard, W&B, yours).
+      time_limit: seconds this session may train; it stops with a checkpoint
+        before a chunk would pass them (``Interrupted``, status 124).
 
     Raises:
       ConfigError: a value that cannot run, before anything is written.
@@ -363,10 +440,9 @@ def train(
     about = _about(f"new run in {run_dir}", config, mesh)
     recorders = default_recorders(recorders)
     with store.hold(run_dir, True, text, overwrite):
-        run = store.Run(run_dir, config, text, run_key, about, writer=jax.process_index() == 0)
-        for recorder in recorders:
-            recorder.start(run, state)
-        return _session(run, algorithm, state, recorders, progress, figure)
+        run = store.Run(run_dir, config, text, run_key, about, writer=jax.process_index() == 0,
+                        devices=mesh.size)  # fmt: skip
+        return _session(run, algorithm, state, recorders, progress, figure, time_limit)
 
 
 def resume(
@@ -378,6 +454,7 @@ def resume(
     progress: bool = True,
     figure: bool = True,
     recorders: Sequence[Recorder] = (),
+    time_limit: float | None = None,
 ) -> RunResult:
     """Continues a run from its latest checkpoint.
 
@@ -393,7 +470,7 @@ def resume(
         count agrees with an uninterrupted run to float tolerance, not bit for bit).
       more: run this many generations beyond the checkpoint.
       force: continue even if the config differs from the checkpoint's.
-      progress, figure, recorders: as for :func:`train`.
+      progress, figure, recorders, time_limit: as for :func:`train`.
 
     Raises:
       CheckpointError: no checkpoint, a damaged one, or another precision (nothing is changed).
@@ -437,7 +514,7 @@ def resume(
                 store.restore_metrics(path, columns, rows)
             else:  # a checkpoint from before rows were kept, or of generation 0
                 columns = store.truncate_metrics(path, ckpt.generation) or ()
-                rows = "".join(path.read_text().splitlines(keepends=True)[1:]) if columns else ""
+                rows = "".join(read_text(path, "").splitlines(keepends=True)[1:]) if columns else ""
             config_lib.save(config, run_dir / store.CONFIG_FILENAME)
             return columns, rows
 
@@ -448,9 +525,16 @@ def resume(
             run_dir, config, text, store.restore_key(ckpt),
             _about(what, config, mesh), ckpt.generation, ckpt.env_steps, ckpt.wall_time,
             ckpt.generation, tuple(columns), rows.splitlines(keepends=True),
-            jax.process_index() == 0,
+            jax.process_index() == 0, devices=mesh.size,
         )  # fmt: skip
+        if ckpt.devices and ckpt.devices != mesh.size and run.writer:
+            note = (
+                f"note: resuming on {mesh.size} device(s) a run checkpointed on {ckpt.devices}: "
+                "it continues as a fresh run on this count would, equal to float rounding, "
+                "which a chaotic run (e.g. CMA-ES's eigendecomposition) can amplify; resume "
+                f"with --devices {ckpt.devices} to continue bit for bit."
+            )
+            print(note, file=sys.stderr)
+            run.about += f"\n{note}"
         recorders = default_recorders(recorders)
-        for recorder in recorders:
-            recorder.start(run, state)
-        return _session(run, algorithm, state, recorders, progress, figure)
+        return _session(run, algorithm, state, recorders, progress, figure, time_limit)

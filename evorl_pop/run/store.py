@@ -45,6 +45,7 @@ import itertools
 import logging
 import math
 import os
+import shlex
 import shutil
 import sys
 import zlib
@@ -57,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 import yaml
 
-from evorl_pop.base import CheckpointError, RunError, write_atomic
+from evorl_pop.base import CheckpointError, RunError, read_text, write_atomic
 from evorl_pop.run import config as config_lib
 from evorl_pop.run import processes
 from evorl_pop.run.config import RunConfig
@@ -133,6 +134,11 @@ def hold(run_dir: Path, new: bool, config_text: str | None = None, overwrite: bo
             _mkdir(run_dir, exist_ok=True)
         elif not run_dir.is_dir():
             raise RunError(f"No run folder at {str(run_dir)!r}.")
+        elif (run_dir / CONFIG_FILENAME).exists() and not (run_dir / CHECKPOINT_FILENAME).exists():
+            raise CheckpointError(
+                f"{str(run_dir)!r} has no checkpoint: the run stopped before its first one; "
+                f"start it again with {restart(run_dir)}."
+            )
         else:
             ckpt = load_checkpoint(run_dir)  # a folder without a run gets no lock file
         handle = open(run_dir / LOCK_FILENAME, "a+")  # noqa: SIM115 (held until the run ends)
@@ -151,14 +157,17 @@ def hold(run_dir: Path, new: bool, config_text: str | None = None, overwrite: bo
         if new and present and not overwrite:
             raise RunError(
                 f"{str(run_dir)!r} holds a run already ({', '.join(present)}). Continue it with "
-                f"`evorl-pop resume {run_dir}`, or pass --overwrite to start afresh there."
-                if any(n in RECORDS for n in present)
+                f"`evorl-pop resume {shlex.quote(str(run_dir))}`, or pass --overwrite to start "
+                "afresh there."
+                if CHECKPOINT_FILENAME in present
                 else f"{str(run_dir)!r} holds files a run writes ({', '.join(present)}); pass "
                 "--overwrite to replace them, or choose another folder."
             )
         for name in present if new else ():
             path = run_dir / name
             path.unlink() if path.is_file() else shutil.rmtree(path)
+        for path in run_dir.glob(".*.tmp"):  # a write a kill cut short (see write_atomic)
+            path.unlink(missing_ok=True)
         handle.seek(0)
         handle.truncate()
         handle.write(f"{os.getpid()}\n")
@@ -173,7 +182,8 @@ def hold(run_dir: Path, new: bool, config_text: str | None = None, overwrite: bo
             yield acquire() if jax.process_count() == 1 else processes.share(acquire)
     finally:
         if handle is not None:
-            handle.close()  # releases the lock
+            with contextlib.suppress(OSError):  # a full disk: the error above says so
+                handle.close()  # releases the lock
 
 
 @contextlib.contextmanager
@@ -210,6 +220,7 @@ class Checkpoint:
     # metrics.csv's rows up to `generation`, without header (None: older checkpoints)
     metrics_rows: str | None = None
     precision: str = "float32"  # the state's float type
+    devices: int = 0  # devices on the population axis that computed it (0: not recorded)
 
 
 def precision(state) -> str:
@@ -265,18 +276,30 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         p = flax.serialization.msgpack_restore(body)
     except Exception as err:  # msgpack raises several types for bad input
         raise CheckpointError(f"The checkpoint {name} does not decode: {err}") from None
-    if p.get("format") != FORMAT_VERSION:
+    if not isinstance(p, dict) or p.get("format") != FORMAT_VERSION:
+        found = p.get("format") if isinstance(p, dict) else type(p).__name__
         raise CheckpointError(
-            f"The checkpoint {name} has format {p.get('format')!r}; this version of "
+            f"The checkpoint {name} has format {found!r}; this version of "
             f"evorl-pop reads format {FORMAT_VERSION}."
         )
-    rows = p.get("metrics_rows")
-    p.update(
-        key=np.asarray(p["key"]),
-        metrics_columns=tuple(p.get("metrics_columns", ())),
-        metrics_rows=None if rows is None else zlib.decompress(rows).decode(),
-    )
-    return Checkpoint(**{f.name: p[f.name] for f in dataclasses.fields(Checkpoint) if f.name in p})
+    try:
+        rows = p.get("metrics_rows")
+        p.update(
+            key=np.asarray(p["key"]),
+            metrics_columns=tuple(p.get("metrics_columns", ())),
+            metrics_rows=None if rows is None else zlib.decompress(rows).decode(),
+        )
+        fields = {f.name: p[f.name] for f in dataclasses.fields(Checkpoint) if f.name in p}
+        ckpt = Checkpoint(**fields)
+        if not (isinstance(ckpt.config, dict) and isinstance(ckpt.generation, int)):
+            raise TypeError("no config mapping or generation count")
+    except (KeyError, TypeError, ValueError, AttributeError, zlib.error) as err:
+        raise CheckpointError(
+            f"The checkpoint {name} passes its checksum but does not hold a checkpoint "
+            f"({type(err).__name__}: {err}); it was written by something else: restore it "
+            "from a copy or start the run again."
+        ) from None
+    return ckpt
 
 
 def restore_key(ckpt: Checkpoint) -> jax.Array:
@@ -359,7 +382,8 @@ def read_metrics(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """
     path = Path(path) / METRICS_FILENAME if Path(path).is_dir() else Path(path)
     try:
-        header, *body = list(csv.reader(_whole_lines(path.read_text()))) or [[]]
+        text = read_text(path, "a metrics CSV")
+        header, *body = list(csv.reader(_whole_lines(text))) or [[]]
         if header and header[0] != LEADING[0] or any(len(r) != len(header) for r in body):
             raise ValueError("not the columns of a metrics file")
         out = {}
@@ -381,15 +405,26 @@ def restore_metrics(path: str | os.PathLike, columns, rows: str) -> None:
     """Makes the file hold exactly a header of ``columns`` and ``rows`` (atomically):
     a resumed run so drops rows past its checkpoint and writes back lost or cut ones."""
     path, data = Path(path), ",".join(columns) + "\n" + rows
-    if not (path.exists() and path.read_text() == data):
+    if not (path.exists() and _text_or_none(path) == data):
         write_atomic(path, data.encode())
+
+
+def _text_or_none(path: Path) -> str | None:
+    """A metrics file's text, or ``None`` (logged) when it is not text: the checkpoint's
+    rows replace it."""
+    try:
+        return read_text(path, "a metrics CSV")
+    except ValueError as err:
+        print(f"warning: {err} It is rebuilt from the checkpoint, which holds every row.",
+              file=sys.stderr)  # fmt: skip
+        return None
 
 
 def truncate_metrics(path: str | os.PathLike, generation: int) -> tuple[str, ...] | None:
     """Keeps only the rows up to ``generation`` (atomically), and no line cut short;
     returns the header's columns, or ``None`` when there is no file (or no header)."""
     path = Path(path)
-    lines = _whole_lines(path.read_text() if path.exists() else "")
+    lines = _whole_lines((_text_or_none(path) or "") if path.exists() else "")
     if not lines:
         return None
     columns = tuple(next(csv.reader(lines[:1])))
@@ -417,11 +452,30 @@ class Run:
     columns: tuple[str, ...] = ()  # metrics.csv's columns
     lines: list[str] = dataclasses.field(default_factory=list)  # its rows, as CSV lines
     writer: bool = True  # this process writes files (process 0)
+    stopped: str = ""  # why every process stopped after the same chunk (Ctrl-C, SIGTERM, ...)
+    devices: int = 1  # devices on the population axis
 
     def add(self, rows: list[dict], metric_names) -> None:
         """Keeps a chunk's rows as ``metrics.csv`` lines (the columns from the first chunk)."""
         self.columns = self.columns or columns_for(metric_names)
         self.lines.extend(csv_lines(rows, self.columns))
+
+
+def resume_hint(run_dir: Path) -> str:
+    """What to do with a stopped run: resume it, or start it again if it has no checkpoint
+    (the commands quoted for a shell)."""
+    if (run_dir / CHECKPOINT_FILENAME).exists():
+        command = f"evorl-pop resume {shlex.quote(str(run_dir))}"
+        return f"continue from its last checkpoint with `{command}`."
+    return f"no checkpoint was written; start it again with {restart(run_dir)}."
+
+
+def restart(run_dir: Path) -> str:
+    """The command that starts the run of ``run_dir`` again from its ``config.yaml``."""
+    q = lambda path: shlex.quote(str(path))  # noqa: E731
+    return (
+        f"`evorl-pop train --config {q(run_dir / CONFIG_FILENAME)} --out {q(run_dir)} --overwrite`"
+    )
 
 
 class Recorder:
@@ -430,7 +484,8 @@ class Recorder:
     The run shell calls, on every process (only ``run.writer`` should write
     files): :meth:`start` once, :meth:`row` for each generation,
     :meth:`flush` after each chunk, :meth:`image` for each figure and
-    :meth:`finish` at the end, in that order.
+    :meth:`finish` at the end (the recorders in reverse order, as context
+    managers close), in that order.
     """
 
     def start(self, run: Run, state) -> None:
@@ -513,7 +568,9 @@ class TrainLog(Recorder):
             logger.info("done: generation %d, %d env steps, %.1fs",
                         run.generation, run.env_steps, run.wall_time)  # fmt: skip
         else:
-            logger.info("interrupted after generation %d", run.generation)
+            why = f" ({run.stopped})" if run.stopped else ""
+            logger.info("stopped%s after generation %d; %s", why, run.generation,
+                        resume_hint(run.run_dir))  # fmt: skip
         if self.handler is not None:
             logger.removeHandler(self.handler)
             self.handler.close()
@@ -535,7 +592,7 @@ class Checkpoints(Recorder):
             self.save(run)
 
     def finish(self, run: Run, completed: bool) -> None:
-        self.save(run, collective=completed)
+        self.save(run, collective=completed or bool(run.stopped))
 
     def save(self, run: Run, collective: bool = True) -> None:
         """Saves the latest state reached, unless saved already.
@@ -561,7 +618,7 @@ class Checkpoints(Recorder):
             ckpt = Checkpoint(
                 host, key, str(jax.random.key_impl(run.key)), yaml.safe_load(run.config_text),
                 run.generation, run.env_steps, run.wall_time, run.columns, "".join(run.lines),
-                precision(state),
+                precision(state), run.devices,
             )  # fmt: skip
             save_checkpoint(run.run_dir / CHECKPOINT_FILENAME, ckpt)
             logger.info("checkpoint at generation %d", run.generation)
