@@ -44,5 +44,3 @@ def test_no_finite_score_gives_nan_mean_and_std(n):
     s = _summary(np.array([np.nan, np.inf, -np.inf, np.nan] * 2, np.float32), n)
     assert np.isnan(float(s.mean)) and np.isnan(float(s.std))
     assert int(s.num_nonfinite) == 7
-
-
