@@ -226,7 +226,6 @@ def _cmd_train(args) -> int:
     # the session's own handlers ends the command as Ctrl-C does.
     for signum in shell.STOP_SIGNALS[1:]:
         signal.signal(signum, _stop_at_once)
-    launcher.watch_launcher()
     show = dict(progress=not args.quiet, figure=not args.no_figure, time_limit=args.time_limit)
     if resume:
         result = shell.resume(args.run, overrides, args.config, args.more, args.force, **show)

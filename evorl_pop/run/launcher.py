@@ -5,7 +5,8 @@ Process ``i`` runs ``evorl-pop COMMAND ... --coordinator 127.0.0.1:PORT
 forwarded as ``[pi] ...``. When one fails the others are stopped (SIGTERM, then
 SIGKILL after a grace period); Ctrl-C, SIGTERM, SIGUSR1 and SIGHUP are passed
 on to every process, which stops after its current chunk with a checkpoint;
-processes whose launcher dies stop the same way (:func:`watch_launcher`).
+processes whose launcher dies stop the same way (see
+:func:`evorl_pop.run.processes.watch_launcher`).
 """
 
 from __future__ import annotations
@@ -40,42 +41,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-#: The variable that tells a launched process its launcher's pid (see :func:`watch_launcher`).
-LAUNCHER_PID = "EVORL_POP_LAUNCHER_PID"
 #: Signals the launcher passes on to every process (then SIGKILL after the grace period).
-FORWARDED = tuple(
-    getattr(signal, n) for n in ("SIGTERM", "SIGUSR1", "SIGHUP") if hasattr(signal, n)
-)
+FORWARDED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 
 
 def _child_setup() -> None:  # runs in the child before exec
     # A launcher started in the background inherits an ignored SIGINT; the
     # children must still turn the Ctrl-C it passes on into KeyboardInterrupt.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def watch_launcher(grace: float = 60.0, every: float = 0.5) -> None:
-    """In a launched process: when the launcher is gone (killed, even by SIGKILL), stop
-    as SIGTERM stops a run (after the current chunk, with a checkpoint), and exit
-    after ``grace`` seconds in any case. Output goes to ``/dev/null`` from then on:
-    nothing reads it. A thread polls the parent's pid, which works on every POSIX
-    system (Linux's parent-death signal would reach JAX's own SIGTERM handler
-    before the run's)."""
-    pid = os.environ.get(LAUNCHER_PID, "")
-    if not pid.isdigit():
-        return
-
-    def watch():
-        while os.getppid() == int(pid):
-            time.sleep(every)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.dup2(devnull, sys.stderr.fileno())
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(grace)
-        os._exit(128 + signal.SIGTERM)
-
-    threading.Thread(target=watch, name="watch-launcher", daemon=True).start()
 
 
 def _forward(stream, out, prefix: str, lock: threading.Lock) -> None:
@@ -152,7 +125,7 @@ def launch(
 
     children: list[subprocess.Popen] = []
     for i in range(num_processes):
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", LAUNCHER_PID: str(os.getpid())}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", processes.LAUNCHER_PID: str(os.getpid())}
         env.setdefault("JAX_CPU_COLLECTIVES_IMPLEMENTATION", "gloo")
         if devices_per_process is not None:
             flags = env.get("XLA_FLAGS", "")

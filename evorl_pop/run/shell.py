@@ -166,9 +166,7 @@ def train_loop(
 
 
 #: Signals that stop a run at the end of its chunk (SIGUSR1: SLURM's early notice).
-STOP_SIGNALS = tuple(
-    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, name)
-)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 TIME_LIMIT_STATUS = 124  # as timeout(1) ends a command that ran out of time
 
 
@@ -222,11 +220,6 @@ class _Deferred:
         if threading.current_thread() is threading.main_thread():
             # Replaces JAX's own SIGTERM handler (its preemption notifier) for the session.
             self.previous = {sig: signal.signal(sig, self.handler) for sig in STOP_SIGNALS}
-
-    def restore(self) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-        self.previous = {}
 
 
 # --- building a run -------------------------------------------------------------------
@@ -315,7 +308,7 @@ def _session(run: store.Run, algorithm, state, recorders, progress, figure,
     """Starts the recorders and runs a session's generations through them; a stop ends
     in an :class:`Interrupted` that says what the run folder holds."""
     config, run_dir = run.config, run.run_dir
-    start, base = time.perf_counter(), run.wall_time
+    start, base, desc = time.perf_counter(), run.wall_time, _desc(config)
     deferred = _Deferred(time_limit)
 
     def record(state, metrics):
@@ -326,32 +319,32 @@ def _session(run: store.Run, algorithm, state, recorders, progress, figure,
                 recorder.row(row)
             recorder.flush(run, state)
 
-    def finish(completed: bool) -> None:  # in reverse: the log's last line knows the rest
-        for recorder in reversed(recorders):
-            recorder.finish(run, completed)
-
     try:
+        deferred.install()  # a signal while the recorders start stops after the first chunk
         for recorder in recorders:
             recorder.start(run, state)
-        deferred.install()
         try:
             state, history = train_loop(
                 algorithm, state, run.key, config.generations - run.generation,
                 chunk=config.chunk, callback=record, progress=progress and run.writer,
-                desc=_desc(config), generation_offset=run.generation, stop=deferred.requested,
+                desc=desc, generation_offset=run.generation, stop=deferred.requested,
             )  # fmt: skip
         except _Stop:  # every process stops after the same chunk: they checkpoint together
             run.stopped = deferred.why()[0]
-            finish(completed=False)
+            for recorder in reversed(recorders):  # the log's last line knows the checkpoint
+                recorder.finish(run, completed=False)
             raise
         except KeyboardInterrupt:
-            finish(completed=False)
+            for recorder in reversed(recorders):
+                recorder.finish(run, completed=False)
             raise
-        finally:
-            deferred.restore()
+        finally:  # the signals' handlers as before the session
+            for sig, handler in deferred.previous.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         if figure and run.writer:
             _figure(run, recorders)
-        finish(completed=True)
+        for recorder in reversed(recorders):
+            recorder.finish(run, completed=True)
     except KeyboardInterrupt as err:
         if isinstance(err, _Stop):
             why, status = deferred.why()
