@@ -160,8 +160,9 @@ def config_markdown() -> str:
         meanings = _attributes(cls)
         out += [f"## {title}", "", "| field | type | default | meaning |", "|---|---|---|---|"]
         for field in dataclasses.fields(cls):
-            out.append(f"| `{field.name}` | `{_cell(_type_name(hints[field.name]))}` | "
-                       f"`{_cell(_default(field))}` | {_cell(meanings.get(field.name, ''))} |")  # fmt: skip
+            kind, meaning = _cell(_type_name(hints[field.name])), meanings.get(field.name, "")
+            out.append(f"| `{field.name}` | `{kind}` | `{_cell(_default(field))}` | "
+                       f"{_cell(meaning)} |")  # fmt: skip
         out.append("")
     return "\n".join(out)
 

@@ -168,7 +168,7 @@ def test_cli_reference_lists_exactly_the_parsers_options(site):
     sections = _sections(gen.cli_markdown())
     commands = gen._subparsers(build_parser())
     assert [s.strip("`").split()[-1] for s in sections] == list(commands)
-    for (title, body), (name, parser) in zip(sections.items(), commands.items(), strict=True):
+    for body, (name, parser) in zip(sections.values(), commands.items(), strict=True):
         rows = [r for r in body.splitlines() if r.startswith("| `")]
         listed = [tuple(re.findall(r"`([^`]+)`", r.split(" | ")[0].lstrip("| "))) for r in rows]
         assert listed == gen.cli_options(parser), name
@@ -317,20 +317,29 @@ def test_the_site_renders_in_chromium_and_search_finds_a_guide(site, tmp_path):
             for title in ("Getting started", "Guides", "Population-based training",
                           "Troubleshooting", "Command line"):  # fmt: skip
                 assert title in titles, titles
-            assert browser.wait_for("document.querySelector('h1').textContent").startswith("evorl_pop")
+            assert browser.wait_for("document.querySelector('h1').textContent").startswith(
+                "evorl_pop"
+            )
 
             browser.open(f"{base}/guides/hybrid/")
-            heading = browser.wait_for("document.readyState == 'complete' && "
-                                       "document.querySelector('article h1').textContent")  # fmt: skip
+            heading = browser.wait_for(
+                "document.readyState == 'complete' && "
+                "document.querySelector('article h1').textContent"
+            )
             assert heading.startswith("Hybrid evolutionary RL")
             assert "Config fields" in json.loads(browser.wait_for(nav))
 
             # the search box opened from the address, as Material's shared search links do
             browser.open(f"{base}/?q=Population")
-            links = ("JSON.stringify([...document.querySelectorAll("
-                     "'.md-search-result__item a')].map(a => a.getAttribute('href')))")
-            found = json.loads(browser.wait_for(f"document.querySelectorAll("
-                                                f"'.md-search-result__item').length && {links}"))
+            links = (
+                "JSON.stringify([...document.querySelectorAll("
+                "'.md-search-result__item a')].map(a => a.getAttribute('href')))"
+            )
+            found = json.loads(
+                browser.wait_for(
+                    f"document.querySelectorAll('.md-search-result__item').length && {links}"
+                )
+            )
             assert any("guides/pbt/" in href for href in found), found
         finally:
             browser.close()
