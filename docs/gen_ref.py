@@ -104,7 +104,15 @@ def _attributes(cls) -> dict[str, str]:
             continue
         for name, comment in re.findall(r"^    (\w+): [^\n#]*#\s*(.*)$", source, re.M):
             meanings.setdefault(name, comment.strip())
-    return meanings
+        for comment, name in re.findall(r"^    # (.*)\n    (\w+): ", source, re.M):
+            meanings.setdefault(name, comment.strip())
+    return {name: _plain(text) for name, text in meanings.items()}
+
+
+def _plain(text: str) -> str:
+    """Sphinx roles and double backticks as Markdown code."""
+    text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text)
+    return text.replace("``", "`")
 
 
 def _type_name(hint) -> str:
@@ -120,8 +128,11 @@ def _default(field: dataclasses.Field) -> str:
         value = field.default_factory()
     else:
         return "(required)"
-    if dataclasses.is_dataclass(value):
-        return f"{type(value).__name__}(...)"
+    if dataclasses.is_dataclass(value):  # the fields that differ from its class's defaults
+        base = type(value)()
+        changed = [f"{f.name}={getattr(value, f.name)!r}" for f in dataclasses.fields(value)
+                   if getattr(value, f.name) != getattr(base, f.name)]  # fmt: skip
+        return f"{type(value).__name__}({', '.join(changed)})"
     return repr(value)
 
 

@@ -190,7 +190,8 @@ def test_config_reference_lists_exactly_every_configs_fields(site):
         rows = [r for r in body.splitlines() if r.startswith("| `")]
         fields = [re.match(r"\| `(\w+)`", r).group(1) for r in rows]
         assert fields == [f.name for f in dataclasses.fields(cls)], title
-        assert all(r.rstrip(" |").rsplit("|", 1)[1].strip() for r in rows), f"{title}: meaning"
+        cells = [re.split(r"(?<!\\)\|", r)[1:-1] for r in rows]
+        assert all(len(c) == 4 and c[3].strip() for c in cells), f"{title}: a meaning is missing"
     page = (site / "reference" / "config" / "index.html").read_text()
     assert "updates_per_actor" in page and "checkpoint_every" in page
 
