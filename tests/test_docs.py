@@ -272,7 +272,7 @@ class _Browser:
     def open(self, url: str) -> None:
         self.call("Page.navigate", self.session, url=url)
 
-    def wait_for(self, expression: str, timeout: float = 30.0):
+    def wait_for(self, expression: str, timeout: float = 60.0):
         """The value of ``expression`` once it is truthy (polled in the page)."""
         deadline, value = time.monotonic() + timeout, None
         while time.monotonic() < deadline:
