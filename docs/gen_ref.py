@@ -172,7 +172,7 @@ def config_markdown() -> str:
         out += [f"## {title}", "", "| field | type | default | meaning |", "|---|---|---|---|"]
         for field in dataclasses.fields(cls):
             kind, meaning = _cell(_type_name(hints[field.name])), meanings.get(field.name, "")
-            out.append(f"| `{field.name}` | `{kind}` | `{_cell(_default(field))}` | "
+            out.append(f"| `{field.name}` | {kind} | `{_cell(_default(field))}` | "
                        f"{_cell(meaning)} |")  # fmt: skip
         out.append("")
     return "\n".join(out)
