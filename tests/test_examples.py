@@ -1,8 +1,7 @@
-"""Every example runs as a user starts it (its default --devices auto), in two generations;
-every Python block of the README runs as written."""
+"""Every example runs as a user starts it (its default --devices auto), in two generations
+(the README's and the documentation's code blocks: tests/test_docs.py)."""
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -90,20 +89,3 @@ def test_sharded_population_example_equals_the_unsharded_ranking():
     expected = (f"100 candidates on 3 devices: best {fitness.min():.3f}, worst "
                 f"{fitness.max():.3f}, top-3 indices {top3}")  # fmt: skip
     assert stdout.strip() == expected
-
-
-def _readme_snippets():
-    text = (EXAMPLES.parent / "README.md").read_text()
-    return re.findall(r"```python\n(.*?)```", text, re.S)
-
-
-def test_the_readme_has_python_snippets():
-    assert len(_readme_snippets()) >= 4
-
-
-@pytest.mark.parametrize("index", range(len(_readme_snippets())))
-def test_readme_python_snippet_runs_as_written(index, tmp_path):
-    """Each Python block of the README, run as a user would paste it into a file."""
-    script = tmp_path / "snippet.py"
-    script.write_text(_readme_snippets()[index])
-    _run(script, cwd=tmp_path)

@@ -1,0 +1,347 @@
+"""The documentation: the site builds strictly, every code block of docs/ and the README runs
+as written (or says on the page why not), the generated references list exactly what the code
+has, the README stays short and links the newcomer's pages, and a browser renders the site."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import http.server
+import importlib.util
+import json
+import os
+import re
+import shutil
+import socketserver
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+FENCE = re.compile(r"^```(\w*)([^\n]*)\n(.*?)^```", re.M | re.S)
+RUN_LANGUAGES = {"python": "python", "bash": "shell", "sh": "shell", "shell": "shell"}
+NOT_RUN = "not run:"
+ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "NO_MKDOCS_2_WARNING": "1"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    page: Path
+    line: int
+    kind: str  # 'python' or 'shell'
+    title: str
+    code: str
+
+    @property
+    def runs(self) -> bool:
+        return not self.title.startswith(NOT_RUN)
+
+    def __str__(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+@functools.cache
+def blocks() -> tuple[Block, ...]:
+    """Every Python and shell code block of the README and docs/, in page order."""
+    out = []
+    for page in PAGES:
+        text = page.read_text()
+        for m in FENCE.finditer(text):
+            kind = RUN_LANGUAGES.get(m.group(1))
+            if kind is None:
+                continue
+            title = re.search(r'title="([^"]*)"', m.group(2))
+            line = text[: m.start()].count("\n") + 1
+            out.append(Block(page, line, kind, title.group(1) if title else "", m.group(3)))
+    return tuple(out)
+
+
+def _gen_ref():
+    spec = importlib.util.spec_from_file_location("gen_ref", DOCS / "gen_ref.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The site, built once with ``mkdocs build --strict``."""
+    out = tmp_path_factory.mktemp("site")
+    built = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d",
+                            str(out)], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                           timeout=600)  # fmt: skip
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-5000:]
+    return out
+
+
+# --- code blocks ------------------------------------------------------------------------
+
+
+def test_every_code_block_runs_or_says_why_not():
+    found = blocks()
+    assert sum(b.runs and b.kind == "python" for b in found) >= 8
+    assert sum(b.runs and b.kind == "shell" for b in found) >= 5
+    for block in found:
+        if not block.runs:
+            assert len(block.title[len(NOT_RUN) :].strip()) > 5, f"{block}: give the reason"
+
+
+def test_not_run_reasons_are_shown_on_the_pages(site):
+    for block in blocks():
+        if block.page.name == "README.md" or block.runs:
+            continue
+        rel = block.page.relative_to(DOCS).with_suffix("")
+        html = site / (rel.parent if rel.name == "index" else rel) / "index.html"
+        shown = html.read_text().replace("&quot;", '"').replace("&#39;", "'").replace("&amp;", "&")
+        assert block.title in shown, f"{block}: its title is not on {html}"
+
+
+RUNNER = textwrap.dedent("""\
+    import json, sys, traceback
+    for name, code in json.load(open(sys.argv[1])):
+        print(f"--- {name}", flush=True)
+        try:
+            exec(compile(code, name, "exec"), {"__name__": "__main__"})
+        except BaseException:
+            traceback.print_exc()
+            print(f"FAILED {name}", flush=True)
+            sys.exit(1)
+""")
+
+
+def test_python_blocks_run_as_written(tmp_path):
+    """Each distinct runnable Python block, as written, in a fresh namespace; blocks that switch
+    JAX to 64-bit run in a process of their own, all others share one (it compiles once)."""
+    unique: dict[str, str] = {}
+    for block in blocks():
+        if block.runs and block.kind == "python":
+            unique.setdefault(block.code, str(block))
+    groups = [[]]
+    for code, name in unique.items():
+        if "jax_enable_x64" in code:
+            groups.append([(name, code)])
+        else:
+            groups[0].append((name, code))
+    (tmp_path / "runner.py").write_text(RUNNER)
+    for i, group in enumerate(groups):
+        (tmp_path / f"blocks{i}.json").write_text(json.dumps(group))
+        out = subprocess.run([sys.executable, "runner.py", f"blocks{i}.json"], cwd=tmp_path,
+                             env=ENV, capture_output=True, text=True, timeout=900)  # fmt: skip
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+        assert out.stdout.count("--- ") == len(group)
+
+
+def test_shell_blocks_run_as_written(tmp_path):
+    """The runnable shell blocks, page by page in one folder, with the installed evorl-pop;
+    then the first run's metrics.csv columns are all documented."""
+    env = {**ENV, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{ENV['PATH']}"}
+    for block in blocks():
+        if block.runs and block.kind == "shell":
+            out = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block.code], cwd=tmp_path,
+                                 env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+            assert out.returncode == 0, f"{block}:\n{out.stdout[-2000:]}{out.stderr[-3000:]}"
+    header = (tmp_path / "runs" / "first" / "metrics.csv").read_text().splitlines()[0]
+    documented = (DOCS / "reference" / "metrics.md").read_text()
+    assert all(f"`{c}`" in documented for c in header.split(",")), header
+
+
+# --- generated references ---------------------------------------------------------------
+
+
+def _sections(markdown: str) -> dict[str, str]:
+    parts = re.split(r"^## (.*)$", markdown, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def test_cli_reference_lists_exactly_the_parsers_options(site):
+    from evorl_pop.cli import build_parser
+
+    gen = _gen_ref()
+    sections = _sections(gen.cli_markdown())
+    commands = gen._subparsers(build_parser())
+    assert [s.strip("`").split()[-1] for s in sections] == list(commands)
+    for body, (name, parser) in zip(sections.values(), commands.items(), strict=True):
+        rows = [r for r in body.splitlines() if r.startswith("| `")]
+        listed = [tuple(re.findall(r"`([^`]+)`", r.split(" | ")[0].lstrip("| "))) for r in rows]
+        assert listed == gen.cli_options(parser), name
+    page = (site / "reference" / "cli" / "index.html").read_text()
+    assert "--heartbeat-timeout" in page and "--devices-per-process" in page
+    assert "cli-reference" not in page
+
+
+def test_config_reference_lists_exactly_every_configs_fields(site):
+    from evorl_pop.run import config as config_lib
+
+    gen = _gen_ref()
+    classes = gen.config_classes()
+    names = {spec.config_class for spec in config_lib.specs()}
+    assert names | {config_lib.RunConfig} <= {cls for _, cls in classes}
+    sections = _sections(gen.config_markdown())
+    assert list(sections) == [title for title, _ in classes]
+    for (title, cls), body in zip(classes, sections.values(), strict=True):
+        rows = [r for r in body.splitlines() if r.startswith("| `")]
+        fields = [re.match(r"\| `(\w+)`", r).group(1) for r in rows]
+        assert fields == [f.name for f in dataclasses.fields(cls)], title
+        cells = [re.split(r"(?<!\\)\|", r)[1:-1] for r in rows]
+        assert all(len(c) == 4 and c[3].strip() for c in cells), f"{title}: a meaning is missing"
+    page = (site / "reference" / "config" / "index.html").read_text()
+    assert "updates_per_actor" in page and "checkpoint_every" in page
+
+
+# --- the README -------------------------------------------------------------------------
+
+
+def _nav_pages(nav) -> dict[str, str]:
+    out = {}
+    for item in nav:
+        for title, value in item.items():
+            if isinstance(value, list):
+                out.update({f"{title}/{k}": v for k, v in _nav_pages(value).items()})
+            else:
+                out[title] = value
+    return out
+
+
+def test_readme_is_short_and_links_the_newcomers_pages():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    nav = _nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+    newcomer = [p for t, p in nav.items() if t.split("/")[0] in
+                ("Getting started", "Guides", "Troubleshooting", "Concepts")]  # fmt: skip
+    assert len(newcomer) >= 12
+    for page in newcomer:
+        assert f"](docs/{page})" in readme, page
+    for link in re.findall(r"\]\((docs/[^)#]+)", readme):
+        assert (ROOT / link).is_file(), link
+    assert sum(b.page.name == "README.md" and b.kind == "python" for b in blocks()) == 4
+
+
+# --- the site in a browser --------------------------------------------------------------
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+class _Browser:
+    """Headless Chromium driven over the DevTools protocol on a pipe (fds 3 and 4)."""
+
+    def __init__(self, binary: str, profile: Path):
+        to_child_r, self._w = os.pipe()
+        self._r, from_child_w = os.pipe()
+        a, b = to_child_r, from_child_w  # become the child's fds 3 and 4
+        self.proc = subprocess.Popen(
+            ["bash", "-c", f'exec "$0" "$@" 3<&{a} 4>&{b} {a}<&- {b}>&-', binary, "--headless",
+             "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
+             f"--user-data-dir={profile}", "--no-first-run", "about:blank"],
+            pass_fds=(a, b), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self._buffer, self._id = b"", 0
+        target = self.call("Target.createTarget", url="about:blank")["targetId"]
+        self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)[
+            "sessionId"
+        ]
+
+    def call(self, method: str, session: str | None = None, **params):
+        self._id += 1
+        message = {"id": self._id, "method": method, "params": params}
+        if session:
+            message["sessionId"] = session
+        os.write(self._w, json.dumps(message).encode() + b"\0")
+        while True:
+            while b"\0" not in self._buffer:
+                chunk = os.read(self._r, 1 << 16)
+                assert chunk, "chromium closed its DevTools pipe"
+                self._buffer += chunk
+            raw, self._buffer = self._buffer.split(b"\0", 1)
+            reply = json.loads(raw)
+            if reply.get("id") == self._id:
+                assert "error" not in reply, reply
+                return reply["result"]
+
+    def open(self, url: str) -> None:
+        self.call("Page.navigate", self.session, url=url)
+
+    def wait_for(self, expression: str, timeout: float = 60.0):
+        """The value of ``expression`` once it is truthy (polled in the page)."""
+        deadline, value = time.monotonic() + timeout, None
+        while time.monotonic() < deadline:
+            result = self.call("Runtime.evaluate", self.session, expression=expression,
+                               returnByValue=True)["result"]  # fmt: skip
+            value = result.get("value")
+            if value:
+                return value
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {expression!r} (last value {value!r})")
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        os.close(self._r)
+        os.close(self._w)
+
+
+def test_the_site_renders_in_chromium_and_search_finds_a_guide(site, tmp_path):
+    binary = _chromium()
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed: .ci/run installs Debian's chromium")
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(site), **kwargs)
+
+        def log_message(self, *args):
+            pass
+
+    with socketserver.TCPServer(("127.0.0.1", 0), Quiet) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        browser = _Browser(binary, tmp_path / "profile")
+        try:
+            nav = ("JSON.stringify([...document.querySelectorAll('nav.md-nav--primary "
+                   "a.md-nav__link, nav.md-nav--primary label.md-nav__link')]"
+                   ".map(a => a.textContent.trim()))")  # fmt: skip
+            browser.open(f"{base}/")
+            titles = json.loads(browser.wait_for(f"document.readyState == 'complete' && {nav}"))
+            for title in ("Getting started", "Guides", "Population-based training",
+                          "Troubleshooting", "Command line"):  # fmt: skip
+                assert title in titles, titles
+            assert browser.wait_for("document.querySelector('h1').textContent").startswith(
+                "evorl_pop"
+            )
+
+            browser.open(f"{base}/guides/hybrid/")
+            heading = browser.wait_for(
+                "document.readyState == 'complete' && "
+                "document.querySelector('article h1').textContent"
+            )
+            assert heading.startswith("Hybrid evolutionary RL")
+            assert "Config fields" in json.loads(browser.wait_for(nav))
+
+            # the search box opened from the address, as Material's shared search links do
+            browser.open(f"{base}/?q=Population")
+            links = (
+                "JSON.stringify([...document.querySelectorAll("
+                "'.md-search-result__item a')].map(a => a.getAttribute('href')))"
+            )
+            found = json.loads(
+                browser.wait_for(
+                    f"document.querySelectorAll('.md-search-result__item').length && {links}"
+                )
+            )
+            assert any("guides/pbt/" in href for href in found), found
+        finally:
+            browser.close()
+            server.shutdown()
