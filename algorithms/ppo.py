@@ -198,7 +198,7 @@ class PPO:
         )
         specs = data_parallel.state_specs(State)
         self._iterate = jax.shard_map(
-            self._iteration, mesh=self.mesh, in_specs=(specs, P()), out_specs=(specs, P()),
+            self.local_step, mesh=self.mesh, in_specs=(specs, P()), out_specs=(specs, P()),
             check_vma=False,  # brax's scans start from constants the checks would reject
         )  # fmt: skip
 
@@ -211,11 +211,15 @@ class PPO:
         Returns:
           A :class:`State`, laid out as ``step`` returns it.
         """
+        return data_parallel.place_state(self.fresh(key), self.mesh)
+
+    def fresh(self, key: jax.Array) -> State:
+        """:meth:`init`'s state where it was computed (one member of a population)."""
         params_key, env_key = jax.random.split(key)
         cfg = self.config
         params = self.learner.init(params_key)
         envs = vec_env.reset(self.env, vec_env.lane_keys(env_key, jnp.arange(cfg.num_envs)))
-        state = State(
+        return State(
             params=params,
             opt_state=self.learner.optimizer(cfg.learning_rate).init(params),
             obs_norm=ObsNorm.create(self.env.spec.obs_shape),
@@ -223,7 +227,6 @@ class PPO:
             envs=envs,
             generation=jnp.int32(0),
         )
-        return data_parallel.place_state(state, self.mesh)
 
     def _obs_norm(self, state: State) -> ObsNorm | None:
         return state.obs_norm if self.config.normalize_observations else None
@@ -254,27 +257,28 @@ class PPO:
         )
         return envs, Rollout(obs, raw, log_prob, out.reward, out.terminal, out.truncated)
 
-    def _iteration(self, state: State, key: jax.Array):
-        """One iteration on this device's lanes (inside ``shard_map`` over ``DP``)."""
+    def local_step(self, state: State, key: jax.Array, axis: str | None = DP):
+        """One iteration on this device's lanes: inside ``shard_map`` over ``axis``, or
+        (``axis=None``) on one device, every lane there (a member of a population)."""
         collect_key, train_key = jax.random.split(key)
         obs_norm, hp = self._obs_norm(state), state.hyperparameters
-        envs, rollout = self.collect(state, collect_key, DP)
+        envs, rollout = self.collect(state, collect_key, axis)
         advantage, target = self.learner.advantages(state.params, obs_norm, rollout, envs.obs, hp)
         samples = Samples(rollout.obs, rollout.raw_action, rollout.log_prob, advantage, target)
         # Every device gathers the whole batch, lanes in global order, each lane's steps in turn.
         samples = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), samples)
-        samples = dist.all_gather(samples, DP, tiled=True)
+        samples = dist.all_gather(samples, axis, tiled=True)
         samples = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), samples)
         params, opt_state, losses = self.learner.train(
-            state.params, state.opt_state, obs_norm, samples, hp, train_key, DP
+            state.params, state.opt_state, obs_norm, samples, hp, train_key, axis
         )
         obs_norm = state.obs_norm
         if self.config.normalize_observations:
             # Merged after the epochs, which see the observations as the policy did.
             seen = rollout.obs.reshape(-1, *rollout.obs.shape[2:]).astype(jnp.float32)
             moments = ObsMoments(jnp.float32(seen.shape[0]), seen.sum(0), (seen**2).sum(0))
-            obs_norm = obs_norm.merge(dist.psum(moments, DP))
-        metrics = {**vec_env.metrics(state.envs, envs, DP), **losses}
+            obs_norm = obs_norm.merge(dist.psum(moments, axis))
+        metrics = {**vec_env.metrics(state.envs, envs, axis), **losses}
         new = state.replace(params=params, opt_state=opt_state, obs_norm=obs_norm, envs=envs)
         return new, metrics
 

@@ -187,7 +187,7 @@ class SAC:
         self.num_updates = round(config.updates_per_step * steps)
         specs = data_parallel.state_specs(State)
         self._step = jax.shard_map(
-            self._local_step, mesh=self.mesh, in_specs=(specs, P()), out_specs=(specs, P()),
+            self.local_step, mesh=self.mesh, in_specs=(specs, P()), out_specs=(specs, P()),
             check_vma=False,  # brax's scans start from constants the checks would reject
         )  # fmt: skip
 
@@ -200,18 +200,21 @@ class SAC:
         Returns:
           A :class:`State`, laid out as ``step`` returns it.
         """
+        return data_parallel.place_state(self.fresh(key), self.mesh)
+
+    def fresh(self, key: jax.Array) -> State:
+        """:meth:`init`'s state where it was computed (one member of a population)."""
         learner_key, env_key = jax.random.split(key)
         cfg = self.config
         hp = cfg.hyperparameters()
         buffer = ReplayBuffer.create(example_transition(self.env.spec), cfg.buffer_capacity)
-        state = State(
+        return State(
             learner=self.learner.init(learner_key, hp),
             buffer=buffer,
             hyperparameters=hp,
             envs=vec_env.reset(self.env, vec_env.lane_keys(env_key, jnp.arange(cfg.num_envs))),
             generation=jnp.int32(0),
         )
-        return data_parallel.place_state(state, self.mesh)
 
     def collect(self, state: State, key: jax.Array, dp_axis_name: str | None = None):
         """``unroll_length`` steps of this device's environments with the sampling policy.
@@ -236,17 +239,18 @@ class SAC:
         envs, (obs, action, out) = vec_env.unroll(self.env, state.envs, act, key, length, index)
         return envs, Transition(obs, action, out.reward, out.next_obs, out.terminal)
 
-    def _local_step(self, state: State, key: jax.Array):
-        """One step on this device's lanes (inside ``shard_map`` over ``DP``)."""
+    def local_step(self, state: State, key: jax.Array, axis: str | None = DP):
+        """One step on this device's lanes: inside ``shard_map`` over ``axis``, or
+        (``axis=None``) on one device, every lane there (a member of a population)."""
         cfg = self.config
         collect_key, train_key = jax.random.split(key)
-        envs, transitions = self.collect(state, collect_key, DP)
+        envs, transitions = self.collect(state, collect_key, axis)
         # Every device adds the same transitions, lanes in global order, to its copy.
-        buffer = state.buffer.add(dist.all_gather(transitions, DP, axis=1, tiled=True))
+        buffer = state.buffer.add(dist.all_gather(transitions, axis, axis=1, tiled=True))
 
         def train(learner):
             return self.learner.train(learner, buffer, state.hyperparameters, train_key,
-                                      self.num_updates, cfg.batch_size, DP)  # fmt: skip
+                                      self.num_updates, cfg.batch_size, axis)  # fmt: skip
 
         def skip(learner):
             nan = jnp.float32(jnp.nan)
@@ -256,7 +260,7 @@ class SAC:
 
         learn = buffer.size >= max(cfg.learning_starts, cfg.batch_size)
         learner, losses = jax.lax.cond(learn & (self.num_updates > 0), train, skip, state.learner)
-        metrics = {**vec_env.metrics(state.envs, envs, DP), **losses}
+        metrics = {**vec_env.metrics(state.envs, envs, axis), **losses}
         return state.replace(learner=learner, buffer=buffer, envs=envs), metrics
 
     def step(self, state: State, key: jax.Array) -> tuple[State, dict[str, jax.Array]]:
