@@ -39,10 +39,10 @@ from jax.sharding import PartitionSpec as P
 
 from evorl_pop import distributed as dist
 from evorl_pop.base import ConfigError, check_config
-from evorl_pop.tasks.envs import env_names
-from evorl_pop.tasks.rollout import ObsMoments, ObsNorm, evaluate_episodes
 from evorl_pop.rl import data_parallel, replay, vec_env
 from evorl_pop.rl.ppo import Hyperparameters, Params, PPOLearner, Rollout, Samples
+from evorl_pop.tasks.envs import env_names
+from evorl_pop.tasks.rollout import ObsMoments, ObsNorm, evaluate_episodes
 
 DP = dist.DP_AXIS_NAME
 
@@ -318,5 +318,5 @@ class PPO:
             params,
             key,
             num_episodes,
-            num_steps=self.config.episode_length,
+            episode_length=self.config.episode_length,
         ).episode_return

@@ -37,13 +37,12 @@ from jax.sharding import PartitionSpec as P
 
 from evorl_pop import distributed as dist
 from evorl_pop.base import ConfigError, check_config
-from evorl_pop.tasks.envs import env_names
-from evorl_pop.tasks.rollout import evaluate_episodes
 from evorl_pop.rl import data_parallel, replay, vec_env
 from evorl_pop.rl.replay import ReplayBuffer
-from evorl_pop.rl.td3 import example_transition
-from evorl_pop.tasks.rollout import Transition
 from evorl_pop.rl.sac import Hyperparameters, SACLearner, SACState
+from evorl_pop.rl.td3 import example_transition
+from evorl_pop.tasks.envs import env_names
+from evorl_pop.tasks.rollout import Transition, evaluate_episodes
 
 DP = dist.DP_AXIS_NAME
 
@@ -294,5 +293,5 @@ class SAC:
         """
         return evaluate_episodes(
             self.env, self.learner.deterministic_policy, state.learner.actor.params, key,
-            num_episodes, num_steps=self.config.episode_length,
+            num_episodes, episode_length=self.config.episode_length,
         ).episode_return  # fmt: skip

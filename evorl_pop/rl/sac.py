@@ -37,12 +37,12 @@ import optax
 
 from evorl_pop import distributed as dist
 from evorl_pop.base import ConfigError, EnvSpec
-from evorl_pop.tasks.envs import MLP, Critic
 from evorl_pop.rl import replay
 from evorl_pop.rl.distributions import TanhNormal
 from evorl_pop.rl.replay import ReplayBuffer
-from evorl_pop.tasks.rollout import Transition
 from evorl_pop.rl.td3 import CONTINUOUS_ENVS, CriticState, polyak
+from evorl_pop.tasks.envs import MLP, Critic
+from evorl_pop.tasks.rollout import Transition
 
 
 @flax.struct.dataclass
