@@ -26,7 +26,7 @@ second on (the first compiles), in environment steps per CPU second (which
 other jobs on a shared machine do not distort) and per second of wall time;
 the table shows medians over seeds.
 **return** is the deterministic policy's mean return over ``--eval-episodes``
-episodes of the same evaluator (:func:`evorl_pop.envs.evaluate_episodes` on
+episodes of the same evaluator (:func:`evorl_pop.tasks.rollout.evaluate_episodes` on
 ``brax/<task>``) for both; the table shows the mean and std over seeds.
 Goals: evorl_pop's return at least brax's, and at least 0.9 of its steps/s on
 one device. The run is pinned to ``--cores`` cores (default 1: one device's
@@ -85,10 +85,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from evorl_pop import backend  # noqa: E402
 from evorl_pop.algorithms import ppo, sac  # noqa: E402
-from evorl_pop.envs import evaluate_episodes, make_env  # noqa: E402
-from evorl_pop.envs_brax import _import_brax_envs, _quiet  # noqa: E402
+from evorl_pop.run import processes  # noqa: E402
+from evorl_pop.tasks.brax_envs import _import_brax_envs, _quiet  # noqa: E402
+from evorl_pop.tasks.envs import make_env  # noqa: E402
+from evorl_pop.tasks.rollout import evaluate_episodes  # noqa: E402
 
 # brax 0.14.2's trainers call jax.device_put_replicated, which JAX 0.10 removed from its
 # namespace; JAX's own implementation is still there.
@@ -262,7 +263,7 @@ RUNS = {"ppo": (ours_ppo, brax_ppo), "sac": (ours_sac, brax_sac)}
 
 
 def main():
-    backend.use_compilation_cache()
+    processes.use_compilation_cache()
     rows = []
     for name in ARGS.only.split(","):
         results = {"evorl_pop": [], "brax": []}

@@ -10,33 +10,24 @@ best, mean and worst return of the environments' last episodes, and prints the
 deterministic policy's return over 10 episodes.
 """
 
-from _common import parse, train_and_plot
+from evorl_pop.run import script
 
 
 def _arguments(parser):
     parser.add_argument("--task", default="brax/hopper", help="a brax task")
 
 
-args = parse(__doc__.splitlines()[0], _arguments, generations=400)
+args = script.start(__doc__, _arguments, generations=400)
 
 import jax  # noqa: E402
 
 from evorl_pop.algorithms.ppo import PPO, Config  # noqa: E402
-from evorl_pop.config import RunConfig  # noqa: E402
 
-config = RunConfig(
-    algorithm="ppo",
-    algorithm_config=Config(task=args.task),
-    seed=args.seed,
-    generations=args.generations,
-    chunk=20,
-    checkpoint_every=100,
-    devices=args.devices,
-)
-for name, result in train_and_plot(
-    [("ppo-brax", config)], args, "ppo_brax.png", f"PPO, {args.task}", x="steps"
-):
-    final = PPO(config.algorithm_config).evaluate(result.state, jax.random.key(args.seed), 10)
+config = Config(task=args.task)
+results = script.train(args, {"ppo-brax": config}, "ppo_brax.png", f"PPO, {args.task}",
+                       x="steps", chunk=20, checkpoint_every=100)  # fmt: skip
+for name, result in results.items():
+    final = PPO(config).evaluate(result.state, jax.random.key(args.seed), 10)
     print(
         f"{name}: {result.env_steps:,} env steps; mean return of the last episodes "
         f"{result.history['fitness_mean'][-1]:.1f}; deterministic policy {float(final):.1f}"

@@ -13,37 +13,29 @@ and figures/ppo_breakout.png: the best, mean and worst return of the
 environments' last episodes (a random policy scores about 1).
 """
 
-from _common import parse, train_and_plot
+from evorl_pop.run import script
 
-args = parse(__doc__.splitlines()[0], generations=40)
+args = script.start(__doc__, generations=40)
 
 from evorl_pop.algorithms.ppo import Config  # noqa: E402
-from evorl_pop.config import RunConfig  # noqa: E402
 
-config = RunConfig(
-    algorithm="ppo",
-    algorithm_config=Config(
-        task="Breakout-MinAtar",
-        num_envs=32,
-        unroll_length=128,
-        num_minibatches=4,
-        num_epochs=4,
-        learning_rate=5e-4,
-        entropy_cost=0.01,
-        normalize_observations=False,
-        policy_hidden_sizes=(64,),
-        value_hidden_sizes=(64,),
-        activation="relu",
-        network="cnn",
-    ),
-    seed=args.seed,
-    generations=args.generations,
-    chunk=10,
-    checkpoint_every=20,
-    devices=args.devices,
+config = Config(
+    task="Breakout-MinAtar",
+    num_envs=32,
+    unroll_length=128,
+    num_minibatches=4,
+    num_epochs=4,
+    learning_rate=5e-4,
+    entropy_cost=0.01,
+    normalize_observations=False,
+    policy_hidden_sizes=(64,),
+    value_hidden_sizes=(64,),
+    activation="relu",
+    network="cnn",
 )
-for name, result in train_and_plot(
-    [("ppo-breakout", config)], args, "ppo_breakout.png", "PPO, Breakout-MinAtar, CNN", x="steps"
-):
+results = script.train(args, {"ppo-breakout": config}, "ppo_breakout.png",
+                       "PPO, Breakout-MinAtar, CNN", x="steps", chunk=10,
+                       checkpoint_every=20)  # fmt: skip
+for name, result in results.items():
     mean = result.history["fitness_mean"]
     print(f"{name}: {result.env_steps:,} env steps; mean return {mean[-1]:.1f}, best {mean.max()}")

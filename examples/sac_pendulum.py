@@ -10,29 +10,16 @@ figures/sac_pendulum.png: the best, mean and worst return of the environments'
 last episodes (goal: above -200, which takes about 6k-10k steps).
 """
 
-from _common import parse, train_and_plot
+from evorl_pop.run import script
 
-args = parse(__doc__.splitlines()[0], generations=20)
+args = script.start(__doc__, generations=20)
 
 from evorl_pop.algorithms.sac import Config  # noqa: E402
-from evorl_pop.config import RunConfig  # noqa: E402
 
-config = RunConfig(
-    algorithm="sac",
-    algorithm_config=Config(task="Pendulum-v1"),
-    seed=args.seed,
-    generations=args.generations,
-    chunk=2,
-    checkpoint_every=10,
-    devices=args.devices,
-)
-for name, result in train_and_plot(
-    [("sac-pendulum", config)],
-    args,
-    "sac_pendulum.png",
-    "SAC, Pendulum-v1, 4 environments",
-    x="steps",
-):
+results = script.train(args, {"sac-pendulum": Config(task="Pendulum-v1")}, "sac_pendulum.png",
+                       "SAC, Pendulum-v1, 4 environments", x="steps", chunk=2,
+                       checkpoint_every=10)  # fmt: skip
+for name, result in results.items():
     mean = result.history["fitness_mean"]
     above = (mean >= -200).nonzero()[0]
     when = f"{(above[0] + 1) * 800:,} steps" if above.size else "not within the run"
