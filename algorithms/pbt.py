@@ -157,11 +157,15 @@ class Config(HybridConfig):
 
     def __post_init__(self):
         # A config file gives the searched hyperparameters as mappings.
-        search = self.search
-        if search is None:
-            search = [Hyperparameter(*h) for h in DEFAULT_SEARCH.get(self.learner, ())]
-        search = tuple(Hyperparameter(**h) if isinstance(h, Mapping) else h for h in search)
-        object.__setattr__(self, "search", search)
+        if self.search is not None:
+            search = (Hyperparameter(**h) if isinstance(h, Mapping) else h for h in self.search)
+            object.__setattr__(self, "search", tuple(search))
+
+    def searched(self) -> tuple[Hyperparameter, ...]:
+        """``search``, or the learner's :data:`DEFAULT_SEARCH` when it is ``None``."""
+        if self.search is not None:
+            return self.search
+        return tuple(Hyperparameter(*h) for h in DEFAULT_SEARCH.get(self.learner, ()))
 
     def validate(self) -> None:
         """Raises a ConfigError naming a setting that cannot run."""
@@ -173,14 +177,14 @@ class Config(HybridConfig):
             )
         if self.learner != "td3":
             self.learner_config().validate()
-        for h in self.search:
+        for h in self.searched():
             h.validate(self.learner)
         if not 0.0 < self.truncation <= 0.5:
             raise ConfigError(
                 f"truncation must be in (0, 0.5] (the replaced fraction may not exceed the "
                 f"donors), got {self.truncation}."
             )
-        names = [h.name for h in self.search]
+        names = [h.name for h in self.searched()]
         if len(set(names)) != len(names):
             raise ConfigError(f"search names a hyperparameter twice: {names}.")
         if not 0.0 <= self.resample_prob <= 1.0:
@@ -240,9 +244,10 @@ class PBT:
                     f"e.g. {max(1, config.interval // t) * t}."
                 )
             self.td3 = TD3(self.env.spec, config.td3, policy=self.policy)
-        self.names = tuple(h.name for h in config.search)
-        self.low = jnp.asarray([h.low for h in config.search], jnp.float32)
-        self.high = jnp.asarray([h.high for h in config.search], jnp.float32)
+        self.search = config.searched()
+        self.names = tuple(h.name for h in self.search)
+        self.low = jnp.asarray([h.low for h in self.search], jnp.float32)
+        self.high = jnp.asarray([h.high for h in self.search], jnp.float32)
         self.num_replaced = max(1, int(config.truncation * config.population_size))
         self.num_updates = max(1, round(config.updates_per_step * self.episode_length))
         # Members stay on their devices when they split evenly; otherwise (and
@@ -261,10 +266,10 @@ class PBT:
           key: PRNG key.
 
         Returns:
-          float32 array of shape ``(len(search),)``, ordered as ``config.search``.
+          float32 array of shape ``(len(search),)``, ordered as ``config.searched()``.
         """
         u = jax.random.uniform(key, self.low.shape)
-        log = jnp.asarray([h.log for h in self.config.search])
+        log = jnp.asarray([h.log for h in self.search])
         lin = self.low + u * (self.high - self.low)
         logs = jnp.exp(jnp.log(self.low) + u * (jnp.log(self.high) - jnp.log(self.low)))
         return jnp.where(log, logs, lin)

@@ -63,7 +63,7 @@ def test_same_members_and_history_on_1_and_2_devices(config):
     assert last["episodes"] > 0 and last["replaced"] == 1
     assert np.isfinite(last["fitness_mean"])
     # each member's searched values are in the metrics, within their ranges
-    for h in config.search:
+    for h in config.searched():
         values = [last[f"member{i}_{h.name}"] for i in range(config.population_size)]
         assert all(h.low <= v <= h.high for v in values), (h, values)
 
@@ -81,11 +81,11 @@ def test_a_members_searched_learning_rate_is_the_one_it_trains_with():
 
 
 def test_default_search_is_the_learners_own():
-    assert [h.name for h in pbt.Config(learner="ppo").search] == [
+    assert [h.name for h in pbt.Config(learner="ppo").searched()] == [
         "learning_rate", "clip_epsilon", "entropy_cost", "gae_lambda", "discount"]  # fmt: skip
-    assert [h.name for h in pbt.Config(learner="sac").search] == [
+    assert [h.name for h in pbt.Config(learner="sac").searched()] == [
         "actor_lr", "critic_lr", "target_entropy_scale", "discount"]  # fmt: skip
-    assert pbt.Config().learner == "td3" and pbt.Config().search[0].name == "actor_lr"
+    assert pbt.Config().learner == "td3" and pbt.Config().searched()[0].name == "actor_lr"
 
 
 def test_bad_learner_settings_say_what_to_change():
