@@ -22,9 +22,9 @@ from jax.sharding import PartitionSpec as P
 from evorl_pop import make_mesh
 from evorl_pop.algorithms.ppo import PPO, Config
 from evorl_pop.base import ConfigError
-from evorl_pop.tasks.envs import make_env
 from evorl_pop.rl import ppo
 from evorl_pop.rl.distributions import Categorical, TanhNormal
+from evorl_pop.tasks.envs import make_env
 
 TINY = dict(
     num_envs=8,

@@ -17,8 +17,8 @@ from jax.sharding import PartitionSpec as P
 from evorl_pop import make_mesh
 from evorl_pop.algorithms.sac import SAC, Config
 from evorl_pop.base import ConfigError
-from evorl_pop.tasks.envs import make_env
 from evorl_pop.rl import sac
+from evorl_pop.tasks.envs import make_env
 from evorl_pop.tasks.rollout import Transition
 
 HP = sac.Hyperparameters.create(
