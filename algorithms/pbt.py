@@ -1,9 +1,10 @@
-"""PBT: population-based training of TD3 learners.
+"""PBT: population-based training of TD3, PPO or SAC learners.
 
 Jaderberg et al. (2017), "Population Based Training of Neural Networks". A
-population of whole TD3 learners, each with its own networks, optimiser
-states, replay buffer and hyperparameters, sharded over the ``POP`` axis.
-One interval (one ``step``)::
+population of whole learners (``learner``: ``'td3'``, ``'ppo'`` or ``'sac'``),
+each with its own networks, optimiser states, experience and
+hyperparameters, sharded over the ``POP`` axis. One interval (one ``step``)
+of TD3 members::
 
     members (learners, buffers, hyperparameters)
       | the engine's evaluator (evorl_pop.core.engine.evaluate): padded to the
@@ -20,6 +21,10 @@ One interval (one ``step``)::
     explore                    -> the copied hyperparameters times 0.8 or 1.2
                                   (or resampled), clipped to their range
 
+A PPO or SAC member (:mod:`~evorl_pop.algorithms.pbt_members`) runs the
+learner's own iterations on its running episodes instead (SAC into its own
+buffer), and keeps those episodes and that buffer when it copies a donor.
+
 Every draw of member ``i`` comes from ``fold_in(key, i)`` with its global
 index, so 1, 2 or 4 devices give the same run. Padded members (a population
 the device count does not divide) repeat member 0, are never ranked, never
@@ -27,7 +32,8 @@ donate and are dropped before the state leaves ``step``.
 
 The hyperparameters are traced values: each member's TD3 is built inside
 the vmapped function from its own row of ``State.hyperparameters`` (optax's
-Adam takes a traced learning rate), so changing them never recompiles.
+Adam takes a traced learning rate), and a PPO or SAC member's row fills the
+learner's traced ``Hyperparameters``, so changing them never recompiles.
 """
 
 from __future__ import annotations
@@ -42,7 +48,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop import distributed as dist
-from evorl_pop.base import ConfigError, EvalInfo
+from evorl_pop.algorithms import ppo, sac
+from evorl_pop.algorithms.pbt_members import SEARCHABLE as LEARNER_SEARCHABLE
+from evorl_pop.algorithms.pbt_members import Member
+from evorl_pop.base import ConfigError, EvalInfo, did_you_mean
 from evorl_pop.core.engine import check_pop_axis, evaluate, make_mesh
 from evorl_pop.rl.replay import ReplayBuffer
 from evorl_pop.rl.td3 import (
@@ -58,8 +67,18 @@ from evorl_pop.tasks.rollout import evaluate_episodes, rollout
 #: TD3Config fields PBT can search; policy_delay and tau stay fixed (they are
 #: checked, or drive control flow, as Python values).
 TD3_HYPERPARAMETERS = ("actor_lr", "critic_lr", "discount", "policy_noise", "noise_clip")
-#: Every name a :class:`Hyperparameter` may take.
-SEARCHABLE = (*TD3_HYPERPARAMETERS, "exploration_noise")
+#: The names a :class:`Hyperparameter` may take, by learner.
+SEARCHABLE = {"td3": (*TD3_HYPERPARAMETERS, "exploration_noise"), **LEARNER_SEARCHABLE}
+#: What each learner searches unless told otherwise.
+DEFAULT_SEARCH = {
+    "td3": (("actor_lr", 1e-5, 1e-2, True), ("critic_lr", 1e-5, 1e-2, True),
+            ("exploration_noise", 0.05, 0.5, False), ("discount", 0.9, 0.995, False)),
+    "ppo": (("learning_rate", 1e-4, 3e-3, True), ("clip_epsilon", 0.1, 0.3, False),
+            ("entropy_cost", 1e-4, 3e-2, True), ("gae_lambda", 0.9, 1.0, False),
+            ("discount", 0.95, 0.999, False)),
+    "sac": (("actor_lr", 1e-4, 1e-2, True), ("critic_lr", 1e-4, 1e-2, True),
+            ("target_entropy_scale", 0.5, 2.0, False), ("discount", 0.95, 0.995, False)),
+}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +86,7 @@ class Hyperparameter:
     """One searched hyperparameter: its initial range, which is also its bound.
 
     Attributes:
-      name: one of :data:`SEARCHABLE`.
+      name: one of the learner's :data:`SEARCHABLE`.
       low: the smallest value.
       high: the largest value.
       log: draw the initial value log-uniformly (learning rates); else uniformly.
@@ -78,12 +97,13 @@ class Hyperparameter:
     high: float
     log: bool = True
 
-    def validate(self) -> None:
-        """Raises a ConfigError for an unknown name or an empty range."""
-        if self.name not in SEARCHABLE:
+    def validate(self, learner: str = "td3") -> None:
+        """Raises a ConfigError for a name ``learner`` does not have, or an empty range."""
+        if self.name not in SEARCHABLE[learner]:
+            hint = did_you_mean(self.name, SEARCHABLE[learner])
             raise ConfigError(
-                f"PBT cannot search the hyperparameter {self.name!r}; "
-                f"use one of {', '.join(map(repr, SEARCHABLE))}."
+                f"PBT cannot search the hyperparameter {self.name!r} of {learner}.{hint} "
+                f"Use one of {', '.join(map(repr, SEARCHABLE[learner]))}."
             )
         if not self.low < self.high or (self.log and self.low <= 0):
             raise ConfigError(
@@ -100,8 +120,13 @@ class Config(HybridConfig):
     hyperparameters) and these.
 
     Attributes:
-      search: the searched hyperparameters with their ranges; every other
-        one keeps its value from ``td3`` / ``exploration_noise``.
+      learner: what each member is: ``'td3'``, ``'ppo'`` or ``'sac'``.
+      ppo: the PPO members' settings (its ``task`` and ``episode_length``
+        are PBT's); one iteration's ``num_envs * unroll_length`` must divide ``interval``.
+      sac: the SAC members' settings, likewise.
+      search: the searched hyperparameters with their ranges (``None``: the
+        learner's :data:`DEFAULT_SEARCH`); every other one keeps its value from
+        ``td3`` / ``exploration_noise``, ``ppo`` or ``sac``.
       truncation: the fraction of members replaced each interval, in (0, 0.5]:
         the bottom ``max(1, floor(truncation * population_size))`` copy a random
         member among as many at the top.
@@ -109,8 +134,8 @@ class Config(HybridConfig):
       resample_prob: the chance that it is drawn afresh from its range instead.
       exploit: ``False`` trains the same members with their initial
         hyperparameters and no copying (the baseline PBT is measured against).
-      interval: environment steps per member between two exploits (a
-        multiple of the episode length).
+      interval: environment steps per member between two exploits (TD3: a
+        multiple of the episode length; PPO, SAC: of an iteration's steps).
       updates_per_step: TD3 iterations per environment step, done after each episode.
       exploration_noise: Gaussian action noise (half action ranges), unless searched.
     """
@@ -118,12 +143,10 @@ class Config(HybridConfig):
     population_size: int = 8
     learning_starts: int = 1000
     buffer_capacity: int = 100_000
-    search: tuple[Hyperparameter, ...] = (
-        Hyperparameter("actor_lr", 1e-5, 1e-2),
-        Hyperparameter("critic_lr", 1e-5, 1e-2),
-        Hyperparameter("exploration_noise", 0.05, 0.5, log=False),
-        Hyperparameter("discount", 0.9, 0.995, log=False),
-    )
+    learner: str = "td3"
+    ppo: ppo.Config = ppo.Config(num_envs=8, unroll_length=125, num_minibatches=4, num_epochs=4)
+    sac: sac.Config = sac.Config(num_envs=5, unroll_length=200)
+    search: tuple[Hyperparameter, ...] | None = None
     truncation: float = 0.25
     perturb_factors: tuple[float, float] = (0.8, 1.2)
     resample_prob: float = 0.0
@@ -134,20 +157,34 @@ class Config(HybridConfig):
 
     def __post_init__(self):
         # A config file gives the searched hyperparameters as mappings.
-        search = tuple(Hyperparameter(**h) if isinstance(h, Mapping) else h for h in self.search)
-        object.__setattr__(self, "search", search)
+        if self.search is not None:
+            search = (Hyperparameter(**h) if isinstance(h, Mapping) else h for h in self.search)
+            object.__setattr__(self, "search", tuple(search))
+
+    def searched(self) -> tuple[Hyperparameter, ...]:
+        """``search``, or the learner's :data:`DEFAULT_SEARCH` when it is ``None``."""
+        if self.search is not None:
+            return self.search
+        return tuple(Hyperparameter(*h) for h in DEFAULT_SEARCH.get(self.learner, ()))
 
     def validate(self) -> None:
         """Raises a ConfigError naming a setting that cannot run."""
         super().validate()
-        for h in self.search:
-            h.validate()
+        if self.learner not in SEARCHABLE:
+            raise ConfigError(
+                f"learner: unknown value {self.learner!r}.{did_you_mean(self.learner, SEARCHABLE)}"
+                f" Valid: {', '.join(SEARCHABLE)}."
+            )
+        if self.learner != "td3":
+            self.learner_config().validate()
+        for h in self.searched():
+            h.validate(self.learner)
         if not 0.0 < self.truncation <= 0.5:
             raise ConfigError(
                 f"truncation must be in (0, 0.5] (the replaced fraction may not exceed the "
                 f"donors), got {self.truncation}."
             )
-        names = [h.name for h in self.search]
+        names = [h.name for h in self.searched()]
         if len(set(names)) != len(names):
             raise ConfigError(f"search names a hyperparameter twice: {names}.")
         if not 0.0 <= self.resample_prob <= 1.0:
@@ -155,20 +192,27 @@ class Config(HybridConfig):
         if self.updates_per_step <= 0:
             raise ConfigError(f"updates_per_step must be > 0, got {self.updates_per_step}.")
 
+    def learner_config(self):
+        """The PPO or SAC members' config, on PBT's task."""
+        config = getattr(self, self.learner)
+        return dataclasses.replace(config, task=self.task, episode_length=self.episode_length)
+
 
 @flax.struct.dataclass
 class State:
     """Everything that changes between intervals; member leaves lead with population_size."""
 
-    learners: TD3State  # every member's actor, critics, targets and Adam states
-    buffers: ReplayBuffer  # every member's own replay buffer
+    learners: TD3State  # every member's actor, critics, targets and Adam states (PPO, SAC:
+    #   the parts a replaced member copies, pbt_members.Member.split)
+    buffers: ReplayBuffer  # every member's own replay buffer (PPO, SAC: the parts it keeps)
     hyperparameters: jax.Array  # shape=(population_size, len(search)), float32
     returns: jax.Array  # shape=(population_size,): returns of the last evaluation
     generation: jax.Array  # int32: intervals so far
 
 
 class PBT:
-    """Population-based training of TD3 learners sharded over the devices of ``mesh``.
+    """Population-based training of TD3, PPO or SAC learners sharded over the devices of
+    ``mesh``.
 
     Args:
       config: a :class:`Config`.
@@ -185,21 +229,27 @@ class PBT:
         config.validate()
         self.config = config
         self.mesh = check_pop_axis(make_mesh() if mesh is None else mesh)
-        self.task = config.actor_task()
-        self.env, self.policy = self.task.env, self.task.policy
-        check_continuous(self.env.spec, "PBT (its members are TD3 learners)")
-        self.episode_length = t = self.env.spec.max_steps
-        if config.interval < t or config.interval % t:
-            raise ConfigError(
-                f"interval={config.interval} must be a whole number of {t}-step episodes, "
-                f"e.g. {max(1, config.interval // t) * t}."
-            )
-        self.td3 = TD3(self.env.spec, config.td3, policy=self.policy)
-        self.names = tuple(h.name for h in config.search)
-        self.low = jnp.asarray([h.low for h in config.search], jnp.float32)
-        self.high = jnp.asarray([h.high for h in config.search], jnp.float32)
+        if config.learner != "td3":
+            self.members = Member(config.learner, config.learner_config(), config.interval)
+            self.env, self.episode_length = self.members.env, self.members.env.spec.max_steps
+        else:
+            self.members = None
+            self.task = config.actor_task()
+            self.env, self.policy = self.task.env, self.task.policy
+            check_continuous(self.env.spec, "PBT with TD3 members (try learner=ppo)")
+            self.episode_length = t = self.env.spec.max_steps
+            if config.interval < t or config.interval % t:
+                raise ConfigError(
+                    f"interval={config.interval} must be a whole number of {t}-step episodes, "
+                    f"e.g. {max(1, config.interval // t) * t}."
+                )
+            self.td3 = TD3(self.env.spec, config.td3, policy=self.policy)
+        self.search = config.searched()
+        self.names = tuple(h.name for h in self.search)
+        self.low = jnp.asarray([h.low for h in self.search], jnp.float32)
+        self.high = jnp.asarray([h.high for h in self.search], jnp.float32)
         self.num_replaced = max(1, int(config.truncation * config.population_size))
-        self.num_updates = max(1, round(config.updates_per_step * t))
+        self.num_updates = max(1, round(config.updates_per_step * self.episode_length))
         # Members stay on their devices when they split evenly; otherwise (and
         # on one device, where jit reports P('POP') as P()) replicated.
         n = self.mesh.shape[dist.POP_AXIS_NAME]
@@ -216,10 +266,10 @@ class PBT:
           key: PRNG key.
 
         Returns:
-          float32 array of shape ``(len(search),)``, ordered as ``config.search``.
+          float32 array of shape ``(len(search),)``, ordered as ``config.searched()``.
         """
         u = jax.random.uniform(key, self.low.shape)
-        log = jnp.asarray([h.log for h in self.config.search])
+        log = jnp.asarray([h.log for h in self.search])
         lin = self.low + u * (self.high - self.low)
         logs = jnp.exp(jnp.log(self.low) + u * (jnp.log(self.high) - jnp.log(self.low)))
         return jnp.where(log, logs, lin)
@@ -249,7 +299,7 @@ class PBT:
             return hyperparameters[self.names.index(name)]
         if name == "exploration_noise":
             return self.config.exploration_noise
-        return getattr(self.config.td3, name)
+        return getattr(self.config.td3 if self.members is None else self.members.config, name)
 
     def learner(self, hyperparameters: jax.Array) -> TD3:
         """TD3 with one member's (traced) learning rates, discount and target noise."""
@@ -278,10 +328,18 @@ class PBT:
         learner_key, hp_key = jax.random.split(key)
         pop = self.config.population_size
         index = jnp.arange(pop)
-        buffer = ReplayBuffer.create(example_transition(self.env.spec), self.config.buffer_capacity)
+        if self.members is not None:
+            learners, buffers = jax.vmap(
+                lambda i: self.members.init(jax.random.fold_in(learner_key, i))
+            )(index)
+        else:
+            learners = jax.vmap(lambda i: self.td3.init(jax.random.fold_in(learner_key, i)))(index)
+            buffer = ReplayBuffer.create(example_transition(self.env.spec),
+                                         self.config.buffer_capacity)  # fmt: skip
+            buffers = jax.tree.map(lambda x: jnp.broadcast_to(x, (pop, *x.shape)), buffer)
         state = State(
-            learners=jax.vmap(lambda i: self.td3.init(jax.random.fold_in(learner_key, i)))(index),
-            buffers=jax.tree.map(lambda x: jnp.broadcast_to(x, (pop, *x.shape)), buffer),
+            learners=learners,
+            buffers=buffers,
             hyperparameters=jax.vmap(
                 lambda i: self.sample_hyperparameters(jax.random.fold_in(hp_key, i))
             )(index),
@@ -308,6 +366,8 @@ class PBT:
         """
         learner, buffer, hyperparameters = member
         cfg = self.config
+        if self.members is not None:
+            return self._learner_member(member, key)
         td3 = self.learner(hyperparameters)
         noise = self.hyperparameter(hyperparameters, "exploration_noise")
         start = max(cfg.learning_starts, cfg.td3.batch_size)
@@ -335,6 +395,16 @@ class PBT:
         info = EvalInfo(jnp.sum(steps), jnp.int32(num_episodes))
         losses = jax.tree.map(jnp.nanmean, losses)
         return stats.episode_return, info, (learner, buffer, hyperparameters, losses)
+
+    def _learner_member(self, member, key: jax.Array):
+        """:meth:`member` of a PPO or SAC member: its own iterations, then an evaluation."""
+        learner, own, hyperparameters = member
+        values = {n: hyperparameters[j] for j, n in enumerate(self.names)}
+        train_key, eval_key = jax.random.split(key)
+        learner, own, steps, episodes, losses = self.members.train(learner, own, values, train_key)
+        score = self.members.evaluate(learner, own, eval_key, self.config.eval_episodes)
+        info = EvalInfo(steps, episodes.astype(jnp.int32))
+        return score, info, (learner, own, hyperparameters, losses)
 
     def select_donors(self, fitness: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
         """Truncation selection over the real members.

@@ -26,6 +26,10 @@ TRAINING = {
     "cemrl_brax.py": ("cemrl_brax.png", ["cemrl-brax"]),
     "erl_pendulum.py": ("erl_pendulum.png", ["erl-pendulum"]),
     "pbt_pendulum.py": ("pbt_pendulum.png", ["pbt-pendulum"]),
+    "pbt_ppo_brax.py": ("pbt_ppo_brax.png", ["pbt-ppo-brax"]),
+    "ppo_brax.py": ("ppo_brax.png", ["ppo-brax"]),
+    "ppo_minatar.py": ("ppo_breakout.png", ["ppo-breakout"]),
+    "sac_pendulum.py": ("sac_pendulum.png", ["sac-pendulum"]),
 }  # fmt: skip
 
 

@@ -81,7 +81,7 @@ def test_metrics_hold_each_members_return_and_hyperparameters(reference):
     for g, m in enumerate(metrics):
         for i in range(CONFIG.population_size):
             assert m[f"member{i}_return"] == states[g + 1].returns[i]
-            for j, h in enumerate(CONFIG.search):
+            for j, h in enumerate(CONFIG.searched()):
                 assert m[f"member{i}_{h.name}"] == states[g].hyperparameters[i, j]
         np.testing.assert_allclose(m["fitness_best"], np.max(states[g + 1].returns))
 
@@ -208,7 +208,7 @@ def test_resumed_run_equals_uninterrupted_and_plots_hyperparameters(tmp_path):
             np.testing.assert_array_equal(rows_a[column], rows_b[column], err_msg=column)
 
     trajectories = plotting.member_hyperparameters(rows_b)
-    assert sorted(trajectories) == sorted(h.name for h in pbt.Config().search)
+    assert sorted(trajectories) == sorted(h.name for h in pbt.Config().searched())
     np.testing.assert_array_equal(trajectories["actor_lr"][:, 1], rows_b["member1_actor_lr"])
     out = tmp_path / "pbt.png"
     assert cli.main(["plot", str(whole), "--out", str(out)]) == 0

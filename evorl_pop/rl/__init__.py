@@ -2,7 +2,11 @@
 
 A replay buffer whose minibatches split over a ``'DP'`` axis
 (:mod:`~evorl_pop.rl.replay`), and TD3 with data-parallel gradient updates
-and the learner that feeds it a population's evaluations (:mod:`~evorl_pop.rl.td3`).
+and the learner that feeds it a population's evaluations (:mod:`~evorl_pop.rl.td3`);
+PPO's and SAC's losses and updates (:mod:`~evorl_pop.rl.ppo`, :mod:`~evorl_pop.rl.sac`),
+their action distributions (:mod:`~evorl_pop.rl.distributions`), batches of
+self-resetting environments (:mod:`~evorl_pop.rl.vec_env`) and their data-parallel
+layout (:mod:`~evorl_pop.rl.data_parallel`).
 """
 
 from evorl_pop.rl.replay import ReplayBuffer, dp_slice, global_batch_index, sample

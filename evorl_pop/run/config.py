@@ -466,5 +466,8 @@ register("es", "evorl_pop.algorithms.es", "ESConfig", "ES",
          "any evosax evolution strategy on a black-box function or an environment")
 register("cemrl", "evorl_pop.algorithms.cemrl", "Config", "CEMRL", "CEM-RL: CEM + TD3")
 register("erl", "evorl_pop.algorithms.erl", "Config", "ERL", "ERL: a GA population + a TD3 learner")
-register("pbt", "evorl_pop.algorithms.pbt", "Config", "PBT", "PBT: a population of TD3 learners")
+register("pbt", "evorl_pop.algorithms.pbt", "Config", "PBT",
+         "PBT: a population of TD3, PPO or SAC learners")
+register("ppo", "evorl_pop.algorithms.ppo", "Config", "PPO", "PPO: clipped surrogate, GAE(lambda)")
+register("sac", "evorl_pop.algorithms.sac", "Config", "SAC", "SAC: soft actor-critic, twin critics")
 # fmt: on

@@ -1,0 +1,297 @@
+"""SAC: soft actor-critic on a batch of environments split over devices.
+
+Haarnoja et al. (2018), "Soft Actor-Critic Algorithms and Applications" (the
+losses: :mod:`evorl_pop.rl.sac`). One ``step``::
+
+    state (actor, twin critics, targets, temperature, Adam states, replay
+           buffer, hyperparameters: replicated; num_envs running episodes: split P('DP'))
+      | shard_map over DP: each device its slice of the environments
+      |   unroll_length steps: sample from the policy, step, restart ended episodes
+      |   all_gather -> the same transitions, in global order, into every
+      |     device's copy of the buffer
+      |   once the buffer holds learning_starts transitions: num_updates
+      |     updates, each minibatch drawn from one key and split over DP, pmean
+      v
+    state, metrics (training returns, losses, temperature: global)
+
+Lane ``i`` draws its actions, steps and resets from ``fold_in(key, i)`` with
+``i`` its global index, and minibatch sample ``j`` its actions from
+``fold_in(key, j)``: 1, 2 and 4 devices give the same step. At the time limit
+an episode is truncated, not terminal, so the critics bootstrap from the last
+observation (the replay buffer keeps it as ``next_obs``).
+
+The searched hyperparameters (the learning rates, the target entropy scale,
+the discount) live in ``State.hyperparameters`` as traced scalars: a
+population search may change them between steps without recompiling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from evorl_pop import distributed as dist
+from evorl_pop.base import ConfigError, check_config
+from evorl_pop.rl import data_parallel, replay, vec_env
+from evorl_pop.rl.replay import ReplayBuffer
+from evorl_pop.rl.sac import Hyperparameters, SACLearner, SACState
+from evorl_pop.rl.td3 import example_transition
+from evorl_pop.tasks.envs import env_names
+from evorl_pop.tasks.rollout import Transition, evaluate_episodes
+
+DP = dist.DP_AXIS_NAME
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """SAC settings (the defaults reach -200 on Pendulum-v1 in about 10k steps).
+
+    Attributes:
+      task: a continuous-action environment (``'Pendulum-v1'``, ``'brax/hopper'``, ...).
+      num_envs: environments stepped together, split over the devices.
+      unroll_length: steps of every environment per step of the algorithm
+        (the default, Pendulum-v1's episode length, ends an episode in every
+        environment each step, so the training returns are never empty).
+      updates_per_step: gradient updates per environment step (a step runs
+        ``round(updates_per_step * num_envs * unroll_length)`` of them).
+      batch_size: the global minibatch size, split over the devices.
+      buffer_capacity: replay buffer size.
+      learning_starts: transitions in the buffer before the updates begin
+        (until then the untrained policy acts).
+      actor_lr: Adam's step size for the actor.
+      critic_lr: for the critics.
+      alpha_lr: for the log-temperature.
+      target_entropy_scale: the target entropy is ``-scale * action_dim``.
+      discount: gamma.
+      tau: Polyak averaging rate of the target critics.
+      init_alpha: the initial temperature.
+      reward_scaling: rewards are multiplied by it for learning (not in the metrics).
+      actor_hidden_sizes: hidden widths of the actor.
+      critic_hidden_sizes: hidden widths of each critic.
+      activation: the actor's ``'relu'``, ``'tanh'`` or ``'elu'`` (the critics use relu).
+      episode_length: steps before an episode is truncated (``null``: the task's).
+      backend: brax's physics backend (``null``: evorl_pop's default, spring).
+    """
+
+    task: str = "Pendulum-v1"
+    num_envs: int = 4
+    unroll_length: int = 200
+    updates_per_step: float = 1.0
+    batch_size: int = 256
+    buffer_capacity: int = 100_000
+    learning_starts: int = 1000
+    actor_lr: float = 1e-3
+    critic_lr: float = 1e-3
+    alpha_lr: float = 1e-3
+    target_entropy_scale: float = 1.0
+    discount: float = 0.99
+    tau: float = 0.005
+    init_alpha: float = 1.0
+    reward_scaling: float = 1.0
+    actor_hidden_sizes: tuple[int, ...] = (256, 256)
+    critic_hidden_sizes: tuple[int, ...] = (256, 256)
+    activation: str = "relu"
+    episode_length: int | None = None
+    backend: str | None = None
+
+    def validate(self) -> None:
+        """Raises :class:`~evorl_pop.base.ConfigError` naming a value that cannot run."""
+        for name in ("num_envs", "unroll_length", "batch_size", "buffer_capacity"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}.")
+        if self.buffer_capacity < self.batch_size:
+            raise ConfigError(
+                f"buffer_capacity={self.buffer_capacity} is smaller than one minibatch "
+                f"(batch_size={self.batch_size}); make it at least {self.batch_size}."
+            )
+        if not 0 <= self.learning_starts <= self.buffer_capacity:
+            raise ConfigError(
+                f"learning_starts={self.learning_starts} must be in [0, buffer_capacity="
+                f"{self.buffer_capacity}], or the updates never begin."
+            )
+        for name in ("updates_per_step", "actor_lr", "critic_lr", "alpha_lr", "reward_scaling"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}.")
+        if not 0.0 <= self.discount <= 1.0:
+            raise ConfigError(f"discount must be in [0, 1], got {self.discount}.")
+        if not 0.0 < self.tau <= 1.0:
+            raise ConfigError(f"tau must be in (0, 1], got {self.tau}.")
+        if self.init_alpha <= 0:
+            raise ConfigError(f"init_alpha must be > 0, got {self.init_alpha}.")
+        check_config(self, {"task": env_names(), "activation": ("tanh", "relu", "elu")})
+        for name in ("actor_hidden_sizes", "critic_hidden_sizes"):
+            if any(width < 1 for width in getattr(self, name)):
+                raise ConfigError(f"{name} must be positive widths, got {getattr(self, name)}.")
+        if self.episode_length is not None and self.episode_length < 1:
+            raise ConfigError(f"episode_length must be >= 1 or null, got {self.episode_length}.")
+
+    def hyperparameters(self) -> Hyperparameters:
+        """The searchable settings as traced scalars."""
+        return Hyperparameters.create(
+            actor_lr=self.actor_lr,
+            critic_lr=self.critic_lr,
+            alpha_lr=self.alpha_lr,
+            target_entropy_scale=self.target_entropy_scale,
+            discount=self.discount,
+        )
+
+
+@flax.struct.dataclass
+class State:
+    """Everything that changes between steps."""
+
+    learner: SACState  # actor, twin critics and targets, temperature, Adam states
+    buffer: ReplayBuffer  # every transition collected, the same on every device
+    hyperparameters: Hyperparameters  # the traced searchable settings
+    envs: vec_env.EnvBatch  # the running episodes, split over DP
+    generation: jax.Array  # int32: steps so far
+
+
+class SAC:
+    """SAC with its environments and minibatches split over the devices of ``mesh``.
+
+    Args:
+      config: a :class:`Config`.
+      mesh: a mesh with the axis ``'DP'`` or ``'POP'`` (``evorl_pop.make_mesh(n)``),
+        or ``None`` for one device.
+
+    Raises:
+      ConfigError: a setting that cannot run, a discrete-action task, or
+        environments or minibatches that the device count does not divide.
+    """
+
+    def __init__(self, config: Config = Config(), mesh: Mesh | None = None):
+        config.validate()
+        self.config = config
+        self.env = vec_env.make_env(config.task, config.episode_length, config.backend)
+        self.learner = SACLearner(
+            self.env.spec,
+            actor_hidden_sizes=config.actor_hidden_sizes,
+            critic_hidden_sizes=config.critic_hidden_sizes,
+            activation=config.activation,
+            tau=config.tau,
+            reward_scaling=config.reward_scaling,
+            init_alpha=config.init_alpha,
+        )
+        self.mesh = data_parallel.dp_mesh(mesh)
+        n = self.mesh.size
+        data_parallel.check_split("num_envs", config.num_envs, n, "The environments")
+        data_parallel.check_split("batch_size", config.batch_size, n, "A minibatch's samples")
+        steps = config.num_envs * config.unroll_length
+        self.num_updates = round(config.updates_per_step * steps)
+        specs = data_parallel.state_specs(State)
+        self._step = jax.shard_map(
+            self.local_step, mesh=self.mesh, in_specs=(specs, P()), out_specs=(specs, P()),
+            check_vma=False,  # brax's scans start from constants the checks would reject
+        )  # fmt: skip
+
+    def init(self, key: jax.Array) -> State:
+        """Fresh networks, an empty buffer, and ``num_envs`` fresh episodes.
+
+        Args:
+          key: PRNG key; environment ``i`` starts from ``fold_in`` of it with ``i``.
+
+        Returns:
+          A :class:`State`, laid out as ``step`` returns it.
+        """
+        return data_parallel.place_state(self.fresh(key), self.mesh)
+
+    def fresh(self, key: jax.Array) -> State:
+        """:meth:`init`'s state where it was computed (one member of a population)."""
+        learner_key, env_key = jax.random.split(key)
+        cfg = self.config
+        hp = cfg.hyperparameters()
+        buffer = ReplayBuffer.create(example_transition(self.env.spec), cfg.buffer_capacity)
+        return State(
+            learner=self.learner.init(learner_key, hp),
+            buffer=buffer,
+            hyperparameters=hp,
+            envs=vec_env.reset(self.env, vec_env.lane_keys(env_key, jnp.arange(cfg.num_envs))),
+            generation=jnp.int32(0),
+        )
+
+    def collect(self, state: State, key: jax.Array, dp_axis_name: str | None = None):
+        """``unroll_length`` steps of this device's environments with the sampling policy.
+
+        Args:
+          state: the learner; ``state.envs`` holds this device's lanes.
+          key: the step's collection key, the same on every device.
+          dp_axis_name: the axis the lanes are split over, or ``None``.
+
+        Returns:
+          ``(envs, transitions)``: the lanes after the unroll and their
+          transitions, leaves ``(unroll_length, local_envs, ...)``.
+        """
+        index = replay.global_batch_index(state.envs.steps.shape[0], dp_axis_name)
+        sample = jax.vmap(self.learner.sample, in_axes=(None, 0, 0))
+
+        def act(obs, keys):
+            action, _ = sample(state.learner.actor.params, obs, keys)
+            return action, action
+
+        length = self.config.unroll_length
+        envs, (obs, action, out) = vec_env.unroll(self.env, state.envs, act, key, length, index)
+        return envs, Transition(obs, action, out.reward, out.next_obs, out.terminal)
+
+    def local_step(self, state: State, key: jax.Array, axis: str | None = DP):
+        """One step on this device's lanes: inside ``shard_map`` over ``axis``, or
+        (``axis=None``) on one device, every lane there (a member of a population)."""
+        cfg = self.config
+        collect_key, train_key = jax.random.split(key)
+        envs, transitions = self.collect(state, collect_key, axis)
+        # Every device adds the same transitions, lanes in global order, to its copy.
+        buffer = state.buffer.add(dist.all_gather(transitions, axis, axis=1, tiled=True))
+
+        def train(learner):
+            return self.learner.train(learner, buffer, state.hyperparameters, train_key,
+                                      self.num_updates, cfg.batch_size, axis)  # fmt: skip
+
+        def skip(learner):
+            nan = jnp.float32(jnp.nan)
+            alpha = jnp.exp(learner.log_alpha)
+            return learner, {"critic_loss": nan, "actor_loss": nan, "alpha_loss": nan,
+                             "alpha": alpha}  # fmt: skip
+
+        learn = buffer.size >= max(cfg.learning_starts, cfg.batch_size)
+        learner, losses = jax.lax.cond(learn & (self.num_updates > 0), train, skip, state.learner)
+        metrics = {**vec_env.metrics(state.envs, envs, axis), **losses}
+        return state.replace(learner=learner, buffer=buffer, envs=envs), metrics
+
+    def step(self, state: State, key: jax.Array) -> tuple[State, dict[str, jax.Array]]:
+        """Collect ``num_envs x unroll_length`` steps into the buffer, then the updates.
+
+        Args:
+          state: the current :class:`State`.
+          key: PRNG key of this step.
+
+        Returns:
+          ``(state, metrics)``: ``fitness_*`` over the returns of the
+          environments' last finished episodes (NaN before any has finished
+          one), ``episodes`` finished and ``env_steps`` taken
+          this step, the mean losses (NaN before learning starts) and the
+          temperature ``alpha``.
+        """
+        state, metrics = self._step(state, key)
+        steps = self.config.num_envs * self.config.unroll_length
+        return data_parallel.advance(state, metrics, steps, self.mesh)
+
+    def evaluate(self, state: State, key: jax.Array, num_episodes: int = 10) -> jax.Array:
+        """The mean return of the deterministic policy (the squashed Gaussian mean).
+
+        Args:
+          state: a :class:`State`.
+          key: PRNG key of the episodes.
+          num_episodes: episodes to average.
+
+        Returns:
+          A float32 scalar.
+        """
+        return evaluate_episodes(
+            self.env, self.learner.deterministic_policy, state.learner.actor.params, key,
+            num_episodes, episode_length=self.config.episode_length,
+        ).episode_return  # fmt: skip

@@ -1,0 +1,294 @@
+"""evorl_pop's PPO and SAC against brax's own trainers, side by side on one brax task.
+
+    python benchmarks/bench_learners.py [--only ppo,sac] [--task hopper] [--seeds 3]
+        [--ppo-iterations 60] [--num-envs 256] [--unroll-length 20] [--num-minibatches 8]
+        [--num-epochs 4] [--sac-steps 16000] [--sac-envs 16] [--sac-updates 8]
+        [--eval-episodes 16] [--chunks 4] [--cores 1]
+
+For each learner and seed, ``evorl_pop.algorithms.ppo.PPO`` (or ``sac.SAC``)
+and ``brax.training.agents.ppo.train`` (or ``sac.train``) train on the same
+brax environment (``--backend``, 1000-step episodes) with the same networks,
+hyperparameters and budget:
+
+* PPO: ``num_envs`` environments, ``unroll_length`` steps each per iteration
+  (brax: ``batch_size * num_minibatches = num_envs``, so it too collects one
+  unroll per iteration), ``num_minibatches`` minibatches, ``num_epochs``
+  epochs, ``--ppo-iterations`` iterations;
+* SAC: ``--sac-envs`` environments stepped once per step, then
+  ``--sac-updates`` gradient updates of 256 samples (brax's
+  ``grad_updates_per_step``), the first ``learning_starts`` steps without
+  updates, ``--sac-steps`` environment steps in all.
+
+Both run their budget in ``--chunks`` equal compiled pieces (brax: ``num_evals
+= chunks + 1`` epochs, timed by brax itself, and by this process's CPU clock
+in its progress callback); the speed of a run is its best chunk from the
+second on (the first compiles), in environment steps per CPU second (which
+other jobs on a shared machine do not distort) and per second of wall time;
+the table shows medians over seeds.
+**return** is the deterministic policy's mean return over ``--eval-episodes``
+episodes of the same evaluator (:func:`evorl_pop.tasks.rollout.evaluate_episodes` on
+``brax/<task>``) for both; the table shows the mean and std over seeds.
+Goals: evorl_pop's return at least brax's, and at least 0.9 of its steps/s on
+one device. The run is pinned to ``--cores`` cores (default 1: one device's
+share of this 2-core machine).
+
+Measured on the shared 2-core CPU (``--only ppo --seeds 8``, ``--only sac --seeds 4``)::
+
+    learner  impl        steps/CPU s    steps/s             return
+    ppo      evorl_pop        58,476     58,209      272.4 +-  30.6
+    ppo      brax             63,369     63,471      303.5 +-  42.3
+    ppo      ours/brax          0.92       0.92      -31.1 (diff)
+    sac      evorl_pop           270        267      155.4 +- 124.0
+    sac      brax                288        288      311.3 +-  30.5
+    sac      ours/brax          0.94       0.93     -155.8 (diff)
+
+Both reach the speed goal; neither reaches brax's return at these short
+budgets. Two of SAC's four seeds end on a deterministic policy that falls at
+once (returns 24 and 40) although their training returns are 220-250: the
+mode of a young SAC policy swings between evaluations (seed 0 evaluated
+every 2k steps: 34, 225, 216, 245, 250, 31, 233, 110).
+"""
+
+import argparse
+import functools
+import os
+import time
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options; parsed before JAX starts, as ``--cores`` must be."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", default="ppo,sac", help="ppo, sac or both")
+    p.add_argument("--task", default="hopper", help="a brax environment")
+    p.add_argument("--backend", default="spring", help="brax physics backend")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--chunks", type=int, default=4, help="compiled pieces of each run")
+    p.add_argument("--eval-episodes", type=int, default=16)
+    p.add_argument("--ppo-iterations", type=int, default=60)
+    p.add_argument("--num-envs", type=int, default=256)
+    p.add_argument("--unroll-length", type=int, default=20)
+    p.add_argument("--num-minibatches", type=int, default=8)
+    p.add_argument("--num-epochs", type=int, default=4)
+    p.add_argument("--sac-steps", type=int, default=16_000)
+    p.add_argument("--sac-envs", type=int, default=16)
+    p.add_argument("--sac-updates", type=int, default=8, help="updates per step of the envs")
+    p.add_argument("--cores", type=int, default=1, help="cores to run on (0: all)")
+    return p.parse_args(argv)
+
+
+ARGS = parse_args()
+if ARGS.cores > 0:
+    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: ARGS.cores])
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from evorl_pop.algorithms import ppo, sac  # noqa: E402
+from evorl_pop.run import processes  # noqa: E402
+from evorl_pop.tasks.brax_envs import _import_brax_envs, _quiet  # noqa: E402
+from evorl_pop.tasks.envs import make_env  # noqa: E402
+from evorl_pop.tasks.rollout import evaluate_episodes  # noqa: E402
+
+# brax 0.14.2's trainers call jax.device_put_replicated, which JAX 0.10 removed from its
+# namespace; JAX's own implementation is still there.
+if "device_put_replicated" not in vars(jax):
+    from jax._src.api import device_put_replicated
+
+    jax.device_put_replicated = device_put_replicated
+
+EPISODE_LENGTH = 1000
+#: Settings both implementations share (brax's hopper settings, smaller networks for a CPU).
+PPO_SETTINGS = dict(
+    learning_rate=3e-4, entropy_cost=1e-2, discount=0.97, gae_lambda=0.95, clip_epsilon=0.3,
+    reward_scaling=10.0, policy_hidden_sizes=(32, 32, 32, 32), value_hidden_sizes=(64, 64, 64),
+)  # fmt: skip
+SAC_SETTINGS = dict(
+    lr=1e-3, discount=0.99, tau=0.005, reward_scaling=1.0, hidden_sizes=(256, 256),
+    batch_size=256, learning_starts=2048,
+)  # fmt: skip
+
+
+def evaluate(policy, params, seed):
+    """The deterministic policy's mean return, the same evaluator for both implementations."""
+    env = make_env(f"brax/{ARGS.task}", backend=ARGS.backend, episode_length=EPISODE_LENGTH)
+    run = jax.jit(lambda p, k: evaluate_episodes(env, policy, p, k, ARGS.eval_episodes))
+    return float(run(params, jax.random.key(10_000 + seed)).episode_return)
+
+
+def timed_chunks(run, state, chunks, steps_per_chunk):
+    """Runs ``chunks`` calls of ``run``; ``(state, (cpu, wall))``: the best steps per
+    CPU second and per second of all but the first (which compiles)."""
+    cpu, wall = [], []
+    for i in range(chunks):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        state = jax.block_until_ready(run(state, jax.random.key(i)))
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return state, (steps_per_chunk / min(cpu[1:]), steps_per_chunk / min(wall[1:]))
+
+
+class BraxProgress:
+    """brax's ``progress_fn``: the step count, brax's own wall time and this process's
+    CPU time at the end of each epoch (brax calls it right after the epoch)."""
+
+    def __init__(self):
+        self.steps, self.wall, self.cpu = [], [], []
+
+    def __call__(self, step, metrics):
+        if "training/walltime" in metrics:
+            self.steps.append(step)
+            self.wall.append(metrics["training/walltime"])
+            self.cpu.append(time.process_time())
+
+    def rates(self):
+        """The best steps per CPU second and per second of the epochs after the first."""
+        steps = np.diff(self.steps)
+        return max(steps / np.diff(self.cpu)), max(steps / np.diff(self.wall))
+
+
+# --- PPO ---------------------------------------------------------------------------
+
+
+def ours_ppo(seed):
+    s = PPO_SETTINGS
+    config = ppo.Config(
+        task=f"brax/{ARGS.task}", backend=ARGS.backend, episode_length=EPISODE_LENGTH,
+        num_envs=ARGS.num_envs, unroll_length=ARGS.unroll_length,
+        num_minibatches=ARGS.num_minibatches, num_epochs=ARGS.num_epochs,
+        max_grad_norm=None, normalize_observations=True, **s,
+    )  # fmt: skip
+    algo = ppo.PPO(config)
+    per_chunk = ARGS.ppo_iterations // ARGS.chunks
+
+    @jax.jit
+    def run(state, key):
+        return jax.lax.scan(algo.step, state, jax.random.split(key, per_chunk))[0]
+
+    state = algo.init(jax.random.key(seed))
+    steps = per_chunk * ARGS.num_envs * ARGS.unroll_length
+    state, rate = timed_chunks(run, state, ARGS.chunks, steps)
+    params = (state.params.policy, state.obs_norm)
+    return rate, evaluate(algo.learner.deterministic_policy, params, seed)
+
+
+def brax_ppo(seed):
+    from brax.training.agents.ppo import networks as ppo_networks
+    from brax.training.agents.ppo import train as ppo_train
+
+    s = PPO_SETTINGS
+    env = _make_brax_env()
+    network = functools.partial(
+        ppo_networks.make_ppo_networks,
+        policy_hidden_layer_sizes=s["policy_hidden_sizes"],
+        value_hidden_layer_sizes=s["value_hidden_sizes"],
+        activation=jnp.tanh,
+    )
+    progress = BraxProgress()
+    per_iteration = ARGS.num_envs * ARGS.unroll_length
+    make_policy, params, _ = ppo_train.train(
+        environment=env, num_timesteps=ARGS.ppo_iterations * per_iteration,
+        episode_length=EPISODE_LENGTH, num_envs=ARGS.num_envs,
+        batch_size=ARGS.num_envs // ARGS.num_minibatches, num_minibatches=ARGS.num_minibatches,
+        unroll_length=ARGS.unroll_length, num_updates_per_batch=ARGS.num_epochs,
+        learning_rate=s["learning_rate"], entropy_cost=s["entropy_cost"],
+        discounting=s["discount"], gae_lambda=s["gae_lambda"], clipping_epsilon=s["clip_epsilon"],
+        reward_scaling=s["reward_scaling"], normalize_observations=True,
+        network_factory=network, num_evals=ARGS.chunks + 1, run_evals=False, seed=seed,
+        progress_fn=progress,
+    )  # fmt: skip
+    policy = make_policy(params, deterministic=True)
+    return progress.rates(), evaluate(
+        lambda p, obs: policy(obs, jax.random.key(0))[0], params, seed
+    )
+
+
+# --- SAC ---------------------------------------------------------------------------
+
+
+def ours_sac(seed):
+    s = SAC_SETTINGS
+    config = sac.Config(
+        task=f"brax/{ARGS.task}", backend=ARGS.backend, episode_length=EPISODE_LENGTH,
+        num_envs=ARGS.sac_envs, unroll_length=1,
+        updates_per_step=ARGS.sac_updates / ARGS.sac_envs, batch_size=s["batch_size"],
+        buffer_capacity=ARGS.sac_steps, learning_starts=s["learning_starts"],
+        actor_lr=s["lr"], critic_lr=s["lr"], alpha_lr=3e-4, target_entropy_scale=0.5,
+        discount=s["discount"], tau=s["tau"], reward_scaling=s["reward_scaling"],
+        actor_hidden_sizes=s["hidden_sizes"], critic_hidden_sizes=s["hidden_sizes"],
+    )  # fmt: skip
+    algo = sac.SAC(config)
+    per_chunk = ARGS.sac_steps // ARGS.sac_envs // ARGS.chunks
+
+    @jax.jit
+    def run(state, key):
+        return jax.lax.scan(algo.step, state, jax.random.split(key, per_chunk))[0]
+
+    state = algo.init(jax.random.key(seed))
+    state, rate = timed_chunks(run, state, ARGS.chunks, per_chunk * ARGS.sac_envs)
+    return rate, evaluate(algo.learner.deterministic_policy, state.learner.actor.params, seed)
+
+
+def brax_sac(seed):
+    from brax.training.agents.sac import networks as sac_networks
+    from brax.training.agents.sac import train as sac_train
+
+    s = SAC_SETTINGS
+    progress = BraxProgress()
+    make_policy, params, _ = sac_train.train(
+        environment=_make_brax_env(), num_timesteps=ARGS.sac_steps,
+        episode_length=EPISODE_LENGTH, num_envs=ARGS.sac_envs, learning_rate=s["lr"],
+        discounting=s["discount"], batch_size=s["batch_size"],
+        min_replay_size=s["learning_starts"], max_replay_size=ARGS.sac_steps,
+        grad_updates_per_step=ARGS.sac_updates, reward_scaling=s["reward_scaling"],
+        tau=s["tau"], num_evals=ARGS.chunks + 1, num_eval_envs=1, seed=seed,
+        network_factory=functools.partial(
+            sac_networks.make_sac_networks, hidden_layer_sizes=s["hidden_sizes"]
+        ),
+        progress_fn=progress,
+    )  # fmt: skip
+    policy = make_policy(params, deterministic=True)
+    return progress.rates(), evaluate(
+        lambda p, obs: policy(obs, jax.random.key(0))[0], params, seed
+    )
+
+
+def _make_brax_env():
+    with _quiet():
+        return _import_brax_envs().get_environment(ARGS.task, backend=ARGS.backend)
+
+
+RUNS = {"ppo": (ours_ppo, brax_ppo), "sac": (ours_sac, brax_sac)}
+
+
+def main():
+    processes.use_compilation_cache()
+    rows = []
+    for name in ARGS.only.split(","):
+        results = {"evorl_pop": [], "brax": []}
+        for seed in range(ARGS.seeds):  # interleaved, so that other jobs' load hits both alike
+            for impl, fn in zip(results, RUNS[name], strict=True):
+                (cpu, wall), ret = fn(seed)
+                results[impl].append((cpu, wall, ret))
+                print(f"{name} {impl} seed {seed}: {cpu:,.0f} steps per CPU second, {wall:,.0f} "
+                      f"steps/s, return {ret:.1f}", flush=True)  # fmt: skip
+        ours, theirs = (np.asarray(results[k]) for k in ("evorl_pop", "brax"))
+        for impl, r in (("evorl_pop", ours), ("brax", theirs)):
+            rows.append((name, impl, *np.median(r[:, :2], 0), r[:, 2].mean(), r[:, 2].std()))
+        ratio = np.median(ours[:, :2], 0) / np.median(theirs[:, :2], 0)
+        rows.append((name, "ours/brax", *ratio, ours[:, 2].mean() - theirs[:, 2].mean(), None))
+    budget = (f"PPO {ARGS.ppo_iterations} x {ARGS.num_envs} x {ARGS.unroll_length} steps, "
+              f"SAC {ARGS.sac_steps} steps")  # fmt: skip
+    where = f"brax/{ARGS.task} ({ARGS.backend}), {ARGS.seeds} seeds, {ARGS.cores} core(s)"
+    print(f"\n{where}, {budget}; medians over seeds")
+    print(f"{'learner':8s} {'impl':10s} {'steps/CPU s':>12s} {'steps/s':>10s} {'return':>18s}")
+    for name, impl, cpu, wall, mean, std in rows:
+        if std is None:  # the ratio row: speed ratios, return difference
+            print(f"{name:8s} {impl:10s} {cpu:12.2f} {wall:10.2f} {mean:+10.1f} (diff)")
+        else:
+            print(f"{name:8s} {impl:10s} {cpu:12,.0f} {wall:10,.0f} {mean:10.1f} +- {std:5.1f}")
+
+
+if __name__ == "__main__":
+    main()

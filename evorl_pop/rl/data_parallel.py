@@ -1,0 +1,116 @@
+"""The data-parallel layout of a learner: its mesh, the splits it needs, where its state lives.
+
+A learner (PPO, SAC) keeps its networks, optimizer states and replay buffer
+replicated on every device of a one-dimensional ``DP`` mesh, and its batch of
+environments split over it: each device steps its contiguous slice of the
+environments and differentiates its contiguous slice of every minibatch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from evorl_pop import distributed as dist
+from evorl_pop.base import ConfigError
+from evorl_pop.core.engine import make_mesh
+from evorl_pop.rl import td3
+
+
+def dp_mesh(mesh: Mesh | None) -> Mesh:
+    """A one-dimensional ``DP`` mesh over the devices of ``mesh``.
+
+    Args:
+      mesh: a mesh with the axis ``'DP'`` (kept as it is) or ``'POP'`` (the run
+        machinery's, whose devices are reused), or ``None`` for one device.
+
+    Returns:
+      A mesh with the single axis ``'DP'``.
+
+    Raises:
+      ConfigError: a mesh with neither axis.
+    """
+    axis = dist.DP_AXIS_NAME
+    if mesh is None:
+        return make_mesh(1, axis_name=axis)
+    if tuple(mesh.axis_names) == (axis,):
+        return mesh
+    if dist.POP_AXIS_NAME not in mesh.axis_names:
+        raise ConfigError(
+            f"The mesh has axes {tuple(mesh.axis_names)}; a learner splits its environments "
+            f"and minibatches over {axis!r}: build it with evorl_pop.make_mesh(n, axis_name="
+            f"{axis!r})."
+        )
+    return td3.dp_mesh(mesh, mesh.devices.size)  # the learners check their own splits
+
+
+def check_split(name: str, value: int, num_devices: int, what: str) -> None:
+    """ConfigError unless ``num_devices`` divides ``value``, naming values that would.
+
+    Args:
+      name: the setting to change, e.g. ``'num_envs'``.
+      value: its value (or a value computed from it).
+      num_devices: the devices of the ``DP`` axis.
+      what: what is split, for the message (``'the environments'``).
+    """
+    if value % num_devices:
+        lower = value // num_devices * num_devices
+        options = " or ".join(str(v) for v in (lower, lower + num_devices) if v > 0)
+        raise ConfigError(
+            f"{what} ({value}) are split over {num_devices} devices, so they must be a multiple "
+            f"of {num_devices} (e.g. {options}): change {name} or the device count."
+        )
+
+
+def place(tree: Any, mesh: Mesh, split: bool) -> Any:
+    """Pins ``tree`` replicated, or split along its leading axis over ``'DP'``.
+
+    ``init`` and ``step`` leave the state in one layout, so that the next call
+    sees the same input shardings and reuses its compilation.
+
+    Args:
+      tree: a pytree of arrays.
+      mesh: the ``DP`` mesh.
+      split: split the leading axis over the devices (on one device,
+        replicated: jit reports both the same way there).
+
+    Returns:
+      ``tree`` with a sharding constraint (inside ``jit``) or placed (outside).
+    """
+    spec = P(dist.DP_AXIS_NAME) if split and mesh.size > 1 else P()
+    return jax.lax.with_sharding_constraint(tree, NamedSharding(mesh, spec))
+
+
+def state_specs(state_class: type) -> Any:
+    """``shard_map`` specs of a learner's state class: its ``envs`` split over
+    ``'DP'``, every other field replicated."""
+    specs = {field.name: P() for field in dataclasses.fields(state_class)}
+    return state_class(**{**specs, "envs": P(dist.DP_AXIS_NAME)})
+
+
+def place_state(state: Any, mesh: Mesh) -> Any:
+    """:func:`place` of a learner's state: ``state.envs`` split, the rest replicated."""
+    envs = place(state.envs, mesh, split=True)
+    return place(state.replace(envs=()), mesh, split=False).replace(envs=envs)
+
+
+def advance(state: Any, metrics: dict, steps: int, mesh: Mesh) -> tuple[Any, dict]:
+    """Closes a learner's step: one more ``generation``; the metrics count ``steps``.
+
+    Args:
+      state: the state after the step (its ``generation``, an int32).
+      metrics: the step's metrics.
+      steps: environment steps the step took.
+      mesh: the ``DP`` mesh.
+
+    Returns:
+      ``(state, metrics)``: the state placed by :func:`place_state`, the
+      metrics with this step's ``env_steps``.
+    """
+    state = state.replace(generation=state.generation + 1)
+    return place_state(state, mesh), {**metrics, "env_steps": jnp.int32(steps)}

@@ -1,0 +1,150 @@
+"""Action distributions of the stochastic policies (PPO, SAC).
+
+A policy network outputs a distribution's parameters; a distribution here
+turns them into samples, log-probabilities and entropies of *one* observation
+(callers ``vmap`` over a batch, each sample with its own key, so that the draw
+of sample ``i`` depends on ``i`` and never on how a batch is split)::
+
+    params ─► sample(params, key) ─► raw ─► to_action(raw) ─► the environment
+                                      └──► log_prob(params, raw)
+
+A raw sample is what the log-probability is taken of: the action index of a
+:class:`Categorical`, the pre-tanh value of a :class:`TanhNormal`. PPO stores
+raw samples, so its ratio ``pi / pi_old`` is evaluated at exactly the sampled
+values (no ``arctanh`` of a saturated action).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Categorical:
+    """A categorical distribution over ``num_actions`` actions, from logits."""
+
+    num_actions: int
+
+    @property
+    def param_size(self) -> int:
+        """The number of network outputs the distribution takes."""
+        return self.num_actions
+
+    def sample(self, params: jax.Array, key: jax.Array) -> jax.Array:
+        """An action index drawn from the softmax of ``params``."""
+        return jax.random.categorical(key, params)
+
+    def mode(self, params: jax.Array) -> jax.Array:
+        """The most probable action."""
+        return jnp.argmax(params, axis=-1)
+
+    def log_prob(self, params: jax.Array, raw: jax.Array) -> jax.Array:
+        """``log pi(raw)``; broadcasts over leading axes."""
+        logp = jax.nn.log_softmax(params, axis=-1)
+        return jnp.take_along_axis(logp, raw[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+    def entropy(self, params: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        """The exact entropy ``-sum p log p`` (``key`` is unused)."""
+        del key
+        logp = jax.nn.log_softmax(params, axis=-1)
+        return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+
+    def to_action(self, raw: jax.Array) -> jax.Array:
+        """The action the environment takes: the index itself."""
+        return raw
+
+
+@dataclasses.dataclass(frozen=True)
+class TanhNormal:
+    """A diagonal Gaussian squashed by tanh into ``[low, high]``.
+
+    Haarnoja, Zhou, Abbeel & Levine (2018), "Soft Actor-Critic: Off-Policy
+    Maximum Entropy Deep Reinforcement Learning with a Stochastic Actor", App. C.
+
+    The network outputs ``(loc, s)``; the scale is ``softplus(s) + min_std``
+    (as brax's ``NormalTanhDistribution``). With ``u ~ N(loc, scale)`` and the
+    action ``a = centre + half_range * tanh(u)``::
+
+        log pi(a) = log N(u; loc, scale) - sum_i log(half_range_i (1 - tanh(u_i)^2))  # Eq. (21)
+
+    Attributes:
+      low: lower action bounds, one per dimension.
+      high: upper action bounds.
+      min_std: the smallest scale, which keeps log-probabilities finite.
+    """
+
+    low: tuple[float, ...]
+    high: tuple[float, ...]
+    min_std: float = 1e-3
+
+    @property
+    def action_dim(self) -> int:
+        return len(self.low)
+
+    @property
+    def param_size(self) -> int:
+        """The number of network outputs: a location and a scale per dimension."""
+        return 2 * self.action_dim
+
+    def _half_range(self) -> np.ndarray:
+        return (np.asarray(self.high, np.float32) - np.asarray(self.low, np.float32)) / 2
+
+    def loc_scale(self, params: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The Gaussian's location and scale from the network's outputs."""
+        loc, s = jnp.split(params, 2, axis=-1)
+        return loc, jax.nn.softplus(s) + self.min_std
+
+    def sample(self, params: jax.Array, key: jax.Array) -> jax.Array:
+        """A reparameterised pre-tanh sample ``loc + scale * eps``."""
+        loc, scale = self.loc_scale(params)
+        return loc + scale * jax.random.normal(key, loc.shape)
+
+    def mode(self, params: jax.Array) -> jax.Array:
+        """The pre-tanh location (its action is the deterministic policy's)."""
+        return self.loc_scale(params)[0]
+
+    def log_det_jacobian(self, raw: jax.Array) -> jax.Array:
+        """``sum_i log |d a_i / d u_i|``, with ``log(1 - tanh(u)^2)`` in a stable form."""
+        log_dtanh = 2.0 * (math.log(2.0) - raw - jax.nn.softplus(-2.0 * raw))
+        return jnp.sum(log_dtanh + np.log(self._half_range()), axis=-1)
+
+    def log_prob(self, params: jax.Array, raw: jax.Array) -> jax.Array:
+        """``log pi(a)`` of the action ``to_action(raw)``; broadcasts over leading axes."""
+        loc, scale = self.loc_scale(params)
+        z = (raw - loc) / scale
+        gaussian = -0.5 * z**2 - jnp.log(scale) - 0.5 * math.log(2 * math.pi)
+        return jnp.sum(gaussian, axis=-1) - self.log_det_jacobian(raw)
+
+    def entropy(self, params: jax.Array, key: jax.Array) -> jax.Array:
+        """The squashed distribution's entropy, estimated from one sample.
+
+        ``H[a] = H[u] + E_u[log |da/du|]``: the Gaussian's entropy is exact, the
+        expectation is the value at one sample drawn with ``key`` (as brax does).
+        """
+        _, scale = self.loc_scale(params)
+        gaussian = jnp.sum(0.5 + 0.5 * math.log(2 * math.pi) + jnp.log(scale), axis=-1)
+        return gaussian + self.log_det_jacobian(self.sample(params, key))
+
+    def to_action(self, raw: jax.Array) -> jax.Array:
+        """The action in ``[low, high]``."""
+        low, high = np.asarray(self.low, np.float32), np.asarray(self.high, np.float32)
+        return (high + low) / 2 + (high - low) / 2 * jnp.tanh(raw)
+
+
+def for_spec(spec) -> Categorical | TanhNormal:
+    """The distribution of an environment's action space.
+
+    Args:
+      spec: an :class:`~evorl_pop.envs.EnvSpec`.
+
+    Returns:
+      A :class:`Categorical` for discrete actions, else a :class:`TanhNormal`.
+    """
+    if spec.discrete:
+        return Categorical(spec.action_dim)
+    return TanhNormal(tuple(spec.action_low), tuple(spec.action_high))

@@ -1,0 +1,333 @@
+"""SAC: soft actor-critic with twin critics and a learned temperature.
+
+Haarnoja, Zhou, Hartikainen, Tucker, Ha, Tan, Kumar, Zhu, Gupta, Abbeel &
+Levine (2018), "Soft Actor-Critic Algorithms and Applications"
+(arXiv:1812.05905). A tanh-squashed Gaussian actor
+(:class:`~evorl_pop.rl.distributions.TanhNormal`), two critics trained
+towards the smaller of their Polyak-averaged targets, and a temperature
+``alpha`` tuned so that the policy's entropy stays near ``H_target = -scale *
+action_dim``. With ``a' ~ pi(.|s')`` and ``a~ ~ pi(.|s)`` reparameterised::
+
+    y      = r + gamma (1 - term) (min_j Q'_j(s', a') - alpha log pi(a'|s'))   # Eq. (3), (5)
+    L_Q    = E[1/2 sum_j (Q_j(s, a) - y)^2]                                     # Eq. (5)
+    L_pi   = E[alpha log pi(a~|s) - min_j Q_j(s, a~)]                           # Eq. (7)
+    L_alpha = E[alpha (-log pi(a~|s) - H_target)],  alpha = exp(log_alpha)      # Eq. (18)
+
+One update takes the three gradient steps from the same state (the critic
+with the current actor and temperature, the actor with the critics before
+their step, as brax's SAC does), then moves the targets.
+
+Every gradient step goes through :func:`evorl_pop.distributed.gradient_update`:
+with ``dp_axis_name`` set, each device holds a contiguous slice of the global
+minibatch and the gradients are averaged with ``pmean``. The actions sampled
+for sample ``i`` use ``fold_in(key, i)`` with ``i`` its position in the
+*global* minibatch, so the update does not depend on the device count.
+The searchable settings (:class:`Hyperparameters`) are traced arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from evorl_pop import distributed as dist
+from evorl_pop.base import ConfigError, EnvSpec
+from evorl_pop.rl import replay
+from evorl_pop.rl.distributions import TanhNormal
+from evorl_pop.rl.replay import ReplayBuffer
+from evorl_pop.rl.td3 import CONTINUOUS_ENVS, CriticState, polyak
+from evorl_pop.tasks.envs import MLP, Critic
+from evorl_pop.tasks.rollout import Transition
+
+
+@flax.struct.dataclass
+class Hyperparameters:
+    """SAC's searchable settings, float32 scalars: changing them does not recompile."""
+
+    actor_lr: jax.Array
+    critic_lr: jax.Array
+    alpha_lr: jax.Array
+    target_entropy_scale: jax.Array  # H_target = -target_entropy_scale * action_dim
+    discount: jax.Array
+
+    @classmethod
+    def create(cls, **values: float) -> Hyperparameters:
+        """Hyperparameters from Python numbers, e.g. ``create(actor_lr=3e-4, ...)``."""
+        return cls(**{k: jnp.float32(v) for k, v in values.items()})
+
+
+@flax.struct.dataclass
+class ActorState:
+    params: Any
+    opt_state: Any
+
+
+@flax.struct.dataclass
+class SACState:
+    actor: ActorState
+    critic: CriticState  # the twin critics, stacked: every leaf has a leading axis of 2
+    log_alpha: jax.Array  # float32 scalar
+    alpha_opt_state: Any
+
+
+def alpha_loss(
+    log_alpha: jax.Array, log_prob: jax.Array, target_entropy: jax.Array | float
+) -> jax.Array:
+    """``E[alpha (-log pi - H_target)]`` (Eq. 18), its gradient only through ``alpha``."""
+    return jnp.mean(jnp.exp(log_alpha) * jax.lax.stop_gradient(-log_prob - target_entropy))
+
+
+def soft_target(
+    reward: jax.Array,
+    terminal: jax.Array,
+    next_q: jax.Array,
+    next_log_prob: jax.Array,
+    alpha: jax.Array | float,
+    discount: jax.Array | float,
+) -> jax.Array:
+    """The critics' target ``r + gamma (1 - term) (min_j Q'_j - alpha log pi)`` (Eq. 3, 5).
+
+    Args:
+      reward: shape ``(batch,)``.
+      terminal: 1.0 where the episode ended before its time limit.
+      next_q: the target critics' values of the next state, shape ``(2, batch)``.
+      next_log_prob: ``log pi(a'|s')`` of the sampled next actions.
+      alpha: the temperature.
+      discount: gamma.
+
+    Returns:
+      The target, shape ``(batch,)``.
+    """
+    soft_value = jnp.min(next_q, axis=0) - alpha * next_log_prob
+    return reward + discount * (1.0 - terminal) * soft_value
+
+
+def check_continuous(spec: EnvSpec) -> None:
+    """ConfigError, in one line, for an environment with discrete actions."""
+    if spec.discrete:
+        raise ConfigError(
+            f"SAC needs continuous actions (a squashed Gaussian policy and critics Q(s, a)), but "
+            f"{spec.name!r} has {spec.action_dim} discrete actions: use a continuous task, e.g. "
+            f"{', '.join(map(repr, CONTINUOUS_ENVS[:2]))} or 'brax/hopper', or PPO (-a ppo)."
+        )
+
+
+class SACLearner:
+    """SAC's networks, losses and updates for a continuous-action environment.
+
+    Args:
+      spec: the environment's spec.
+      actor_hidden_sizes: hidden widths of the actor.
+      critic_hidden_sizes: hidden widths of each critic.
+      activation: the actor's activation (the critics use relu).
+      tau: Polyak averaging rate of the target critics.
+      reward_scaling: rewards are multiplied by it in the critics' target.
+      init_alpha: the initial temperature.
+
+    Raises:
+      ConfigError: for a discrete-action environment.
+    """
+
+    def __init__(
+        self,
+        spec: EnvSpec,
+        actor_hidden_sizes: Sequence[int] = (256, 256),
+        critic_hidden_sizes: Sequence[int] = (256, 256),
+        activation: str = "relu",
+        tau: float = 0.005,
+        reward_scaling: float = 1.0,
+        init_alpha: float = 1.0,
+    ):
+        check_continuous(spec)
+        self.spec = spec
+        self.distribution = TanhNormal(tuple(spec.action_low), tuple(spec.action_high))
+        size = self.distribution.param_size
+        self.actor = MLP(tuple(actor_hidden_sizes), size, activation, len(spec.obs_shape))
+        self.critic = Critic(tuple(critic_hidden_sizes))
+        self.tau = tau
+        self.reward_scaling = reward_scaling
+        self.init_alpha = init_alpha
+
+    def init(self, key: jax.Array, hp: Hyperparameters) -> SACState:
+        """A fresh actor, twin critics with their targets, and Adam states.
+
+        Args:
+          key: PRNG key of the networks.
+          hp: the hyperparameters (the optimizers' states do not depend on them).
+
+        Returns:
+          A :class:`SACState`.
+        """
+        actor_key, critic_key = jax.random.split(key)
+        obs = jnp.zeros(self.spec.obs_shape)
+        action = jnp.zeros((self.spec.action_dim,))
+        actor = self.actor.init(actor_key, obs)
+        critic = jax.vmap(lambda k: self.critic.init(k, obs, action))(jax.random.split(critic_key))
+        log_alpha = jnp.log(jnp.float32(self.init_alpha))
+        actor_opt, critic_opt, alpha_opt = self.optimizers(hp)
+        return SACState(
+            actor=ActorState(actor, actor_opt.init(actor)),
+            critic=CriticState(critic, critic, critic_opt.init(critic)),
+            log_alpha=log_alpha,
+            alpha_opt_state=alpha_opt.init(log_alpha),
+        )
+
+    @staticmethod
+    def optimizers(hp: Hyperparameters) -> tuple[optax.GradientTransformation, ...]:
+        """Adam for the actor, the critics and the temperature, at the (traced) rates of ``hp``."""
+        return optax.adam(hp.actor_lr), optax.adam(hp.critic_lr), optax.adam(hp.alpha_lr)
+
+    # --- acting ----------------------------------------------------------------------
+
+    def sample(self, actor_params: Any, obs: jax.Array, key: jax.Array):
+        """One observation's reparameterised sample: ``(action, log_prob)``."""
+        out = self.actor.apply(actor_params, obs)
+        raw = self.distribution.sample(out, key)
+        return self.distribution.to_action(raw), self.distribution.log_prob(out, raw)
+
+    def sample_batch(self, actor_params: Any, obs: jax.Array, key: jax.Array, index: jax.Array):
+        """Samples for a batch, sample ``i`` from ``fold_in(key, index[i])``."""
+        keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(index)
+        return jax.vmap(self.sample, in_axes=(None, 0, 0))(actor_params, obs, keys)
+
+    def deterministic_policy(self, actor_params: Any, obs: jax.Array) -> jax.Array:
+        """The action of the Gaussian's mean, squashed (for evaluation)."""
+        out = self.actor.apply(actor_params, obs)
+        return self.distribution.to_action(self.distribution.mode(out))
+
+    def q_values(self, critic_params: Any, obs: jax.Array, action: jax.Array) -> jax.Array:
+        """Both critics' values, shape ``(2, batch)``."""
+        return jax.vmap(self.critic.apply, in_axes=(0, None, None))(critic_params, obs, action)
+
+    # --- losses ------------------------------------------------------------------------
+
+    def critic_loss(
+        self,
+        critic_params: Any,
+        state: SACState,
+        batch: Transition,
+        hp: Hyperparameters,
+        key: jax.Array,
+        index: jax.Array,
+    ) -> jax.Array:
+        """``L_Q`` (Eq. 5) on a (slice of a) minibatch."""
+        next_action, next_log_prob = self.sample_batch(
+            state.actor.params, batch.next_obs, key, index
+        )
+        next_q = self.q_values(state.critic.target_params, batch.next_obs, next_action)
+        alpha = jnp.exp(state.log_alpha)
+        reward = batch.reward * self.reward_scaling
+        target = soft_target(reward, batch.terminal, next_q, next_log_prob, alpha, hp.discount)
+        q = self.q_values(critic_params, batch.obs, batch.action)
+        return 0.5 * jnp.mean(jnp.sum((q - jax.lax.stop_gradient(target)) ** 2, axis=0))
+
+    def actor_loss(
+        self, actor_params: Any, state: SACState, batch: Transition, key: jax.Array, index
+    ) -> jax.Array:
+        """``L_pi`` (Eq. 7) on a (slice of a) minibatch."""
+        action, log_prob = self.sample_batch(actor_params, batch.obs, key, index)
+        q = jnp.min(self.q_values(state.critic.params, batch.obs, action), axis=0)
+        return jnp.mean(jnp.exp(state.log_alpha) * log_prob - q)
+
+    def temperature_loss(
+        self,
+        log_alpha: jax.Array,
+        state: SACState,
+        batch: Transition,
+        hp: Hyperparameters,
+        key: jax.Array,
+        index: jax.Array,
+    ) -> jax.Array:
+        """``L_alpha`` (Eq. 18) with the actor's samples on a (slice of a) minibatch."""
+        _, log_prob = self.sample_batch(state.actor.params, batch.obs, key, index)
+        target_entropy = -hp.target_entropy_scale * self.spec.action_dim
+        return alpha_loss(log_alpha, log_prob, target_entropy)
+
+    # --- updates -----------------------------------------------------------------------
+
+    def update(
+        self,
+        state: SACState,
+        batch: Transition,
+        hp: Hyperparameters,
+        key: jax.Array,
+        dp_axis_name: str | None = None,
+    ) -> tuple[SACState, dict[str, jax.Array]]:
+        """One SAC update: temperature, critics and actor steps, then the targets.
+
+        Args:
+          state: the learner (replicated over ``dp_axis_name``).
+          batch: this device's contiguous slice of the global minibatch.
+          hp: the hyperparameters.
+          key: the update's key, the same on every device.
+          dp_axis_name: the data-parallel axis the batch is split over, or ``None``.
+
+        Returns:
+          ``(state, metrics)``: ``critic_loss``, ``actor_loss``, ``alpha_loss``
+          (global minibatch means) and the temperature ``alpha`` used.
+        """
+        index = replay.global_batch_index(batch.reward.shape[0], dp_axis_name)
+        alpha_key, critic_key, actor_key = jax.random.split(key, 3)
+        actor_opt, critic_opt, alpha_opt = self.optimizers(hp)
+        step = dist.gradient_update(self.temperature_loss, alpha_opt, dp_axis_name)
+        a_loss, log_alpha, alpha_opt_state = step(
+            state.alpha_opt_state, state.log_alpha, state, batch, hp, alpha_key, index
+        )
+        step = dist.gradient_update(self.critic_loss, critic_opt, dp_axis_name)
+        c_loss, critic_params, critic_opt_state = step(
+            state.critic.opt_state, state.critic.params, state, batch, hp, critic_key, index
+        )
+        step = dist.gradient_update(self.actor_loss, actor_opt, dp_axis_name)
+        p_loss, actor_params, actor_opt_state = step(
+            state.actor.opt_state, state.actor.params, state, batch, actor_key, index
+        )
+        target = polyak(state.critic.target_params, critic_params, self.tau)
+        new = SACState(
+            actor=ActorState(actor_params, actor_opt_state),
+            critic=CriticState(critic_params, target, critic_opt_state),
+            log_alpha=log_alpha,
+            alpha_opt_state=alpha_opt_state,
+        )
+        losses = {"critic_loss": c_loss, "actor_loss": p_loss, "alpha_loss": a_loss}
+        return new, {**dist.pmean(losses, dp_axis_name), "alpha": jnp.exp(state.log_alpha)}
+
+    def train(
+        self,
+        state: SACState,
+        buffer: ReplayBuffer,
+        hp: Hyperparameters,
+        key: jax.Array,
+        num_updates: int,
+        batch_size: int,
+        dp_axis_name: str | None = None,
+    ) -> tuple[SACState, dict[str, jax.Array]]:
+        """``num_updates`` updates on minibatches drawn from ``buffer``.
+
+        Each update's global minibatch indices come from one key; with
+        ``dp_axis_name`` each device takes its contiguous slice of them.
+
+        Args:
+          state: the learner (replicated).
+          buffer: the replay buffer (replicated).
+          hp: the hyperparameters.
+          key: PRNG key, the same on every device.
+          num_updates: updates to run (static).
+          batch_size: the global minibatch size (static).
+          dp_axis_name: the data-parallel axis, or ``None``.
+
+        Returns:
+          ``(state, metrics)``: the metrics of :meth:`update`, averaged.
+        """
+
+        def body(state, key):
+            sample_key, update_key = jax.random.split(key)
+            batch, _ = replay.sample(buffer, sample_key, batch_size, dp_axis_name)
+            return self.update(state, batch, hp, update_key, dp_axis_name)
+
+        state, metrics = jax.lax.scan(body, state, jax.random.split(key, num_updates))
+        return state, jax.tree.map(jnp.mean, metrics)
