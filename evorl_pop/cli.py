@@ -71,6 +71,10 @@ SETTINGS = [
      {"dest": "overrides", "action": "append", "default": [], "metavar": "KEY=VALUE"}),
     ("--chunk", "generations per compiled chunk (default: 5)", N1),
     ("--checkpoint-every", "generations between checkpoints; 0: at the end (default: 10)", N0),
+    ("--log", "also log to tensorboard (RUN/tb) or wandb (offline unless logged in); "
+     "repeatable; adds to the config's loggers",
+     {"action": "append", "default": [], "choices": ("csv", "tensorboard", "wandb"),
+      "metavar": "LOGGER"}),
     ("-q --quiet", "no progress bar and no summary", FLAG),
     ("--no-figure", "do not draw fitness.png at the end", FLAG),
 ]
@@ -194,7 +198,14 @@ def _cmd_train(args) -> int:
     resume, overrides = args.command == "resume", _overrides(args)
     sources = [os.path.join(args.run, "config.yaml")] if resume else []
     sources += [args.config] if args.config else []
-    _precheck(args, [s for s in sources if os.path.exists(s)], overrides)
+    present = [s for s in sources if os.path.exists(s)]
+    if args.log:  # added to the loggers the config names
+        try:
+            named = config_lib.merge(present, overrides).get("loggers") or ["csv"]
+        except ConfigError:
+            named = ["csv"]  # the config's own error comes where it is read
+        overrides.append(f"loggers=[{','.join(dict.fromkeys([*named, *args.log]))}]")
+    _precheck(args, present, overrides)
     show = dict(progress=not args.quiet, figure=not args.no_figure)
     if resume:
         result = shell.resume(args.run, overrides, args.config, args.more, args.force, **show)

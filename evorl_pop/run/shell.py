@@ -38,10 +38,10 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
-from evorl_pop.base import RunError, __version__, objective_error
+from evorl_pop.base import ConfigError, RunError, __version__, objective_error
 from evorl_pop.core.engine import make_mesh
 from evorl_pop.run import config as config_lib
-from evorl_pop.run import processes, store
+from evorl_pop.run import loggers, processes, store
 from evorl_pop.run.config import RunConfig
 from evorl_pop.run.store import Recorder
 
@@ -235,9 +235,13 @@ def build(config: RunConfig):
     return algorithm, mesh, jax.tree.map(place, state), run_key, text
 
 
-def default_recorders(extra: Sequence[Recorder] = ()) -> list[Recorder]:
-    """The run folder's recorders (metrics.csv, train.log, checkpoints), then ``extra``."""
-    return [store.MetricsCSV(), store.TrainLog(), store.Checkpoints(), *extra]
+def default_recorders(
+    extra: Sequence[Recorder] = (), config: RunConfig | None = None
+) -> list[Recorder]:
+    """The run folder's recorders (metrics.csv, train.log, checkpoints), the loggers
+    ``config.loggers`` names (but those ``extra`` has), then ``extra``."""
+    named = loggers.from_config(config, extra) if config is not None else []
+    return [store.MetricsCSV(), store.TrainLog(), store.Checkpoints(), *named, *extra]
 
 
 def _rows(run: store.Run, metrics: dict, wall: float) -> list[dict]:
@@ -361,7 +365,12 @@ def train(
             raise objective_error(err) from None
         raise
     about = _about(f"new run in {run_dir}", config, mesh)
-    recorders = default_recorders(recorders)
+    try:
+        recorders = default_recorders(recorders, config)
+    except ConfigError:
+        if run_dir in store.RESERVED and not any(run_dir.iterdir()):
+            run_dir.rmdir()
+        raise
     with store.hold(run_dir, True, text, overwrite):
         run = store.Run(run_dir, config, text, run_key, about, writer=jax.process_index() == 0)
         for recorder in recorders:
@@ -450,7 +459,7 @@ def resume(
             ckpt.generation, tuple(columns), rows.splitlines(keepends=True),
             jax.process_index() == 0,
         )  # fmt: skip
-        recorders = default_recorders(recorders)
+        recorders = default_recorders(recorders, config)
         for recorder in recorders:
             recorder.start(run, state)
         return _session(run, algorithm, state, recorders, progress, figure)
