@@ -306,7 +306,9 @@ def validate(config: RunConfig, algorithm: bool = True) -> None:
     for name in config.loggers:
         if name not in LOGGERS:
             hint = did_you_mean(name, LOGGERS)
-            raise ConfigError(f"loggers: unknown logger {name!r}.{hint} Valid: {', '.join(LOGGERS)}.")
+            raise ConfigError(
+                f"loggers: unknown logger {name!r}.{hint} Valid: {', '.join(LOGGERS)}."
+            )
     devices = config.devices
     if not (devices in (None, "auto") or (isinstance(devices, int) and devices >= 1)):
         raise ConfigError(f"devices must be auto, null (all) or a count >= 1, got {devices!r}.")

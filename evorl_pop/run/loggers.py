@@ -41,7 +41,6 @@ from evorl_pop.run.store import Recorder, Run
 
 TB_DIRNAME = "tb"
 WANDB_ID_FILENAME = "wandb-id"
-WANDB_STEP_FILENAME = "wandb-step"
 ENV_STEPS_PREFIX = "env_steps/"  # tags of the scalars against environment steps
 
 # (module to import, extra that installs it) per logger
@@ -143,7 +142,8 @@ class TensorBoard(Recorder):
     def row(self, row: dict[str, Any]) -> None:
         if self.writer is None:
             return
-        add, generation, steps = self.writer.add_scalar, int(row["generation"]), int(row["env_steps"])
+        add = self.writer.add_scalar
+        generation, steps = int(row["generation"]), int(row["env_steps"])
         for name, value in row.items():
             add(name, float(value), generation)
             if steps > 0:  # none before the first step (black-box tasks take none)
@@ -189,7 +189,8 @@ class WandB(Recorder):
 
     Offline (``RUN/wandb/offline-run-*``; ``wandb sync`` uploads them) unless a W&B API
     key is at hand; ``WANDB_MODE`` decides when set. A resumed run continues the W&B run
-    whose id ``RUN/wandb-id`` holds, from the generation after the last one logged.
+    whose id ``RUN/wandb-id`` holds: it logs first the rows up to the checkpoint that the
+    W&B run lacks (those a killed process had not passed on), then each new one.
 
     Args:
       project: the W&B project (default: the config's ``wandb_project``, else
@@ -223,10 +224,6 @@ class WandB(Recorder):
         else:
             run_id = secrets.token_hex(4)  # W&B ids: lowercase letters and digits
             write_atomic(id_path, f"{run_id}\n".encode())
-        self.step_path = run.run_dir / WANDB_STEP_FILENAME
-        # rows logged before a kill past the checkpoint are the rows this session repeats
-        logged = self.step_path.read_text().strip() if self.step_path.exists() else ""
-        self.logged = int(logged) if logged.isdigit() else 0
         self.generation = run.generation
         self.run = wandb.init(
             project=self.project or config.wandb_project or os.environ.get("WANDB_PROJECT")
@@ -237,6 +234,11 @@ class WandB(Recorder):
             settings=wandb.Settings(silent=True, console="off"),
             **{"reinit": "create_new", **self.init},
         )  # fmt: skip
+        # What the W&B run holds already: its own step counter (online), the files of earlier
+        # sessions (offline; a killed process may have lost its last rows, or all).
+        self.logged = max(self.run.starting_step - 1, last_offline_step(run.run_dir, run_id))
+        for row in parse_rows(run.columns, run.lines):  # rows up to the checkpoint it lacks
+            self.row(row)
 
     def row(self, row: dict[str, Any]) -> None:
         if self.run is None:
@@ -248,10 +250,6 @@ class WandB(Recorder):
         self.run.log({k: _number(v) for k, v in row.items()}, step=generation)
         self.logged = generation
 
-    def flush(self, run: Run, state) -> None:
-        if self.run is not None:
-            write_atomic(self.step_path, f"{self.logged}\n".encode())
-
     def image(self, name: str, path: Path) -> None:
         if self.run is None:
             return
@@ -261,7 +259,6 @@ class WandB(Recorder):
 
     def finish(self, run: Run, completed: bool) -> None:
         if self.run is not None:
-            self.flush(run, None)
             self.run.finish(exit_code=0 if completed else 1)
             self.run = None
 
@@ -299,8 +296,26 @@ def from_config(config: RunConfig, given=()) -> list[Recorder]:
     return out
 
 
+def parse_rows(columns, lines) -> list[dict]:
+    """``metrics.csv`` lines as rows of Python numbers (as :meth:`Recorder.row` gets them)."""
+    out = []
+    for line in lines:
+        values = line.rstrip("\n").split(",")
+        out.append({c: int(v) if v.lstrip("-").isdigit() else float(v)
+                    for c, v in zip(columns, values, strict=True) if v})  # fmt: skip
+    return out
+
+
+def last_offline_step(run_dir: Path, run_id: str) -> int:
+    """The last history step of the offline W&B files of run ``run_id`` in ``run_dir`` (0: none)."""
+    files = (run_dir / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")
+    steps = [h.get("_step", 0) for path in files for h in read_wandb_history(path)]
+    return max(steps, default=0)
+
+
 def read_wandb_history(path: str | os.PathLike) -> list[dict]:
     """The history steps of an offline W&B run file (``run-<id>.wandb``), in order."""
+    from google.protobuf.message import DecodeError
     from wandb.proto import wandb_internal_pb2 as pb
 
     data, out, buf = Path(path).read_bytes(), [], b""
@@ -314,8 +329,12 @@ def read_wandb_history(path: str | os.PathLike) -> list[dict]:
         buf = chunk if kind in (1, 2) else buf + chunk
         if kind not in (1, 4):
             continue
-        record = pb.Record.FromString(buf)
+        try:
+            record = pb.Record.FromString(buf)
+        except DecodeError:  # the end of a file cut short
+            break
         if record.WhichOneof("record_type") == "history":
             items = record.history.item
             out.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items})
+        buf = b""
     return out

@@ -70,7 +70,7 @@ FIGURE_FILENAME = "fitness.png"
 LOCK_FILENAME = ".lock"
 RECORDS = (CONFIG_FILENAME, METRICS_FILENAME, CHECKPOINT_FILENAME)
 #: What the loggers (evorl_pop.run.loggers) and `render` write there; --overwrite removes them.
-EXTRAS = ("tb", "wandb", "wandb-id", "wandb-step", "render.html", "render.gif")
+EXTRAS = ("tb", "wandb", "wandb-id", "render.html", "render.gif")
 
 logger = logging.getLogger("evorl_pop.run")
 #: Folders :func:`default_run_dir` created, removed again if the run fails before using them.
