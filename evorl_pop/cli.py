@@ -36,6 +36,12 @@ COMMANDS = {
                "over loopback); when one fails the others are stopped; the process ids go to "
                "RUN/launch.json or --pid-file", """
   evorl-pop launch -n 2 --devices-per-process 2 -- train --pop 2048 --out runs/two"""),
+    "render": ("show a run's best policy acting in its environment", ", from the last checkpoint: "
+               "brax tasks as brax's HTML viewer (RUN/render.html), gymnax tasks as an animated "
+               "GIF with the step and return on each frame (RUN/render.gif); prints the return, "
+               "the run's evaluation's for the same policy and key (by default the last "
+               "evaluation's key)", """
+  evorl-pop render runs/hopper --episodes 2 --seed 3 --out hopper.html"""),
     "list": ("list algorithms, strategies, environments and black-box tasks", "", None),
 }  # fmt: skip
 
@@ -152,6 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
                      ("--linear-y", "linear (default: log over 3 decades)", FLAG)], True)
     # fmt: on
     _add(p["launch"], LAUNCH)
+    _add(p["render"], [
+        ("run", "the run folder", {"metavar": "RUN"}),
+        ("--episodes", "episodes to run (default: 1)", {"type": int, "default": 1, **N}),
+        ("--seed", "key jax.random.key(S) (default: the key of the run's last evaluation)",
+         {"type": int, "metavar": "S"}),
+        ("--out -o", "the file (default: RUN/render.html or RUN/render.gif)", FILE),
+    ])  # fmt: skip
     return parser
 
 
@@ -273,6 +286,16 @@ def _cmd_plot(args) -> int:
         title=args.title, log_y=log_y,
     )  # fmt: skip
     print("\n".join(map(str, written)))
+    return 0
+
+
+def _cmd_render(args) -> int:
+    ckpt = store.load_checkpoint(args.run)
+    processes.set_precision(ckpt.config.get("precision", "float32"))
+    processes.use_compilation_cache()
+    from evorl_pop.run import render  # JAX's backend starts here, with the run's precision
+
+    print(render.render(args.run, args.episodes, args.seed, args.out))
     return 0
 
 
