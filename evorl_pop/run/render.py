@@ -64,8 +64,9 @@ def _policy(algorithm, state):
 
         def evaluate(key, episodes):
             one = functools.partial(task.evaluate_return, episodes=episodes)
-            fn = jax.shard_map(one, mesh=algorithm.mesh, in_specs=P(), out_specs=P(),
-                               check_vma=False)  # fmt: skip  (as the engine's _metrics)
+            fn = jax.shard_map(
+                one, mesh=algorithm.mesh, in_specs=P(), out_specs=P(), check_vma=False
+            )  # fmt: skip  (as the engine's _metrics)
             return jax.jit(fn)(solution, key, state.task_state)
 
         return task.env, task.policy, params, obs_norm, task.episode_length, evaluate
@@ -75,9 +76,11 @@ def _policy(algorithm, state):
     env, policy, length = algorithm.env, algorithm.policy, algorithm.episode_length
 
     def evaluate(key, episodes):
-        run = lambda p, k: rollout_lib.evaluate_episodes(  # noqa: E731
-            env, policy, p, k, episodes, None, length
-        ).episode_return
+        run = lambda p, k: (
+            rollout_lib.evaluate_episodes(  # noqa: E731
+                env, policy, p, k, episodes, None, length
+            ).episode_return
+        )
         return jax.jit(run)(params, key)
 
     return env, policy, params, None, length, evaluate
@@ -270,7 +273,7 @@ def render(run_dir, episodes: int = 1, seed: int | None = None, out=None) -> str
         frames = write_gif(result, out)
     lines = [f"wrote {out} ({frames} frames)"]
     for e, ret in enumerate(result.returns):
-        lines.append(f"episode {e + 1}: return {ret:.6g}")
+        lines.append(f"episode {e + 1}: return {ret!r}")
     line = f"return {result.evaluation!r} (mean over {episodes} episode(s), as the evaluation)"
     if result.reported is not None:
         line += f"; the run reported {result.reported!r} at generation {result.generation}"
