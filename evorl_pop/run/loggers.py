@@ -29,8 +29,10 @@ import json
 import math
 import netrc
 import os
+import queue
 import secrets
 import struct
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -88,11 +90,13 @@ def _records(data: bytes):
         pos = end
 
 
-def truncate_events(tb_dir: Path, generation: int, env_steps: int) -> None:
+def truncate_events(tb_dir: Path, generation: int, env_steps: int) -> int:
     """Drops, from the event files in ``tb_dir``, the scalars and images past ``generation``
-    (tags ``env_steps/...``: past ``env_steps``), so that a resumed run writes each once."""
+    (tags ``env_steps/...``: past ``env_steps``), so that a resumed run writes each once;
+    returns the last generation whose scalars the files still hold (0: none)."""
     from tensorboardX.proto import event_pb2
 
+    last = 0
     for path in sorted(tb_dir.glob("events.out.tfevents.*")):
         data, kept, dropped = path.read_bytes(), [], False
         for raw, payload in _records(data):
@@ -103,9 +107,12 @@ def truncate_events(tb_dir: Path, generation: int, env_steps: int) -> None:
                 if event.step > limit:
                     dropped = True
                     continue
+                if tag == "generation":
+                    last = max(last, event.step)
             kept.append(raw)
         if dropped or sum(map(len, kept)) != len(data):
             write_atomic(path, b"".join(kept))
+    return last
 
 
 class TensorBoard(Recorder):
@@ -113,9 +120,12 @@ class TensorBoard(Recorder):
     generation and (tags ``env_steps/<column>``) the environment steps, the config as
     hyperparameters, the fitness figure as an image. ``tensorboard --logdir runs`` shows them.
 
+    The writer's thread writes the events to disk every ``flush_secs`` and at the end; a
+    resumed run first writes the rows up to its checkpoint that a killed process left unwritten.
+
     Args:
       log_dir: where the event files go (default: ``RUN/tb``).
-      flush_secs: seconds between the writer's own flushes (it also flushes after each chunk).
+      flush_secs: seconds between the writer's flushes to disk.
     """
 
     def __init__(self, log_dir: str | os.PathLike | None = None, flush_secs: int = 30):
@@ -128,8 +138,9 @@ class TensorBoard(Recorder):
         from tensorboardX import SummaryWriter
 
         log_dir = Path(self.log_dir) if self.log_dir is not None else run.run_dir / TB_DIRNAME
+        logged = 0
         if run.start_generation > 0 and log_dir.is_dir():
-            truncate_events(log_dir, run.generation, run.env_steps)
+            logged = truncate_events(log_dir, run.generation, run.env_steps)
         self.generation = run.generation
         self.writer = SummaryWriter(str(log_dir), flush_secs=self.flush_secs)
         if run.start_generation == 0:
@@ -138,21 +149,26 @@ class TensorBoard(Recorder):
             self.writer.add_text("config", "```yaml\n" + run.config_text + "```", 0)
             for summary in hparams(_flat_config(run.config_text), {"fitness_best": math.nan}):
                 self.writer.file_writer.add_summary(summary)
+        # the rows up to the checkpoint the files lack (a killed process's last unwritten ones)
+        for row in parse_rows(run.columns, run.lines):
+            if row["generation"] > logged:
+                self.row(row)
 
     def row(self, row: dict[str, Any]) -> None:
         if self.writer is None:
             return
-        add = self.writer.add_scalar
-        generation, steps = int(row["generation"]), int(row["env_steps"])
-        for name, value in row.items():
-            add(name, float(value), generation)
-            if steps > 0:  # none before the first step (black-box tasks take none)
-                add(ENV_STEPS_PREFIX + name, float(value), steps)
-        self.generation = generation
+        from tensorboardX.proto.summary_pb2 import Summary
 
-    def flush(self, run: Run, state) -> None:
-        if self.writer is not None:
-            self.writer.flush()
+        generation, steps = int(row["generation"]), int(row["env_steps"])
+        values = [(name, float(value)) for name, value in row.items()]
+        # one event per row and axis, all columns in it: a scalar each for TensorBoard
+        add = self.writer.file_writer.add_summary
+        add(Summary(value=[Summary.Value(tag=n, simple_value=v) for n, v in values]), generation)
+        if steps > 0:  # none before the first step (black-box tasks take none)
+            prefix = ENV_STEPS_PREFIX
+            add(Summary(value=[Summary.Value(tag=prefix + n, simple_value=v) for n, v in values]),
+                steps)  # fmt: skip
+        self.generation = generation
 
     def image(self, name: str, path: Path) -> None:
         if self.writer is None:
@@ -237,8 +253,16 @@ class WandB(Recorder):
         # What the W&B run holds already: its own step counter (online), the files of earlier
         # sessions (offline; a killed process may have lost its last rows, or all).
         self.logged = max(self.run.starting_step - 1, last_offline_step(run.run_dir, run_id))
+        # W&B's client takes milliseconds a row: a thread of its own passes them on
+        self.queue = queue.Queue()
+        self.thread = threading.Thread(target=self._pass_on, daemon=True, name="wandb-log")
+        self.thread.start()
         for row in parse_rows(run.columns, run.lines):  # rows up to the checkpoint it lacks
             self.row(row)
+
+    def _pass_on(self) -> None:
+        while (item := self.queue.get()) is not None:
+            self.run.log(*item[:1], step=item[1])
 
     def row(self, row: dict[str, Any]) -> None:
         if self.run is None:
@@ -247,7 +271,7 @@ class WandB(Recorder):
         self.generation = generation
         if generation <= self.logged:
             return  # this W&B run has the row already (identical: a resume repeats it)
-        self.run.log({k: _number(v) for k, v in row.items()}, step=generation)
+        self.queue.put(({k: _number(v) for k, v in row.items()}, generation))
         self.logged = generation
 
     def image(self, name: str, path: Path) -> None:
@@ -255,10 +279,12 @@ class WandB(Recorder):
             return
         import wandb
 
-        self.run.log({name: wandb.Image(str(path))}, step=max(self.generation, self.logged))
+        self.queue.put(({name: wandb.Image(str(path))}, max(self.generation, self.logged)))
 
     def finish(self, run: Run, completed: bool) -> None:
         if self.run is not None:
+            self.queue.put(None)
+            self.thread.join()
             self.run.finish(exit_code=0 if completed else 1)
             self.run = None
 
