@@ -107,7 +107,7 @@ def truncate_events(tb_dir: Path, generation: int, env_steps: int) -> int:
                 if event.step > limit:
                     dropped = True
                     continue
-                if tag == "generation":
+                if any(v.tag == "generation" for v in event.summary.value):
                     last = max(last, event.step)
             kept.append(raw)
         if dropped or sum(map(len, kept)) != len(data):
