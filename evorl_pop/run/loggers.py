@@ -32,12 +32,14 @@ import os
 import queue
 import secrets
 import struct
+import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 from evorl_pop.base import ConfigError, did_you_mean, write_atomic
 from evorl_pop.run import config as config_lib
+from evorl_pop.run import store
 from evorl_pop.run.config import RunConfig
 from evorl_pop.run.store import Recorder, Run
 
@@ -254,7 +256,7 @@ class WandB(Recorder):
         # sessions (offline; a killed process may have lost its last rows, or all).
         self.logged = max(self.run.starting_step - 1, last_offline_step(run.run_dir, run_id))
         # W&B's client takes milliseconds a row: a thread of its own passes them on
-        self.queue = queue.Queue()
+        self.queue, self.errors = queue.Queue(), []
         self.thread = threading.Thread(target=self._pass_on, daemon=True, name="wandb-log")
         self.thread.start()
         for row in parse_rows(run.columns, run.lines):  # rows up to the checkpoint it lacks
@@ -262,7 +264,10 @@ class WandB(Recorder):
 
     def _pass_on(self) -> None:
         while (item := self.queue.get()) is not None:
-            self.run.log(*item[:1], step=item[1])
+            try:
+                self.run.log(item[0], step=item[1])
+            except Exception as err:  # the run goes on; train.log and stderr say what was lost
+                self.errors.append(f"generation {item[1]}: {err}")
 
     def row(self, row: dict[str, Any]) -> None:
         if self.run is None:
@@ -285,6 +290,10 @@ class WandB(Recorder):
         if self.run is not None:
             self.queue.put(None)
             self.thread.join()
+            if self.errors:
+                text = f"W&B did not take {len(self.errors)} row(s): {self.errors[0]}"
+                store.logger.warning("warning: %s", text)
+                print(f"warning: {text}", file=sys.stderr)
             self.run.finish(exit_code=0 if completed else 1)
             self.run = None
 

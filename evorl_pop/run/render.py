@@ -76,11 +76,10 @@ def _policy(algorithm, state):
     env, policy, length = algorithm.env, algorithm.policy, algorithm.episode_length
 
     def evaluate(key, episodes):
-        run = lambda p, k: (
-            rollout_lib.evaluate_episodes(  # noqa: E731
-                env, policy, p, k, episodes, None, length
-            ).episode_return
-        )
+        def run(p, k):
+            stats = rollout_lib.evaluate_episodes(env, policy, p, k, episodes, None, length)
+            return stats.episode_return
+
         return jax.jit(run)(params, key)
 
     return env, policy, params, None, length, evaluate

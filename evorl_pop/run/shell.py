@@ -347,7 +347,8 @@ def train(
       run_dir: the folder (``None``: ``runs/<algorithm>-<task>-<seed>-<time>``).
       progress: show a progress bar; figure: draw ``fitness.png`` at the end.
       overwrite: replace the records of an earlier run in ``run_dir``.
-      recorders: recorders beside the run folder's own (TensorBoard, W&B, yours).
+      recorders: recorders beside the run folder's own and the loggers ``config.loggers``
+        names (:mod:`evorl_pop.run.loggers`; one given here replaces the config's of its class).
 
     Raises:
       ConfigError: a value that cannot run, before anything is written.
