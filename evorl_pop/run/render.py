@@ -188,7 +188,10 @@ def _gymnax_drawer(env):
             return None
 
     def draw(ax, state):
+        import matplotlib.pyplot as plt
+
         vis = Visualizer(inner, params, [state])
+        plt.close(vis.fig)  # its own figure: drawn into ours instead
         vis.fig, vis.ax = ax.figure, ax
         vis.init()
 
