@@ -83,3 +83,22 @@ def test_render_brax_html_viewer_with_a_frame_per_step(tmp_path, capsys):
     )
     system = json.loads(zlib.decompress(base64.b64decode(encoded)))
     assert len(system["states"]["x"]) == length
+
+
+@pytest.mark.slow
+def test_render_pbt_takes_the_best_member_and_its_reported_return(tmp_path, capsys):
+    config = tmp_path / "pbt.yaml"
+    config.write_text(
+        "algorithm: pbt\nseed: 3\ngenerations: 2\nchunk: 1\nalgorithm_config:\n"
+        "  population_size: 3\n  interval: 20\n  episode_length: 10\n  learning_starts: 10\n"
+        "  updates_per_step: 0.5\n  buffer_capacity: 64\n  eval_episodes: 1\n"
+        "  td3: {actor_hidden_sizes: [8], critic_hidden_sizes: [16], batch_size: 16}\n"
+    )
+    run = tmp_path / "pbt"
+    assert cli.main(["train", "--config", str(config), "--out", str(run), "--devices", "1",
+                     "-q", "--no-figure"]) == 0  # fmt: skip
+    out = _render(capsys, str(run))
+    episodes, printed = _returns(out)
+    metrics = store.read_metrics(run)
+    best = max(metrics[f"member{i}_return"][-1] for i in range(3))
+    assert printed == float(best) and episodes == [printed]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import io
+import os
 from pathlib import Path
 
 import jax
@@ -182,6 +183,7 @@ def _gymnax_drawer(env):
     name = getattr(inner, "name", "")
     if name in ("Acrobot-v1", "CartPole-v1", "Pendulum-v1", "MountainCar-v0",
                 "MountainCarContinuous-v0"):  # fmt: skip
+        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame: no sound card to look for
         try:
             import pygame  # noqa: F401  (gymnasium draws classic control with it)
         except ImportError:
