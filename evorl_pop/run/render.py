@@ -88,7 +88,7 @@ def _policy(algorithm, state):
 
 def _evaluation_key(algorithm, run_key, generation: int, state):
     """The key, and the episode count, of the run's last reported evaluation."""
-    key = jax.random.fold_in(run_key, generation - 1)
+    key = jax.random.fold_in(run_key, max(generation - 1, 0))  # 0: no evaluation yet
     if hasattr(algorithm, "mean_solution"):
         return jax.random.split(key, 4)[3], algorithm.eval_episodes
     best = int(np.argmax(np.asarray(state.returns)))
