@@ -296,6 +296,10 @@ class WandB(Recorder):
                 print(f"warning: {text}", file=sys.stderr)
             self.run.finish(exit_code=0 if completed else 1)
             self.run = None
+            import wandb
+
+            # W&B's service writes its files when it ends: a resume in this process reads them
+            wandb.teardown()
 
 
 def _number(value) -> int | float:
