@@ -38,12 +38,14 @@ def _env():
 
 
 def _kill_past_checkpoint(run, logged, *args):
-    """Starts a long run, and kills it (SIGKILL) once ``logged(run)`` holds a generation past
-    its checkpoint; returns the checkpoint's generation and the last generation logged."""
+    """Starts a long run, and kills it (SIGKILL to its process group, as a scheduler does:
+    W&B's service with it) once ``logged(run)`` holds a generation past its checkpoint;
+    returns the checkpoint's generation and the last generation logged."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "evorl_pop.cli", "train", *SMALL, "--generations", "100000",
          "--chunk", "1", "--checkpoint-every", "3", "--out", str(run), *args],
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
     )  # fmt: skip
     deadline = time.time() + 300
     try:
@@ -53,14 +55,14 @@ def _kill_past_checkpoint(run, logged, *args):
             time.sleep(0.2)
             if not (run / store.CHECKPOINT_FILENAME).exists():
                 continue
-            proc.send_signal(signal.SIGSTOP)  # frozen while we look
+            os.killpg(proc.pid, signal.SIGSTOP)  # frozen while we look
             at = store.load_checkpoint(run).generation
             last = logged(run)
             if at >= 1 and last > at:
                 return at, last
-            proc.send_signal(signal.SIGCONT)
+            os.killpg(proc.pid, signal.SIGCONT)
     finally:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
 
