@@ -1,6 +1,7 @@
 """TensorBoard and W&B loggers: what they hold read back and checked against metrics.csv, row
 by row, across a kill and a resume; a user's own recorder; loggers that are not installed."""
 
+import contextlib
 import glob
 import importlib.util
 import os
@@ -62,7 +63,8 @@ def _kill_past_checkpoint(run, logged, *args):
                 return at, last
             os.killpg(proc.pid, signal.SIGCONT)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # a run that failed has ended
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
 
