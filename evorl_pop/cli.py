@@ -37,6 +37,12 @@ COMMANDS = {
                "over loopback); when one fails the others are stopped; the process ids go to "
                "RUN/launch.json or --pid-file", """
   evorl-pop launch -n 2 --devices-per-process 2 -- train --pop 2048 --out runs/two"""),
+    "render": ("show a run's best policy acting in its environment", ", from the last checkpoint: "
+               "brax tasks as brax's HTML viewer (RUN/render.html), gymnax tasks as an animated "
+               "GIF with the step and return on each frame (RUN/render.gif); prints the return, "
+               "the run's evaluation's for the same policy and key (by default the last "
+               "evaluation's key)", """
+  evorl-pop render runs/hopper --episodes 2 --seed 3 --out hopper.html"""),
     "list": ("list algorithms, strategies, environments and black-box tasks", "", None),
 }  # fmt: skip
 
@@ -92,6 +98,10 @@ SETTINGS = [
      {"dest": "overrides", "action": "append", "default": [], "metavar": "KEY=VALUE"}),
     ("--chunk", "generations per compiled chunk (default: 5)", N1),
     ("--checkpoint-every", "generations between checkpoints; 0: at the end (default: 10)", N0),
+    ("--log", "also log to tensorboard (RUN/tb) or wandb (offline unless logged in); "
+     "repeatable; adds to the config's loggers",
+     {"action": "append", "default": [], "choices": ("csv", "tensorboard", "wandb"),
+      "metavar": "LOGGER"}),
     ("-q --quiet", "no progress bar and no summary", FLAG),
     ("--no-figure", "do not draw fitness.png at the end", FLAG),
     ("--time-limit", "stop with a checkpoint before this much training time has passed "
@@ -171,6 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
                      ("--linear-y", "linear (default: log over 3 decades)", FLAG)], True)
     # fmt: on
     _add(p["launch"], LAUNCH)
+    _add(p["render"], [
+        ("run", "the run folder", {"metavar": "RUN"}),
+        ("--episodes", "episodes to run (default: 1)", {"type": int, "default": 1, **N}),
+        ("--seed", "key jax.random.key(S) (default: the key of the run's last evaluation)",
+         {"type": int, "metavar": "S"}),
+        ("--out -o", "the file (default: RUN/render.html or RUN/render.gif)", FILE),
+    ])  # fmt: skip
     return parser
 
 
@@ -221,7 +238,14 @@ def _cmd_train(args) -> int:
     resume, overrides = args.command == "resume", _overrides(args)
     sources = [os.path.join(args.run, "config.yaml")] if resume else []
     sources += [args.config] if args.config else []
-    _precheck(args, [s for s in sources if os.path.exists(s)], overrides)
+    present = [s for s in sources if os.path.exists(s)]
+    if args.log:  # added to the loggers the config names
+        try:
+            named = config_lib.merge(present, overrides).get("loggers") or ["csv"]
+        except ConfigError:
+            named = ["csv"]  # the config's own error comes where it is read
+        overrides.append(f"loggers=[{','.join(dict.fromkeys([*named, *args.log]))}]")
+    _precheck(args, present, overrides)
     # After jax.distributed (whose preemption notifier takes SIGTERM): a signal before
     # the session's own handlers ends the command as Ctrl-C does.
     for signum in shell.STOP_SIGNALS[1:]:
@@ -297,6 +321,16 @@ def _cmd_plot(args) -> int:
         raise RunError(f"Cannot write {str(err.filename or out)!r}: {err.strerror or err}; "
                        "draw it elsewhere with --out FILE.") from None  # fmt: skip
     print("\n".join(map(str, written)))
+    return 0
+
+
+def _cmd_render(args) -> int:
+    ckpt = store.load_checkpoint(args.run)
+    processes.set_precision(ckpt.config.get("precision", "float32"))
+    processes.use_compilation_cache()
+    from evorl_pop.run import render  # JAX's backend starts here, with the run's precision
+
+    print(render.render(args.run, args.episodes, args.seed, args.out))
     return 0
 
 

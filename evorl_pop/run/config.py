@@ -51,6 +51,10 @@ class RunConfig:
     checkpoint_every: int = 10
     devices: int | str | None = "auto"  # a count, None (all) or auto: backend.mesh_devices
     precision: str = "float32"  # or float64: JAX's 64-bit mode
+    # where metrics go besides metrics.csv (always written): tensorboard, wandb (run/loggers.py)
+    loggers: tuple[str, ...] = ("csv",)
+    wandb_project: str | None = None  # None: $WANDB_PROJECT, else evorl-pop
+    wandb_entity: str | None = None  # None: $WANDB_ENTITY, else the account's default
     algorithm_config: Any = None  # the algorithm's frozen config dataclass (None: defaults)
 
     def __post_init__(self):
@@ -59,7 +63,13 @@ class RunConfig:
 
 
 #: Run settings that may change when a run is resumed: they do not change its result.
-RESUMABLE_FIELDS = ("generations", "chunk", "checkpoint_every", "devices")
+RESUMABLE_FIELDS = (
+    "generations", "chunk", "checkpoint_every", "devices", "loggers", "wandb_project",
+    "wandb_entity",
+)  # fmt: skip
+
+#: The loggers a run config may name (``csv`` is always on).
+LOGGERS = ("csv", "tensorboard", "wandb")
 
 #: Algorithm config keys that were renamed: still read, with a note naming the new key.
 RENAMED = {"episode_steps": "episode_length"}
@@ -303,6 +313,12 @@ def validate(config: RunConfig, algorithm: bool = True) -> None:
         hint = did_you_mean(config.precision, ("float32", "float64"))
         raise ConfigError(f"precision: unknown value {config.precision!r}.{hint} Valid: "
                           "float32, float64.")  # fmt: skip
+    for name in config.loggers:
+        if name not in LOGGERS:
+            hint = did_you_mean(name, LOGGERS)
+            raise ConfigError(
+                f"loggers: unknown logger {name!r}.{hint} Valid: {', '.join(LOGGERS)}."
+            )
     devices = config.devices
     if not (devices in (None, "auto") or (isinstance(devices, int) and devices >= 1)):
         raise ConfigError(f"devices must be auto, null (all) or a count >= 1, got {devices!r}.")

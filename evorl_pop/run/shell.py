@@ -40,10 +40,10 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
-from evorl_pop.base import RunError, __version__, objective_error, read_text
+from evorl_pop.base import ConfigError, RunError, __version__, objective_error, read_text
 from evorl_pop.core.engine import make_mesh
 from evorl_pop.run import config as config_lib
-from evorl_pop.run import processes, store
+from evorl_pop.run import loggers, processes, store
 from evorl_pop.run.config import RunConfig
 from evorl_pop.run.store import Recorder
 
@@ -280,9 +280,14 @@ def build(config: RunConfig):
     return algorithm, mesh, jax.tree.map(place, state), run_key, text
 
 
-def default_recorders(extra: Sequence[Recorder] = ()) -> list[Recorder]:
-    """The run folder's recorders (metrics.csv, train.log, checkpoints), then ``extra``."""
-    return [store.MetricsCSV(), store.TrainLog(), store.Checkpoints(), *extra]
+def default_recorders(
+    extra: Sequence[Recorder] = (), config: RunConfig | None = None
+) -> list[Recorder]:
+    """The run folder's recorders (metrics.csv, train.log, checkpoints), the loggers
+    ``config.loggers`` names (but those ``extra`` has), then ``extra``."""
+    wanted = config is not None and any(name != "csv" for name in config.loggers)
+    named = loggers.from_config(config, extra) if wanted else []
+    return [store.MetricsCSV(), store.TrainLog(), store.Checkpoints(), *named, *extra]
 
 
 def _rows(run: store.Run, metrics: dict, wall: float) -> list[dict]:
@@ -411,7 +416,8 @@ def train(
       run_dir: the folder (``None``: ``runs/<algorithm>-<task>-<seed>-<time>``).
       progress: show a progress bar; figure: draw ``fitness.png`` at the end.
       overwrite: replace the records of an earlier run in ``run_dir``.
-      recorders: recorders beside the run folder's own (TensorBoard, W&B, yours).
+      recorders: recorders beside the run folder's own and the loggers ``config.loggers``
+        names (:mod:`evorl_pop.run.loggers`; one given here replaces the config's of its class).
       time_limit: seconds this session may train; it stops with a checkpoint
         before a chunk would pass them (``Interrupted``, status 124).
 
@@ -431,7 +437,12 @@ def train(
             raise objective_error(err) from None
         raise
     about = _about(f"new run in {run_dir}", config, mesh)
-    recorders = default_recorders(recorders)
+    try:
+        recorders = default_recorders(recorders, config)
+    except ConfigError:
+        if run_dir in store.RESERVED and not any(run_dir.iterdir()):
+            run_dir.rmdir()
+        raise
     with store.hold(run_dir, True, text, overwrite):
         run = store.Run(run_dir, config, text, run_key, about, writer=jax.process_index() == 0,
                         devices=mesh.size)  # fmt: skip
@@ -529,5 +540,5 @@ def resume(
             )
             print(note, file=sys.stderr)
             run.about += f"\n{note}"
-        recorders = default_recorders(recorders)
+        recorders = default_recorders(recorders, config)
         return _session(run, algorithm, state, recorders, progress, figure, time_limit)

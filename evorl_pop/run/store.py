@@ -70,6 +70,8 @@ LOG_FILENAME = "train.log"
 FIGURE_FILENAME = "fitness.png"
 LOCK_FILENAME = ".lock"
 RECORDS = (CONFIG_FILENAME, METRICS_FILENAME, CHECKPOINT_FILENAME)
+#: What the loggers (evorl_pop.run.loggers) and `render` write there; --overwrite removes them.
+EXTRAS = ("tb", "wandb", "wandb-id", "render.html", "render.gif")
 
 logger = logging.getLogger("evorl_pop.run")
 #: Folders :func:`default_run_dir` created, removed again if the run fails before using them.
@@ -153,7 +155,8 @@ def hold(run_dir: Path, new: bool, config_text: str | None = None, overwrite: bo
                 "for it to end (or stop it) before writing to this run folder, or choose another."
             ) from None
         # A refusal leaves even the lock file as it was.
-        present = [n for n in (*RECORDS, LOG_FILENAME, FIGURE_FILENAME) if (run_dir / n).exists()]
+        names = (*RECORDS, LOG_FILENAME, FIGURE_FILENAME, *EXTRAS)
+        present = [n for n in names if (run_dir / n).exists()]
         if new and present and not overwrite:
             raise RunError(
                 f"{str(run_dir)!r} holds a run already ({', '.join(present)}). Continue it with "

@@ -1,0 +1,104 @@
+"""``evorl-pop render``: a gymnax task's GIF and a brax task's HTML viewer, one frame per
+step, and a printed return equal to the one the run's evaluation reported."""
+
+import base64
+import json
+import os
+import re
+import zlib
+
+import numpy as np
+import pytest
+
+from evorl_pop import cli
+from evorl_pop.run import store
+
+SHORT = ["--pop", "8", "--set", "hidden_sizes=[4]", "--set", "eval_episodes=1", "-g", "3",
+         "--chunk", "3", "--devices", "1", "-q", "--no-figure"]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _restore_xla_flags(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+
+
+def _render(capsys, *args):
+    capsys.readouterr()
+    assert cli.main(["render", *args]) == 0
+    return capsys.readouterr().out
+
+
+def _returns(out):
+    episodes = [float(x) for x in re.findall(r"episode \d+: return (\S+)", out)]
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("return ")]
+    return episodes, float(line.split()[1])
+
+
+def test_render_gymnax_gif_one_frame_per_step_and_the_evaluations_return(tmp_path, capsys):
+    from PIL import Image
+
+    run = tmp_path / "pendulum"
+    length = 25
+    assert cli.main(["train", "--task", "Pendulum-v1", "--set", f"episode_length={length}",
+                     *SHORT, "--out", str(run)]) == 0  # fmt: skip
+    out = _render(capsys, str(run))
+    episodes, printed = _returns(out)
+    reported = store.read_metrics(run)["eval_return"][-1]
+    assert printed == float(reported) and episodes == [printed]  # exact, as the run reported
+    with Image.open(run / "render.gif") as gif:
+        assert gif.n_frames == length  # Pendulum runs to its time limit
+    # two episodes of another key: each frame a step, the mean as the evaluation's
+    other = tmp_path / "two.gif"
+    out = _render(capsys, str(run), "--episodes", "2", "--seed", "5", "--out", str(other))
+    episodes, printed = _returns(out)
+    assert len(episodes) == 2 and episodes[0] != episodes[1]
+    assert printed == pytest.approx(np.mean(np.float32(episodes)), rel=1e-6)
+    with Image.open(other) as gif:
+        assert gif.n_frames == 2 * length
+
+
+def test_render_black_box_has_nothing_to_render(tmp_path, capsys):
+    run = tmp_path / "sphere"
+    assert cli.main(["train", "--task", "sphere", "--set", "num_dims=2", "--pop", "4", "-g", "1",
+                     "-q", "--no-figure", "--devices", "1", "--out", str(run)]) == 0  # fmt: skip
+    out = _render(capsys, str(run)).strip()
+    assert len(out.splitlines()) == 1 and "nothing to render" in out and "sphere" in out
+    assert not (run / "render.gif").exists() and not (run / "render.html").exists()
+
+
+@pytest.mark.slow
+def test_render_brax_html_viewer_with_a_frame_per_step(tmp_path, capsys):
+    pytest.importorskip("brax")
+    run = tmp_path / "reacher"
+    length = 12  # reacher never ends early
+    assert cli.main(["train", "--task", "brax/reacher", "--set", "backend=spring", "--set",
+                     f"episode_length={length}", *SHORT, "--out", str(run)]) == 0  # fmt: skip
+    out = _render(capsys, str(run))
+    episodes, printed = _returns(out)
+    assert printed == float(store.read_metrics(run)["eval_return"][-1]) and episodes == [printed]
+    html = (run / "render.html").read_text()
+    assert "brax/visualizer/js/viewer.js" in html  # brax's own viewer
+    (encoded,) = re.findall(r'"([A-Za-z0-9+/=]{100,})"', html) or re.findall(
+        r"'([A-Za-z0-9+/=]{100,})'", html
+    )
+    system = json.loads(zlib.decompress(base64.b64decode(encoded)))
+    assert len(system["states"]["x"]) == length
+
+
+@pytest.mark.slow
+def test_render_pbt_takes_the_best_member_and_its_reported_return(tmp_path, capsys):
+    config = tmp_path / "pbt.yaml"
+    config.write_text(
+        "algorithm: pbt\nseed: 3\ngenerations: 2\nchunk: 1\nalgorithm_config:\n"
+        "  population_size: 3\n  interval: 20\n  episode_length: 10\n  learning_starts: 10\n"
+        "  updates_per_step: 0.5\n  buffer_capacity: 64\n  eval_episodes: 1\n"
+        "  td3: {actor_hidden_sizes: [8], critic_hidden_sizes: [16], batch_size: 16}\n"
+    )
+    run = tmp_path / "pbt"
+    assert cli.main(["train", "--config", str(config), "--out", str(run), "--devices", "1",
+                     "-q", "--no-figure"]) == 0  # fmt: skip
+    out = _render(capsys, str(run))
+    episodes, printed = _returns(out)
+    metrics = store.read_metrics(run)
+    best = max(metrics[f"member{i}_return"][-1] for i in range(3))
+    assert printed == float(best) and episodes == [printed]
