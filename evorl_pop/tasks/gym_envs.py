@@ -421,6 +421,12 @@ class GymTask(ControlTask):
             policy=policy,
         )
 
+    def _collect(self, solution, key, task_state, episodes: int):
+        raise ValueError(
+            f"{self.name} steps on the host and keeps no transitions: the algorithms with "
+            "learners (CEM-RL, ERL, PBT) take environments stepped in JAX."
+        )
+
     def _episodes(self, solution, key, task_state, episodes) -> EpisodeStats:
         """The episodes of one candidate, run by the host (one rollout per device under vmap)."""
         spec, obs_norm = self.spec, task_state if self.normalize_obs else None
