@@ -32,7 +32,8 @@ from evorl_pop.core.engine import Engine
 from evorl_pop.tasks import make_task
 from evorl_pop.tasks.blackbox import BLACKBOX_FUNCTIONS, BLACKBOX_TASKS
 from evorl_pop.tasks.brax_envs import BRAX_PREFIX
-from evorl_pop.tasks.envs import env_names
+from evorl_pop.tasks.envs import GYM_PREFIX, VECTOR_MODES, env_names
+from evorl_pop.tasks.playground_envs import IMPLS, PLAYGROUND_PREFIX
 
 # --- OpenAI-ES with a noise table --------------------------------------------------
 
@@ -282,8 +283,11 @@ class ESConfig:
       strategy: evosax strategy name, see :data:`STRATEGIES`.
       task: black-box function (``sphere``, ``ellipsoid``, ``rosenbrock``,
         ``rastrigin``), BBOB function (``bbob/ellipsoidal_rotated``, ...; see
-        :data:`evorl_pop.tasks.blackbox.BBOB_FUNCTIONS`) or environment name
-        (``CartPole-v1``, ``Pendulum-v1``, ...).
+        :data:`evorl_pop.tasks.blackbox.BBOB_FUNCTIONS`), environment name
+        (``CartPole-v1``, ``Pendulum-v1``, ``brax/hopper``,
+        ``playground/CheetahRun``, ...) or ``gym:<id>``, any registered
+        Gymnasium environment, stepped on the host
+        (:class:`~evorl_pop.tasks.gym_envs.GymTask`).
       population_size: candidates per generation.
       sigma_init: initial search width (``None``: see :data:`RECOMMENDED`).
       learning_rate: optimizer learning rate for gradient-style ES (``None``:
@@ -304,6 +308,11 @@ class ESConfig:
       backend: brax tasks: physics backend, ``'spring'`` (default: the
         fastest), ``'positional'``, ``'generalized'`` (brax's default, the
         most accurate) or ``'mjx'`` (where mujoco's MJX is installed).
+      impl: Playground tasks: MJX implementation, ``'jax'`` (default: CPU or
+        accelerator) or ``'warp'`` (MuJoCo Warp, NVIDIA GPUs).
+      vector: ``gym:`` tasks: ``'sync'`` (each device steps its slice's
+        episodes in turn, in this process) or ``'async'`` (a worker process
+        per episode).
       episodes: control tasks: episodes per candidate.
       normalize_obs: control tasks: running observation normalisation.
       virtual_batch_norm: control tasks: standardise the policy's hidden
@@ -338,6 +347,8 @@ class ESConfig:
     policy: str = "auto"
     episode_length: int | None = None
     backend: str = "spring"
+    impl: str = "jax"
+    vector: str = "sync"
     episodes: int = 1
     normalize_obs: bool = False
     virtual_batch_norm: bool = False
@@ -350,9 +361,11 @@ class ESConfig:
 
     def validate(self) -> None:
         """Raises a :class:`~evorl_pop.base.ConfigError` naming a value that cannot run."""
+        gym = self.task.startswith(GYM_PREFIX)  # any Gymnasium id: checked when made
         check_config(
             self,
-            choices=dict(strategy=STRATEGIES, task=(*BLACKBOX_TASKS, *env_names()),
+            choices=dict(strategy=STRATEGIES, impl=IMPLS, vector=VECTOR_MODES,
+                         **({} if gym else {"task": (*BLACKBOX_TASKS, *env_names())}),
                          optimizer=OPTIMIZERS,
                          activation=("tanh", "relu", "elu"), eval_mode=("vmap", "map"),
                          noise=NOISE),
@@ -377,6 +390,12 @@ class ESConfig:
                     f"{name} applies to environment tasks (a policy network), not to the "
                     f"black-box task {self.task!r}: leave it false."
                 )
+        for name in ("virtual_batch_norm", "rollout_lanes"):
+            if gym and getattr(self, name):
+                raise ConfigError(
+                    f"{name} applies to environments stepped in JAX; {self.task} steps on the "
+                    f"host: leave it {'false' if name == 'virtual_batch_norm' else 'null'}."
+                )
         if any(h < 1 for h in self.hidden_sizes):
             raise ConfigError(f"hidden_sizes must be at least 1, got {list(self.hidden_sizes)}.")
         for name in ("sigma_init", "learning_rate"):
@@ -390,17 +409,23 @@ class ESConfig:
             kwargs = dict(num_dims=self.num_dims, x0=self.x0)
             return make_task(self.task, **kwargs, **({} if self.task in BLACKBOX_FUNCTIONS else
                                                      {"instance": self.instance}))  # fmt: skip
-        return make_task(
-            self.task,
+        policy = dict(
             hidden_sizes=tuple(self.hidden_sizes),
             activation=self.activation,
             episodes=self.episodes,
             normalize_obs=self.normalize_obs,
             episode_length=self.episode_length,
-            backend=self.backend if self.task.startswith(BRAX_PREFIX) else None,
             policy=self.policy,
+        )
+        if self.task.startswith(GYM_PREFIX):
+            return make_task(self.task, vector=self.vector, **policy)
+        return make_task(
+            self.task,
+            backend=self.backend if self.task.startswith(BRAX_PREFIX) else None,
+            impl=self.impl if self.task.startswith(PLAYGROUND_PREFIX) else None,
             lanes=self.rollout_lanes,
             virtual_batch_norm=self.virtual_batch_norm,
+            **policy,
         )
 
 

@@ -354,6 +354,8 @@ def _cmd_list(args) -> int:
         print(f"{title}:")
         print(textwrap.fill(", ".join(sorted(names)), 88, initial_indent="  ",
                             subsequent_indent="  ", break_on_hyphens=False))  # fmt: skip
+    print("Gymnasium environments (--task gym:ID, stepped on the host):")
+    print("  any id of gymnasium.registry, e.g. gym:CartPole-v1, gym:LunarLander-v3")
     return 0
 
 

@@ -22,7 +22,14 @@ from pathlib import Path
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 ES_EXAMPLES = ["cmaes_blackbox.py", "openes_cartpole.py", "openes_pendulum.py"]
 HYBRID_EXAMPLES = ["cemrl_pendulum.py", "erl_pendulum.py"]
-LONG_EXAMPLES = ["pbt_pendulum.py", "openes_brax.py", "cemrl_brax.py", "openes_minatar.py"]
+LONG_EXAMPLES = [
+    "pbt_pendulum.py",
+    "openes_brax.py",
+    "cemrl_brax.py",
+    "openes_minatar.py",
+    "openes_playground.py",
+    "openes_gymnasium.py",
+]
 
 
 def main() -> None:

@@ -333,7 +333,8 @@ def test_console_script_help():
 def test_list(capsys):
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out
-    for word in ["algorithms:", "es ", "CMA_ES", "Open_ES", "CartPole-v1", "sphere", "rosenbrock"]:
+    for word in ["algorithms:", "es ", "CMA_ES", "Open_ES", "CartPole-v1", "sphere", "rosenbrock",
+                 "playground/CheetahRun", "gym:ID"]:  # fmt: skip
         assert word in out
     # every name whole, never split at a line end ("Freeway-" / "MinAtar")
     from evorl_pop.algorithms.es import STRATEGIES

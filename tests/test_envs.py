@@ -29,7 +29,8 @@ from evorl_pop.tasks.envs import (
 from evorl_pop.tasks.rollout import rollout
 
 BRAX = sorted(name for name in env_names() if name.startswith("brax/"))
-GYMNAX = sorted(name for name in env_names() if not name.startswith("brax/"))
+# Playground's tasks train in tests/test_playground.py
+GYMNAX = sorted(name for name in env_names() if not name.startswith(("brax/", "playground/")))
 
 # tiny and cheap: 2 generations of 8 candidates, 8-step episodes, no evaluation
 TINY = dict(population_size=8, hidden_sizes=(4,), episode_length=8, eval_episodes=0)

@@ -20,6 +20,8 @@ TRAINING = {
     "openes_pendulum.py": ("openes_pendulum.png", ["openes-pendulum"]),
     "openes_minatar.py": ("openes_breakout.png", ["openes-breakout"]),
     "openes_brax.py": ("openes_brax.png", ["openes-brax"]),
+    "openes_playground.py": ("openes_playground.png", ["openes-playground"]),
+    "openes_gymnasium.py": ("openes_gymnasium.png", ["openes-gymnasium"]),
     "cmaes_blackbox.py": ("cmaes_blackbox.png", ["cmaes-sphere", "cmaes-ellipsoid",
                                                  "cmaes-rosenbrock"]),
     "cemrl_pendulum.py": ("cemrl_pendulum.png", ["cemrl-pendulum"]),

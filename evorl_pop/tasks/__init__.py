@@ -17,7 +17,10 @@ conversion to evosax's minimisation is :func:`evorl_pop.core.engine.to_minimizat
 Modules: :mod:`~evorl_pop.tasks.blackbox` (test functions, BBOB, Python
 objectives), :mod:`~evorl_pop.tasks.envs` (the environment protocol, gymnax,
 brax), :mod:`~evorl_pop.tasks.rollout` (every episode),
-:mod:`~evorl_pop.tasks.control` (policies and the control task).
+:mod:`~evorl_pop.tasks.control` (policies and the control task),
+:mod:`~evorl_pop.tasks.brax_envs` and :mod:`~evorl_pop.tasks.playground_envs`
+(physics in JAX), :mod:`~evorl_pop.tasks.gym_envs` (Gymnasium environments
+stepped on the host, ``gym:<id>``).
 """
 
 import functools
@@ -32,12 +35,13 @@ from evorl_pop.tasks.blackbox import (
     PythonTask,
 )
 from evorl_pop.tasks.control import ControlTask
-from evorl_pop.tasks.envs import env_names, make_env
+from evorl_pop.tasks.envs import GYM_PREFIX, env_names, make_env
 
 
 @functools.cache
 def task_names() -> tuple[str, ...]:
-    """Every task name :func:`make_task` accepts: black-box functions, BBOB, environments."""
+    """Every task name :func:`make_task` accepts: black-box functions, BBOB, environments
+    (besides any ``gym:<id>`` of Gymnasium's registry)."""
     return (*BLACKBOX_TASKS, *env_names())
 
 
@@ -47,10 +51,12 @@ def make_task(name: str, **kwargs):
     Args:
       name: ``'sphere'``, ``'ellipsoid'``, ``'rosenbrock'``, ``'rastrigin'``, a
         BBOB function ``'bbob/<name>'`` (``'bbob/ellipsoidal_rotated'``, see
-        :data:`evorl_pop.tasks.blackbox.BBOB_FUNCTIONS`), or an environment such as
-        ``'CartPole-v1'`` or ``'Pendulum-v1'``.
+        :data:`evorl_pop.tasks.blackbox.BBOB_FUNCTIONS`), an environment such as
+        ``'CartPole-v1'``, ``'brax/hopper'`` or ``'playground/CheetahRun'``, or a
+        Gymnasium environment ``'gym:<id>'`` (``'gym:LunarLander-v3'``).
       **kwargs: passed to :class:`BlackBoxTask`, :class:`BBOBTask`
-        (``num_dims``, ``instance``, ``x0``) or :class:`ControlTask`.
+        (``num_dims``, ``instance``, ``x0``), :class:`ControlTask` or
+        :class:`~evorl_pop.tasks.gym_envs.GymTask`.
 
     Returns:
       The task.
@@ -61,9 +67,15 @@ def make_task(name: str, **kwargs):
         return BBOBTask(function=name[len(BBOB_PREFIX) :], **kwargs)
     if name in env_names():
         return ControlTask(env=name, **kwargs)
+    if name.startswith(GYM_PREFIX):
+        from evorl_pop.tasks.gym_envs import GymTask  # imports Gymnasium: only when asked for
+
+        return GymTask(name, **kwargs)
     names = task_names()
     hint = did_you_mean(name, names, 3)
-    raise ValueError(f"Unknown task {name!r}.{hint} Valid: {', '.join(sorted(names))}.")
+    raise ValueError(
+        f"Unknown task {name!r}.{hint} Valid: {', '.join(sorted(names))}, or gym:<Gymnasium id>."
+    )
 
 
 __all__ = [

@@ -184,7 +184,7 @@ VBN_BATCH = 128
 
 
 class ControlTask:
-    """Neuroevolution of a policy network on an environment (gymnax or brax).
+    """Neuroevolution of a policy network on an environment (gymnax, brax or Playground).
 
     The score of a candidate is its mean return over ``episodes`` episodes.
     """
@@ -202,6 +202,7 @@ class ControlTask:
         episode_length: int | None = None,
         backend: str | None = None,
         policy: str = "auto",
+        impl: str | None = None,
         lanes: int | None = None,
         virtual_batch_norm: bool = False,
         transitions: bool = False,
@@ -222,6 +223,7 @@ class ControlTask:
           episode_length: steps after which an episode ends (``None``: the
             environment's own limit, 1000 for brax).
           backend: brax environments: the physics backend (``None``: spring).
+          impl: Playground environments: the MJX implementation (``None``: ``'jax'``).
           policy: ``'auto'`` (a CNN for image observations, else an MLP),
             ``'mlp'``, ``'cnn'`` or ``'keypoints'`` (see :func:`make_policy`).
           lanes: episodes a device steps at once, taking the next pending
@@ -243,10 +245,11 @@ class ControlTask:
         if lanes is not None and lanes < 1:
             raise ValueError(f"lanes must be at least 1 (or None for the default), got {lanes}.")
         if isinstance(env, str):
-            env = make_env(env, episode_length=episode_length,
-                           **({} if backend is None else {"backend": backend}))  # fmt: skip
-        elif backend is not None:
-            raise ValueError("backend applies to environment names: use make_env(name, backend=).")
+            env = make_env(env, episode_length=episode_length, backend=backend, impl=impl)
+        elif backend is not None or impl is not None:
+            raise ValueError(
+                "backend and impl apply to environment names: use make_env(name, backend=, impl=)."
+            )
         self.env, self.spec, self.name = env, env.spec, env.spec.name
         self.policy = make_policy(self.spec, hidden_sizes, activation, policy_module, policy)
         self.episodes, self.normalize_obs = episodes, normalize_obs

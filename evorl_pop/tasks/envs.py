@@ -10,7 +10,11 @@ An environment here is any object with
 (termination or time limit, ``spec.max_steps``), later steps add nothing.
 :class:`GymnaxEnv` adapts the gymnax environments,
 :class:`~evorl_pop.tasks.brax_envs.BraxEnv` the brax ones (``brax/hopper``,
-...); another simulator plugs in by implementing the same three members.
+...), :class:`~evorl_pop.tasks.playground_envs.PlaygroundEnv` MuJoCo
+Playground's DM Control Suite (``playground/CheetahRun``, ...); another
+simulator plugs in by implementing the same three members. Gymnasium
+environments, stepped on the host, are tasks of their own
+(:class:`~evorl_pop.tasks.gym_envs.GymTask`, ``gym:<id>``).
 Every episode runs through :mod:`evorl_pop.tasks.rollout`.
 
 A policy is a flax module plus the map from its output to an action
@@ -35,6 +39,7 @@ import numpy as np
 
 from evorl_pop.base import EnvSpec, did_you_mean
 from evorl_pop.tasks.brax_envs import BRAX_ENVS, BRAX_PREFIX, BraxEnv
+from evorl_pop.tasks.playground_envs import PLAYGROUND_ENVS, PLAYGROUND_PREFIX, PlaygroundEnv
 
 
 class Env(Protocol):
@@ -107,6 +112,12 @@ class GymnaxEnv:
         return obs, state, reward.astype(jnp.float32), done
 
 
+#: The prefix of Gymnasium tasks, ``gym:<id>`` (:class:`~evorl_pop.tasks.gym_envs.GymTask`):
+#: stepped on the host, they are tasks rather than environments of :func:`make_env`.
+GYM_PREFIX = "gym:"
+#: Their Gymnasium vector environments: in this process, or a worker process per episode.
+VECTOR_MODES = ("sync", "async")
+
 #: gymnax environments :func:`make_env` does not offer, with the reason.
 UNLISTED_GYMNAX = {
     "MNISTBandit-bsuite": "downloads the MNIST data set when it is built",
@@ -115,11 +126,15 @@ UNLISTED_GYMNAX = {
 
 @functools.cache
 def env_names() -> tuple[str, ...]:
-    """Every environment :func:`make_env` builds by name: gymnax's, then brax's."""
+    """Every environment :func:`make_env` builds by name: gymnax's, brax's, then Playground's."""
     import gymnax  # starts JAX's backend when imported: only once names are asked for
 
     gymnax_names = [name for name in gymnax.registered_envs if name not in UNLISTED_GYMNAX]
-    return (*gymnax_names, *(BRAX_PREFIX + name for name in BRAX_ENVS))
+    return (
+        *gymnax_names,
+        *(BRAX_PREFIX + name for name in BRAX_ENVS),
+        *(PLAYGROUND_PREFIX + name for name in PLAYGROUND_ENVS),
+    )
 
 
 def make_env(name: str, **env_kwargs) -> Env:
@@ -127,12 +142,14 @@ def make_env(name: str, **env_kwargs) -> Env:
 
     Args:
       name: one of :func:`env_names`: a gymnax environment (e.g.
-        ``'CartPole-v1'``, ``'Pendulum-v1'``, ``'Breakout-MinAtar'``) or a
-        brax one (``'brax/hopper'``, ``'brax/halfcheetah'``, ...).
+        ``'CartPole-v1'``, ``'Pendulum-v1'``, ``'Breakout-MinAtar'``), a
+        brax one (``'brax/hopper'``, ``'brax/halfcheetah'``, ...) or a
+        Playground one (``'playground/CheetahRun'``, ...).
       **env_kwargs: passed to the environment's constructor; every
         environment takes ``episode_length`` (``None``: its own limit, 1000
-        for brax), brax ones also ``backend`` (``'spring'``, ``'positional'``,
-        ``'generalized'``, ``'mjx'``).
+        for brax and Playground), brax ones also ``backend`` (``'spring'``,
+        ``'positional'``, ``'generalized'``, ``'mjx'``), Playground ones
+        ``impl`` (``'jax'``, ``'warp'``).
 
     Returns:
       An :class:`Env`.
@@ -152,6 +169,8 @@ def make_env(name: str, **env_kwargs) -> Env:
     env_kwargs = {k: v for k, v in env_kwargs.items() if v is not None}
     if name.startswith(BRAX_PREFIX):
         return BraxEnv(name.removeprefix(BRAX_PREFIX), **env_kwargs)
+    if name.startswith(PLAYGROUND_PREFIX):
+        return PlaygroundEnv(name.removeprefix(PLAYGROUND_PREFIX), **env_kwargs)
     return GymnaxEnv(name, **env_kwargs)
 
 

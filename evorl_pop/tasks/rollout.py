@@ -276,7 +276,10 @@ def rollout(
             buffers = jax.tree.map(lambda b, x: b.at[i].set(x), buffers, out)
         return i + 1, carry, buffers
 
-    _, final, buffers = jax.lax.while_loop(cond, body, (jnp.int32(0), init, buffers))
+    loop = (jnp.int32(0), init, buffers)
+    # A loop of one segment (short episodes) is no loop: around the step's own
+    # loops (MJX's), XLA takes about twice as long to compile it.
+    _, final, buffers = body(loop) if num_segments == 1 else jax.lax.while_loop(cond, body, loop)
     _, _, ret, steps, _, moments = final
     transitions = valid = None
     if collect:

@@ -1,0 +1,216 @@
+"""Environments outside brax, measured side by side: Gymnasium on the host, Playground's MJX.
+
+    python benchmarks/bench_host_envs.py [--gym gym:CartPole-v1,gym:HalfCheetah-v5]
+        [--pop 64] [--episode-length 200] [--devices 1,2] [--vector sync]
+        [--playground playground/CheetahRun] [--pg-pop 64] [--pg-steps 100] [--reps 3]
+
+Prints one table of environment steps per second:
+
+* each ``--gym`` task: the engine's sharded evaluation of a population
+  (``Engine.evaluate``: every device steps its slice in its own Gymnasium
+  vector env through host callbacks, the policy in JAX), on each ``--devices``
+  count, against a hand-written loop that steps the same population's same
+  episodes (the same reset seeds) in the same vector env and evaluates the
+  policies with one jitted call per step. Both count the steps taken before
+  each episode ended (the loop checks that its count equals the engine's).
+  ``ratio`` is engine / hand-written (goal: >= 0.8 on one device, more with
+  every core).
+* ``--playground``: whole OpenES generations of the engine on the Playground
+  task (MJX physics) against brax-style full-width stepping of its MJX
+  environment: a hand-written ``jit(vmap(scan(env.step)))`` of the same
+  population, Playground's own ``reset`` / ``step``, no wrapper or mask
+  (as ``benchmarks/bench_brax.py`` measures brax). Both count
+  ``pop x steps`` steps per generation (the suite's episodes never end early).
+
+Every timing is the best of ``--reps`` calls after a warm-up call. The
+benchmark sets one CPU device per core it may use (at least the largest
+``--devices``) before JAX starts.
+"""
+
+import argparse
+import os
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options; parsed before JAX starts, as the device count must be."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gym", default="gym:CartPole-v1,gym:HalfCheetah-v5")
+    parser.add_argument("--pop", type=int, default=64, help="population of the gym rows")
+    parser.add_argument("--episodes", type=int, default=1, help="episodes per candidate")
+    parser.add_argument("--episode-length", type=int, default=200)
+    parser.add_argument("--devices", default="1,2", help="device counts of the gym rows")
+    parser.add_argument("--vector", default="sync", help="sync or async")
+    parser.add_argument("--playground", default="playground/CheetahRun", help="'' to skip")
+    parser.add_argument("--pg-pop", type=int, default=64)
+    parser.add_argument("--pg-steps", type=int, default=100)
+    parser.add_argument("--gens", type=int, default=2, help="playground generations per call")
+    parser.add_argument("--reps", type=int, default=3)
+    return parser.parse_args(argv)
+
+
+ARGS = parse_args()
+DEVICES = [int(d) for d in ARGS.devices.split(",")]
+os.environ.setdefault(
+    "XLA_FLAGS", f"--xla_force_host_platform_device_count={max(*DEVICES, os.cpu_count())}"
+)
+
+import functools  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from evorl_pop import make_mesh  # noqa: E402
+from evorl_pop.algorithms.es import ES, ESConfig  # noqa: E402
+from evorl_pop.run.shell import chunk_fn  # noqa: E402
+from evorl_pop.tasks.gym_envs import episode_seeds  # noqa: E402
+
+
+def make_es(task, pop, devices, **fields):
+    config = ESConfig(task=task, population_size=pop, hidden_sizes=(32,), eval_episodes=0,
+                      **fields)  # fmt: skip
+    return ES(config, mesh=make_mesh(devices))
+
+
+def _evaluated_steps(engine, population, key):
+    """The env steps of the engine's sharded evaluation of ``population``."""
+    return engine.evaluate(population, key, engine.task.init_state())[0].info.steps
+
+
+def interleaved_best(fns, reps):
+    """The fastest of ``reps`` calls of each function, the calls taking turns (so load
+    from elsewhere on a shared machine falls on all of them alike), after a warm-up call.
+
+    Returns:
+      ``(seconds, output of the warm-up call)`` per function.
+    """
+    outs = [jax.block_until_ready(fn()) for fn in fns]
+    best = [float("inf")] * len(fns)
+    for _ in range(reps):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn())
+            best[i] = min(best[i], time.perf_counter() - t0)
+    return list(zip(best, outs, strict=True))
+
+
+def handwritten_steps(task, vec, params, seeds, discrete):
+    """Steps one vector env's episodes to their ends, one jitted policy call per step.
+
+    Returns:
+      The steps taken before each episode ended, summed.
+    """
+    act = _policy_fn(task)
+    obs, _ = vec.reset(seed=seeds)
+    ended = np.zeros(len(seeds), bool)
+    steps = t = 0
+    while not ended.all():
+        actions = np.asarray(act(params, obs))
+        obs, _, terminated, truncated, _ = vec.step(actions.astype(np.int64) if discrete
+                                                    else actions)  # fmt: skip
+        steps, t = steps + int((~ended).sum()), t + 1
+        ended |= terminated | truncated | (t >= task.spec.max_steps)
+    return steps
+
+
+_POLICIES = {}
+
+
+def _policy_fn(task):
+    """``jit(vmap(policy))`` of a task's parameters (one row per episode) and observations."""
+    if id(task) not in _POLICIES:
+        _POLICIES[id(task)] = jax.jit(
+            jax.vmap(lambda p, o: task.policy(task.unravel(p), jnp.asarray(o, jnp.float32)))
+        )
+    return _POLICIES[id(task)]
+
+
+def population_seeds(key, pop, episodes):
+    """Every episode's reset seed, candidate by candidate: candidate ``i`` is evaluated with
+    ``fold_in(key, i)``, as ``Engine.evaluate`` draws it."""
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(pop))
+    seeds = jax.vmap(lambda k: episode_seeds(k, episodes))(keys)
+    return [int(s) for s in np.asarray(seeds).ravel()]
+
+
+def gym_rows(args):
+    for name in args.gym.split(","):
+        common = dict(episode_length=args.episode_length, episodes=args.episodes,
+                      vector=args.vector)  # fmt: skip
+        engines = [make_es(name, args.pop, devices, **common) for devices in DEVICES]
+        task, es = engines[0].task, engines[0]
+        state = es.init(jax.random.key(0))
+        population = np.asarray(es.strategy.ask(jax.random.key(1), state.strategy_state,
+                                                es.params)[0])  # fmt: skip
+        key = jax.random.key(2)
+        seeds = population_seeds(key, args.pop, args.episodes)
+        params = jnp.repeat(population, args.episodes, axis=0)
+        vec = task.pool.make_vector_env(len(seeds))
+        fns = [functools.partial(handwritten_steps, task, vec, params, seeds, task.spec.discrete)]
+        for engine in engines:
+            evaluate = jax.jit(functools.partial(_evaluated_steps, engine))
+            fns.append(functools.partial(evaluate, population, key))
+        (hand_time, hand_steps), *timed = interleaved_best(fns, args.reps)
+        hand = hand_steps / hand_time
+        print(f"{name:28s} {'hand-written':>14s} {hand:12,.0f}   (1 process, {args.vector})")
+        for devices, (seconds, steps) in zip(DEVICES, timed, strict=True):
+            assert int(steps) == hand_steps, (int(steps), hand_steps)  # the same episodes
+            rate = hand_steps / seconds
+            goal = ">= 0.8" if devices == 1 else "> the 1-device ratio"
+            print(f"{'':28s} {f'engine, {devices} dev':>14s} {rate:12,.0f}   ratio "
+                  f"{rate / hand:5.2f}  (goal {goal})")  # fmt: skip
+        vec.close()
+        for engine in engines:
+            engine.task.pool.close()
+
+
+def playground_row(args):
+    es = make_es(args.playground, args.pg_pop, 1, episode_length=args.pg_steps)
+    env = es.task.env.env  # Playground's own environment
+    state = es.init(jax.random.key(0))
+    run = chunk_fn(es, args.gens)
+    engine = jax.jit(lambda s, k: run(s, k)[1]["env_steps"].sum())
+    population = jax.vmap(es.task.init_solution)(jax.random.split(jax.random.key(2), args.pg_pop))
+
+    def episode(flat, key):  # full width, no mask, no early exit: brax-style stepping
+        params = es.task.unravel(flat)
+
+        def body(s, _):
+            s = env.step(s, es.task.policy(params, s.obs))
+            return s, s.reward
+
+        return jax.lax.scan(body, env.reset(key), None, length=args.pg_steps)[1].sum()
+
+    def generations(pop, key):
+        keys = jax.random.split(key, (args.gens, args.pg_pop))
+        return jax.lax.map(lambda k: jax.vmap(episode)(pop, k).sum(), keys)
+
+    hand = jax.jit(generations)
+    (seconds, steps), (hand_seconds, _) = interleaved_best(
+        [functools.partial(engine, state, jax.random.key(1)),
+         functools.partial(hand, population, jax.random.key(3))], args.reps
+    )  # fmt: skip
+    rate = float(steps) / seconds
+    hand_rate = args.gens * args.pg_pop * args.pg_steps / hand_seconds
+    print(f"{args.playground:28s} {'hand-written':>14s} {hand_rate:12,.0f}   "
+          "(jit(vmap(scan(step))))")  # fmt: skip
+    print(f"{'':28s} {'engine, 1 dev':>14s} {rate:12,.0f}   ratio {rate / hand_rate:5.2f}")
+
+
+def main(args):
+    print(f"jax {jax.__version__}, {jax.default_backend()}, {os.cpu_count()} cores, best of "
+          f"{args.reps}; gym: population {args.pop} x {args.episodes} episode(s), episodes of at "
+          f"most {args.episode_length} steps; playground: population {args.pg_pop}, "
+          f"{args.pg_steps}-step episodes")  # fmt: skip
+    print(f"{'task':28s} {'':>14s} {'env steps/s':>12s}")
+    start = time.perf_counter()
+    if args.gym:
+        gym_rows(args)
+    if args.playground:
+        playground_row(args)
+    print(f"({time.perf_counter() - start:.0f} s)")
+
+
+if __name__ == "__main__":
+    main(ARGS)

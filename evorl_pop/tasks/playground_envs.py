@@ -1,0 +1,150 @@
+"""MuJoCo Playground's DM Control Suite behind the :class:`~evorl_pop.tasks.envs.Env` protocol.
+
+Every task of Playground's ``dm_control_suite`` registry that ships its model
+files is a task named ``playground/<Task>`` (``playground/CartpoleSwingup``,
+``playground/CheetahRun``, ``playground/WalkerWalk``, ...)::
+
+    reset(key)                 -> obs, BraxState(playground state, time=0, done=False)
+    step(key, state, action)   -> obs, state, reward, done
+                                  done = the physics went NaN (the suite's only end)
+                                         or time == episode_length
+
+The stepping is :class:`~evorl_pop.tasks.brax_envs.BraxEnv`'s: Playground's
+``State`` has brax's ``obs`` / ``reward`` / ``done`` fields, so an ended
+episode is frozen the same way (same state, zero reward, ``done=True``) and
+the rollouts, their early exit and every algorithm that takes a
+continuous-action environment (ES, CEM-RL, ERL, PBT) use these tasks as they
+use brax's. Actions live in ``[-1, 1]``, every suite actuator's control range.
+
+Physics runs in MJX, MuJoCo's JAX implementation (``impl='jax'``, on a CPU
+or an accelerator), or in MuJoCo Warp (``impl='warp'``, NVIDIA GPUs;
+Playground's own default, about 100x slower than ``'jax'`` on a CPU).
+
+Playground is an optional dependency (``pip install -e '.[playground]'``);
+it is imported when the first Playground environment is built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import warnings
+
+import jax
+
+from evorl_pop.base import ConfigError, EnvSpec
+from evorl_pop.tasks.brax_envs import BraxEnv
+
+PLAYGROUND_PREFIX = "playground/"
+#: MuJoCo Playground's DM Control Suite tasks offered (``playground/<name>``):
+#: its whole ``dm_control_suite`` registry, whose model files ship with the
+#: package (none is fetched at run time).
+PLAYGROUND_ENVS = tuple(
+    """AcrobotSwingup AcrobotSwingupSparse BallInCup CartpoleBalance CartpoleBalanceSparse
+    CartpoleSwingup CartpoleSwingupSparse CheetahRun FingerSpin FingerTurnEasy FingerTurnHard
+    FishSwim HopperHop HopperStand HumanoidRun HumanoidStand HumanoidWalk PendulumSwingup
+    PointMass ReacherEasy ReacherHard SwimmerSwimmer6 WalkerRun WalkerStand WalkerWalk""".split()
+)
+
+#: MJX implementations: MuJoCo's physics in JAX, or MuJoCo Warp (NVIDIA GPUs).
+IMPLS = ("jax", "warp")
+DEFAULT_IMPL = "jax"
+#: The suite's episodes: 1,000 control steps.
+DEFAULT_EPISODE_LENGTH = 1000
+
+# MuJoCo's warning handler is global: threads (devices' host callbacks) take turns.
+_NOTICES = threading.Lock()
+
+
+def _new_notices_lock():
+    """A forked child (Gymnasium's worker processes) starts with one thread: a lock another
+    thread of the parent held at the fork would stay held in it forever."""
+    global _NOTICES
+    _NOTICES = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_notices_lock)
+
+
+def _import_suite():
+    try:
+        from mujoco_playground import dm_control_suite
+    except ImportError as err:
+        raise ConfigError(
+            f"playground tasks need MuJoCo Playground, which is not installed ({err}); "
+            "install it with: pip install -e '.[playground]'"
+        ) from err
+    return dm_control_suite
+
+
+@contextlib.contextmanager
+def mujoco_notices():
+    """MuJoCo's warnings while a model compiles, as Python warnings, less the deprecation
+    notices of older model files (MuJoCo 4 on ``settotalmass``) that no user can act on.
+
+    MuJoCo's default handler prints them and appends them to ``MUJOCO_LOG.TXT``
+    in the working directory. Without MuJoCo, it does nothing.
+    """
+    try:
+        import mujoco
+    except ImportError:
+        yield
+        return
+    seen: list[str] = []
+    with _NOTICES:
+        previous = mujoco.get_mju_user_warning()
+        mujoco.set_mju_user_warning(seen.append)
+        try:
+            yield
+        finally:
+            mujoco.set_mju_user_warning(previous)
+    for message in seen:
+        if "is deprecated" not in message:
+            warnings.warn(f"MuJoCo: {message}", RuntimeWarning, stacklevel=3)
+
+
+class PlaygroundEnv(BraxEnv):
+    """A DM Control Suite task of MuJoCo Playground, stepped without auto-reset.
+
+    Args:
+      name: a task in :data:`PLAYGROUND_ENVS` (without the prefix).
+      episode_length: control steps after which the episode is truncated.
+      impl: the MJX implementation, one of :data:`IMPLS`.
+
+    Raises:
+      ConfigError: MuJoCo Playground is not installed.
+      ValueError: an unknown name or implementation, or a non-positive episode length.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        episode_length: int = DEFAULT_EPISODE_LENGTH,
+        impl: str = DEFAULT_IMPL,
+    ):
+        if name not in PLAYGROUND_ENVS:
+            raise ValueError(f"Unknown playground task {name!r}; choose from {PLAYGROUND_ENVS}.")
+        if impl not in IMPLS:
+            raise ValueError(f"Unknown playground impl {impl!r}; choose from {IMPLS}.")
+        if episode_length < 1:
+            raise ValueError(f"episode_length must be at least 1, got {episode_length}.")
+        suite = _import_suite()
+        overrides = {"impl": impl, "episode_length": int(episode_length)}
+        with mujoco_notices():
+            self.env = suite.load(name, config_overrides=overrides)
+        # jitted, as BraxEnv's: an MJX step takes seconds of Python to trace,
+        # and the rollouts trace it in several loops
+        self._reset, self._step = jax.jit(self.env.reset), jax.jit(self.env.step)
+        obs = jax.eval_shape(self._reset, jax.random.key(0)).obs
+        dim = int(self.env.action_size)
+        self.spec = EnvSpec(
+            name=PLAYGROUND_PREFIX + name,
+            obs_shape=tuple(obs.shape),
+            discrete=False,
+            action_dim=dim,
+            action_low=(-1.0,) * dim,
+            action_high=(1.0,) * dim,
+            max_steps=int(episode_length),
+            terminates=False,  # the suite ends an episode only at its time limit
+        )

@@ -1,0 +1,151 @@
+"""MuJoCo Playground's DM Control Suite: every listed task trains, returns equal
+Playground's own stepping, OpenES learns CartpoleBalance, the same history on 1 and
+2 devices, a hybrid algorithm runs on it, and a missing Playground is one line.
+
+Each task compiles its MJX physics (on a CPU 10-60 s a task); the programs go to
+the persistent compilation cache (``$EVORL_POP_COMPILATION_CACHE``), so a rerun
+against a kept cache costs only their tracing.
+"""
+
+import os
+import subprocess
+import sys
+
+import _loop
+import jax
+import numpy as np
+import pytest
+
+from evorl_pop import make_mesh, use_compilation_cache
+from evorl_pop.algorithms.es import ES, ESConfig
+from evorl_pop.base import ConfigError
+from evorl_pop.tasks.envs import env_names, make_env, make_policy
+from evorl_pop.tasks.playground_envs import PLAYGROUND_ENVS
+from evorl_pop.tasks.rollout import rollout
+
+pytest.importorskip("mujoco_playground")
+use_compilation_cache()
+
+PLAYGROUND = sorted(name for name in env_names() if name.startswith("playground/"))
+# 2 generations of 8 candidates, 2-step episodes (compiling the physics is the cost,
+# not stepping it); evosax's own noise (the noise table is a 16 MB constant per program)
+TINY = dict(population_size=8, hidden_sizes=(4,), episode_length=2, eval_episodes=0,
+            noise="normal")  # fmt: skip
+
+
+def _train(config, n=1, generations=2):
+    es = ES(config, mesh=make_mesh(n))
+    state, history = _loop.train(es, jax.random.key(0), generations)
+    return es, state, {k: np.asarray(v) for k, v in history.items()}
+
+
+def test_the_whole_suite_is_listed_and_ships_its_files():
+    from mujoco_playground import dm_control_suite
+    from mujoco_playground._src import mjx_env
+
+    assert set(PLAYGROUND_ENVS) == set(dm_control_suite.ALL_ENVS)
+    assert PLAYGROUND == sorted("playground/" + name for name in PLAYGROUND_ENVS)
+    # every listed task builds from the files Playground ships: nothing is fetched
+    for name in PLAYGROUND_ENVS:
+        dm_control_suite.load(name, config_overrides={"impl": "jax"})
+    assert not mjx_env.MENAGERIE_PATH.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PLAYGROUND)
+def test_every_listed_playground_task_trains(name):
+    es, state, history = _train(ESConfig(task=name, **TINY))
+    assert np.all(np.isfinite(history["fitness_mean"]))
+    # fixed-length episodes: every candidate ran its 2 steps
+    np.testing.assert_array_equal(history["episodes"], [8, 8])
+    np.testing.assert_array_equal(history["env_steps"], [16, 16])
+    assert int(state.generation) == 2
+    if np.any(history["fitness_std"] > 0):  # the strategy moved its mean
+        init = es.init(jax.random.split(jax.random.key(0))[0])
+        assert not np.allclose(state.strategy_state.mean, init.strategy_state.mean)
+
+
+def test_returns_equal_playgrounds_own_stepping():
+    """The rollout of a PlaygroundEnv is Playground's reset and step, its rewards summed."""
+    env = make_env("playground/CartpoleSwingup", episode_length=30)
+    policy = make_policy(env.spec, (8,))
+    params = policy.init(jax.random.key(1))
+    keys = jax.random.split(jax.random.key(2), 3)
+    got = jax.jit(jax.vmap(lambda k: rollout(env, policy, params, k)))(keys)
+
+    def by_hand(key):  # the rollout's key schedule: the second half of a split resets
+        state = env.env.reset(jax.random.split(key)[1])
+
+        def body(state, _):
+            state = env.env.step(state, policy(params, state.obs))
+            return state, state.reward
+
+        return jax.lax.scan(body, state, None, length=30)[1].sum()
+
+    np.testing.assert_allclose(got.episode_return, jax.jit(jax.vmap(by_hand))(keys), rtol=1e-5)
+    np.testing.assert_array_equal(got.steps, [30, 30, 30])
+
+
+@pytest.mark.slow
+def test_openes_learns_cartpole_balance():
+    """A random policy earns well under 75 of 100 steps' reward; OpenES's mean policy
+    reaches at least 95 of the 100 within 8 generations of 8 (on a CPU: 40 at the
+    first generation, 99 at the fourth)."""
+    config = ESConfig(task="playground/CartpoleBalance", population_size=8, hidden_sizes=(8,),
+                      episode_length=100, eval_episodes=2, noise="normal",
+                      learning_rate=0.05, sigma_init=0.1)  # fmt: skip
+    _, _, history = _train(config, generations=8)
+    assert history["eval_return"][0] < 75, history["eval_return"]
+    assert history["eval_return"].max() >= 95, history["eval_return"]
+
+
+def test_the_same_history_on_1_and_2_devices():
+    config = ESConfig(task="playground/CartpoleBalance", **TINY)
+    one, two = (_train(config, n)[2] for n in (1, 2))
+    for name in ("fitness_best", "fitness_mean", "fitness_worst", "env_steps"):
+        np.testing.assert_allclose(two[name], one[name], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_cemrl_runs_on_a_playground_task():
+    from evorl_pop.algorithms import cemrl
+    from evorl_pop.rl.td3 import TD3Config
+
+    algo = cemrl.CEMRL(cemrl.Config(
+        task="playground/CartpoleBalance", population_size=4, num_elites=2, learning_starts=20,
+        episode_length=10, eval_episodes=1, num_rl_actors=2, updates_per_actor=2,
+        td3=TD3Config(actor_hidden_sizes=(8,), critic_hidden_sizes=(16,), batch_size=8),
+    ), make_mesh(1))  # fmt: skip
+    _, history = _loop.train(algo, jax.random.key(0), 2)
+    # fixed-length episodes, cut at episode_length
+    np.testing.assert_array_equal(history["env_steps"], 10 * history["episodes"])
+    # the second generation's: the first one's learners had no transitions to learn from
+    for k in ("fitness_best", "eval_return", "critic_loss", "actor_loss"):
+        assert np.isfinite(history[k][-1]), (k, history[k])
+
+
+def test_a_playground_task_without_playground_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mujoco_playground", None)
+    with pytest.raises(ConfigError, match=r"^playground tasks need MuJoCo Playground.*"
+                                          r"pip install -e '\.\[playground\]'$"):  # fmt: skip
+        ESConfig(task="playground/CheetahRun").make_task()
+
+
+def test_the_cli_without_playground_ends_in_one_line(tmp_path):
+    (tmp_path / "mujoco_playground").mkdir()  # unimportable, first on the path
+    (tmp_path / "mujoco_playground" / "__init__.py").write_text("raise ImportError('none here')\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "evorl_pop.cli", "train", "--task", "playground/CheetahRun",
+         "--generations", "1", "--out", str(tmp_path / "run")],
+        env={**os.environ, "PYTHONPATH": str(tmp_path), "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert out.stderr.strip().splitlines()[-1] == (
+        "evorl-pop train: config error: playground tasks need MuJoCo Playground, which is not "
+        "installed (none here); install it with: pip install -e '.[playground]'"
+    )
+
+
+def test_unknown_playground_impl():
+    with pytest.raises(ConfigError, match=r"impl: unknown value 'wrap'.*Did you mean 'warp'"):
+        ES(ESConfig(task="playground/CheetahRun", impl="wrap"))
