@@ -34,7 +34,7 @@ from jax.flatten_util import ravel_pytree
 from evorl_pop import make_mesh
 from evorl_pop.algorithms.es import ES, ESConfig
 from evorl_pop.run import config as config_lib
-from evorl_pop.run import store
+from evorl_pop.run import restore
 from evorl_pop.run.shell import chunk_fn
 from evorl_pop.tasks import control
 from evorl_pop.tasks.control import fold_virtual_batch_norm
@@ -123,13 +123,13 @@ def main():
     steps, *times = time_generations(config, lambda es: es.init(jax.random.key(0)))
     rows.append((f"generation ({steps})", *times))
     if args.run:
-        ckpt = store.load_checkpoint(args.run)
+        ckpt = restore.load_checkpoint(args.run)
         run_config = config_lib.from_dict(ckpt.config).algorithm_config
         if not getattr(run_config, "virtual_batch_norm", False):
             raise SystemExit(f"--run {args.run}: not a run with virtual_batch_norm.")
         steps, *times = time_generations(
             run_config,
-            lambda es: store.restore_state(es.init(jax.random.key(0)), ckpt),
+            lambda es: restore.restore_state(es.init(jax.random.key(0)), ckpt),
         )
         rows.append((f"generation, {args.run} at {ckpt.generation} ({steps})", *times))
 

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from evorl_pop.run import store
+from evorl_pop.run import restore, store
 from evorl_pop.tasks.envs import make_env, make_policy
 from evorl_pop.tasks.rollout import ObsNorm
 
@@ -28,7 +28,7 @@ ACTIONS = ("no-op", "left", "right")
 
 
 def replay(run: Path, steps: int, last: int) -> None:
-    ckpt = store.load_checkpoint(run / store.CHECKPOINT_FILENAME)
+    ckpt = restore.load_checkpoint(run / store.CHECKPOINT_FILENAME)
     cfg = ckpt.config["algorithm_config"]
     if ckpt.config["algorithm"] != "es" or cfg["task"] != "Breakout-MinAtar":
         raise SystemExit(f"{run} is not an es run on Breakout-MinAtar.")

@@ -17,7 +17,7 @@ import textwrap
 from evorl_pop import tasks
 from evorl_pop.base import CheckpointError, ConfigError, RunError, __version__
 from evorl_pop.run import config as config_lib
-from evorl_pop.run import launcher, processes, shell, store
+from evorl_pop.run import launcher, processes, restore, shell, store
 
 # (summary, more description, examples) of each command.
 COMMANDS = {
@@ -325,7 +325,7 @@ def _cmd_plot(args) -> int:
 
 
 def _cmd_render(args) -> int:
-    ckpt = store.load_checkpoint(args.run)
+    ckpt = restore.load_checkpoint(args.run)
     processes.set_precision(ckpt.config.get("precision", "float32"))
     processes.use_compilation_cache()
     from evorl_pop.run import render  # JAX's backend starts here, with the run's precision

@@ -7,7 +7,7 @@ import numpy as np
 from flax.traverse_util import flatten_dict
 
 from evorl_pop import cli
-from evorl_pop.run import store
+from evorl_pop.run import restore
 
 
 def leaves_close(a, b, rtol=1e-4, atol=1e-6):
@@ -43,7 +43,7 @@ def assert_resume_equals_whole_run(run, tmp_path, generations, split):
     assert cli.main([*run, "-g", str(split), "--out", str(part)]) == 0
     assert cli.main(["resume", str(part), "--generations", str(generations), "-q",
                      "--no-figure"]) == 0  # fmt: skip
-    a, b = store.load_checkpoint(whole), store.load_checkpoint(part)
+    a, b = restore.load_checkpoint(whole), restore.load_checkpoint(part)
     assert a.generation == b.generation == generations and a.env_steps == b.env_steps
     flat_a, flat_b = _flat(a.state), _flat(b.state)
     assert flat_a.keys() == flat_b.keys()

@@ -17,6 +17,7 @@ from flax.traverse_util import flatten_dict
 from evorl_pop import cli
 from evorl_pop.base import CheckpointError
 from evorl_pop.run import config as config_lib
+from evorl_pop.run import restore
 from evorl_pop.run import store as ckpt_lib
 from evorl_pop.run import store as metrics_file
 
@@ -88,7 +89,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     proc.communicate()
     _, reference_err = reference.communicate(timeout=600)
     assert reference.returncode == 0, reference_err
-    at_kill = ckpt_lib.load_checkpoint(killed)
+    at_kill = restore.load_checkpoint(killed)
     assert 0 < at_kill.generation < GENERATIONS, "the run ended before it was killed"
 
     # Every line of the metrics file is whole, and it parses.
@@ -103,7 +104,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     resumed = _cli("resume", str(killed), "--quiet")
     assert resumed.returncode == 0, resumed.stderr
 
-    a, b = ckpt_lib.load_checkpoint(killed), ckpt_lib.load_checkpoint(whole)
+    a, b = restore.load_checkpoint(killed), restore.load_checkpoint(whole)
     assert a.generation == b.generation == GENERATIONS
     assert a.env_steps == b.env_steps
     np.testing.assert_array_equal(a.key, b.key)
@@ -155,16 +156,16 @@ def test_resume_refuses_a_changed_config_unless_forced(tmp_path, capsys):
     assert cli.main(["resume", str(run), "--more", "2", "--chunk", "1", "--force", "-q"]) == 0
     rows = _rows(run / "metrics.csv")
     assert [int(r["generation"]) for r in rows] == [1, 2, 3, 4, 5, 6]
-    assert ckpt_lib.load_checkpoint(run).config["algorithm_config"]["population_size"] == 12
+    assert restore.load_checkpoint(run).config["algorithm_config"]["population_size"] == 12
 
 
 def test_resume_to_a_total_and_nothing_to_do(tmp_path, capsys):
     run = tmp_path / "run"
     assert _train(run, "--no-figure") == 0
     assert cli.main(["resume", str(run), "--generations", "6", "-q", "--no-figure"]) == 0
-    assert ckpt_lib.load_checkpoint(run).generation == 6
+    assert restore.load_checkpoint(run).generation == 6
     assert cli.main(["resume", str(run), "-q", "--no-figure"]) == 0  # already there
-    assert ckpt_lib.load_checkpoint(run).generation == 6
+    assert restore.load_checkpoint(run).generation == 6
     assert cli.main(["resume", str(run), "--generations", "3", "-q"]) == 1
     assert "past the requested total" in capsys.readouterr().err
 
@@ -189,10 +190,10 @@ def test_missing_and_corrupt_checkpoints_are_clear_and_change_nothing(tmp_path, 
     assert {p.name: p.read_bytes() for p in run.iterdir()} == snapshot
     (run / ckpt_lib.CHECKPOINT_FILENAME).write_bytes(bytes(data[: len(data) // 3]))
     with pytest.raises(CheckpointError, match="damaged"):
-        ckpt_lib.load_checkpoint(run)
+        restore.load_checkpoint(run)
     (run / ckpt_lib.CHECKPOINT_FILENAME).write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="not an evorl-pop checkpoint"):
-        ckpt_lib.load_checkpoint(run)
+        restore.load_checkpoint(run)
 
 
 def test_train_refuses_to_overwrite_a_run(tmp_path, capsys):
@@ -407,7 +408,7 @@ def test_plot_of_other_algorithms_labels_them_briefly_and_shows_a_lone_point(
         rows = [dict(generation=g, env_steps=100 * g, wall_time=0.1 * g, fitness_best=-g,
                      fitness_mean=-2 * g, fitness_worst=-3 * g)
                 for g in range(1, generations + 1)]  # fmt: skip
-        metrics_file.restore_metrics(runs[-1] / metrics_file.METRICS_FILENAME, columns,
+        restore.restore_metrics(runs[-1] / metrics_file.METRICS_FILENAME, columns,
                                      "".join(metrics_file.csv_lines(rows, columns)))  # fmt: skip
     out = tmp_path / "all.png"
     assert cli.main(["plot", *map(str, runs), "--out", str(out), "--svg"]) == 0
@@ -427,11 +428,11 @@ def test_metrics_file_truncates_rows_past_a_generation(tmp_path):
     rows = [
         {"generation": g, "env_steps": 10 * g, "wall_time": 0.5, "x": 0.1 * g} for g in (1, 2, 3)
     ]
-    metrics_file.restore_metrics(path, columns, "".join(metrics_file.csv_lines(rows, columns)))
+    restore.restore_metrics(path, columns, "".join(metrics_file.csv_lines(rows, columns)))
     with open(path, "a") as f:
         f.write("4,40,0.5,0.")  # a write cut short
     assert metrics_file.read_metrics(path)["generation"].tolist() == [1, 2, 3]
-    assert metrics_file.truncate_metrics(path, 2) == ("generation", "env_steps", "wall_time", "x")
+    assert restore.truncate_metrics(path, 2) == ("generation", "env_steps", "wall_time", "x")
     data = metrics_file.read_metrics(path)
     assert data["generation"].tolist() == [1, 2]
     assert data["x"].tolist() == [0.1, 0.2]  # floats read back exactly

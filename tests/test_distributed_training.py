@@ -19,7 +19,7 @@ import pytest
 from flax.traverse_util import flatten_dict
 
 from evorl_pop import cli
-from evorl_pop.run import launcher
+from evorl_pop.run import launcher, restore
 from evorl_pop.run import store as ckpt_lib
 
 OPENES = [
@@ -101,7 +101,7 @@ def test_two_processes_equal_one_process_and_one_device(tmp_path, job):
             np.testing.assert_allclose(
                 got[name], reference[name], rtol=1e-4, atol=1e-4, err_msg=f"{name} vs {out.name}"
             )
-        _assert_same_state(ckpt_lib.load_checkpoint(multi), ckpt_lib.load_checkpoint(out))
+        _assert_same_state(restore.load_checkpoint(multi), restore.load_checkpoint(out))
 
 
 KILL_JOB = [
@@ -155,7 +155,7 @@ def test_killed_process_stops_the_launch_and_the_run_resumes(tmp_path):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
 
-    at_kill = ckpt_lib.load_checkpoint(run)  # the last checkpoint is whole
+    at_kill = restore.load_checkpoint(run)  # the last checkpoint is whole
     assert 0 < at_kill.generation < 120, "the run ended before it was killed"
 
     # Resume on another layout: 2 processes x 1 device.
@@ -164,7 +164,7 @@ def test_killed_process_stops_the_launch_and_the_run_resumes(tmp_path):
     assert f"resume from generation {at_kill.generation}" in (run / "train.log").read_text()
 
     assert cli.main(["train", *KILL_JOB, "--devices", "2", "--out", str(whole)]) == 0
-    a, b = ckpt_lib.load_checkpoint(run), ckpt_lib.load_checkpoint(whole)
+    a, b = restore.load_checkpoint(run), restore.load_checkpoint(whole)
     assert a.generation == b.generation == 120
     assert a.env_steps == b.env_steps
     np.testing.assert_array_equal(a.key, b.key)
@@ -214,7 +214,7 @@ def test_without_the_launcher_survivors_fail_instead_of_hanging(tmp_path):
         except subprocess.TimeoutExpired:
             pytest.fail("the surviving process hung after its peer died")
         assert returncode != 0
-        assert 0 < ckpt_lib.load_checkpoint(run).generation < 5000
+        assert 0 < restore.load_checkpoint(run).generation < 5000
     finally:
         for p in procs:
             p.kill()
@@ -245,4 +245,4 @@ def test_ctrl_c_reaches_every_process_and_they_checkpoint(tmp_path):
     assert launch.returncode == 130
     assert "[p0] evorl-pop train: interrupted" in err and "[p1] evorl-pop train: interrupted" in err
     assert "interrupted after generation" in (run / "train.log").read_text()
-    assert 0 < ckpt_lib.load_checkpoint(run).generation < 5000
+    assert 0 < restore.load_checkpoint(run).generation < 5000

@@ -17,7 +17,7 @@ import pytest
 
 from evorl_pop import cli
 from evorl_pop.base import CheckpointError
-from evorl_pop.run import plotting, store
+from evorl_pop.run import plotting, restore, store
 
 # A black-box run whose chunks take milliseconds: a signal finds it mid-run.
 FAST = [
@@ -85,7 +85,7 @@ def test_a_signal_checkpoints_tells_how_to_resume_and_the_resume_is_exact(tmp_pa
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + sig, err[-3000:]
-    ckpt = store.load_checkpoint(run)
+    ckpt = restore.load_checkpoint(run)
     assert ckpt.generation >= running and _rows(run) == ckpt.generation
     line = err.strip().splitlines()[-1]
     assert f"interrupted ({signal.Signals(sig).name}) after generation {ckpt.generation}" in line
@@ -106,7 +106,7 @@ def test_a_time_limit_stops_with_a_checkpoint(tmp_path, capsys):
     status, err = _main(capsys, ["train", *FAST, "-g", "100000000", "--time-limit", "2s",
                                  "--out", str(run)])  # fmt: skip
     assert status == 124, err
-    generation = store.load_checkpoint(run).generation
+    generation = restore.load_checkpoint(run).generation
     assert 0 < generation < 100000000 and _rows(run) == generation
     assert "time limit of 2s" in err and "evorl-pop resume" in err
     with pytest.raises(SystemExit):
@@ -125,7 +125,7 @@ def test_sigterm_to_a_launch_stops_both_processes_after_the_same_generation(tmp_
     lines = [ln for ln in err.splitlines() if "interrupted (SIGTERM) after generation" in ln]
     generations = {ln[:4]: int(ln.split("after generation ")[1].split(";")[0]) for ln in lines}
     assert sorted(generations) == ["[p0]", "[p1]"], err[-3000:]
-    assert generations["[p0]"] == generations["[p1]"] == store.load_checkpoint(run).generation
+    assert generations["[p0]"] == generations["[p1]"] == restore.load_checkpoint(run).generation
 
 
 def test_children_of_a_killed_launcher_end(tmp_path):
@@ -239,10 +239,10 @@ def test_a_checkpoint_with_a_valid_checksum_but_no_checkpoint_inside(tmp_path):
         damage(payload)
         _write_payload(run, payload)
         with pytest.raises(CheckpointError, match="does not hold a checkpoint"):
-            store.load_checkpoint(run)
+            restore.load_checkpoint(run)
     _write_payload(run, [1, 2, 3])
     with pytest.raises(CheckpointError, match="format"):
-        store.load_checkpoint(run)
+        restore.load_checkpoint(run)
 
 
 def test_a_seed_beyond_64_bits_and_a_scalar_for_a_list_are_one_line_errors(tmp_path, capsys):

@@ -21,7 +21,7 @@ import pytest
 from evorl_pop import make_mesh
 from evorl_pop.algorithms.es import ES, ESConfig
 from evorl_pop.base import ConfigError, ObjectiveError
-from evorl_pop.run import store
+from evorl_pop.run import restore, store
 from evorl_pop.tasks import playground_envs
 from evorl_pop.tasks.gym_envs import GymTask, episode_seeds
 
@@ -251,7 +251,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
         time.sleep(0.005)
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
-    at_kill = store.load_checkpoint(killed)
+    at_kill = restore.load_checkpoint(killed)
     assert 0 < at_kill.generation < GENERATIONS, "the run ended before it was killed"
     resumed = _cli("resume", str(killed), "--quiet")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -265,7 +265,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
     assert b["fitness_best"].max() == 500.0
     np.testing.assert_array_equal(
-        store.load_checkpoint(killed).key, store.load_checkpoint(whole).key
+        restore.load_checkpoint(killed).key, restore.load_checkpoint(whole).key
     )
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from evorl_pop import cli
 from evorl_pop.run import config as config_lib
-from evorl_pop.run import loggers, shell, store
+from evorl_pop.run import loggers, restore, shell, store
 
 pytest.importorskip("tensorboard")
 pytest.importorskip("tensorboardX")
@@ -57,7 +57,7 @@ def _kill_past_checkpoint(run, logged, *args):
             if not (run / store.CHECKPOINT_FILENAME).exists():
                 continue
             os.killpg(proc.pid, signal.SIGSTOP)  # frozen while we look
-            at = store.load_checkpoint(run).generation
+            at = restore.load_checkpoint(run).generation
             last = logged(run)
             if at >= 1 and last > at:
                 return at, last

@@ -18,8 +18,7 @@ from evorl_pop import cli, make_mesh
 from evorl_pop.algorithms import pbt
 from evorl_pop.base import ConfigError
 from evorl_pop.rl import TD3Config
-from evorl_pop.run import plotting
-from evorl_pop.run import store as ckpt_lib
+from evorl_pop.run import plotting, restore
 from evorl_pop.run import store as metrics_file
 
 TINY_TD3 = TD3Config(actor_hidden_sizes=(8,), critic_hidden_sizes=(16,), batch_size=16)
@@ -195,7 +194,7 @@ def test_resumed_run_equals_uninterrupted_and_plots_hyperparameters(tmp_path):
     short = _write_config(tmp_path / "short.yaml", 2)
     assert cli.main(["train", "--config", short, "--out", str(part), *common]) == 0
     assert cli.main(["resume", str(part), "--generations", "3", "-q", "--no-figure"]) == 0
-    a, b = ckpt_lib.load_checkpoint(part), ckpt_lib.load_checkpoint(whole)
+    a, b = restore.load_checkpoint(part), restore.load_checkpoint(whole)
     assert a.generation == b.generation == 3
     flat_a, flat_b = _flat(a.state), _flat(b.state)
     assert flat_a.keys() == flat_b.keys()

@@ -12,7 +12,7 @@ from evorl_pop import cli, make_mesh
 from evorl_pop.algorithms import pbt, ppo, sac
 from evorl_pop.algorithms.pbt_members import Member
 from evorl_pop.base import ConfigError
-from evorl_pop.run import store
+from evorl_pop.run import restore, store
 
 PPO_MEMBERS = pbt.Config(
     task="CartPole-v1",
@@ -111,7 +111,7 @@ def test_cli_trains_pbt_over_ppo_and_resumes_exactly(tmp_path):
     assert cli.main([*common, "-g", "2", "--out", str(whole)]) == 0
     assert cli.main([*common, "-g", "1", "--out", str(part)]) == 0
     assert cli.main(["resume", str(part), "--generations", "2", "-q", "--no-figure"]) == 0
-    a, b = store.load_checkpoint(whole), store.load_checkpoint(part)
+    a, b = restore.load_checkpoint(whole), restore.load_checkpoint(part)
     assert a.generation == b.generation == 2 and a.env_steps == b.env_steps == 2 * 2 * 64
     for x, y in zip(jax.tree.leaves(a.state), jax.tree.leaves(b.state), strict=True):
         np.testing.assert_array_equal(x, y)

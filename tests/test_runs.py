@@ -15,6 +15,7 @@ import pytest
 
 from evorl_pop import cli
 from evorl_pop.run import config as config_lib
+from evorl_pop.run import restore
 from evorl_pop.run import store as ckpt_lib
 from evorl_pop.run import store as metrics_file
 
@@ -104,7 +105,7 @@ def test_a_second_writer_fails_at_once_and_a_killed_holder_does_not_block(tmp_pa
         holder.kill()
         holder.wait()
     # The kernel dropped the dead holder's lock: its run resumes.
-    at_kill = ckpt_lib.load_checkpoint(run).generation
+    at_kill = restore.load_checkpoint(run).generation
     resumed = subprocess.run(
         [sys.executable, "-m", "evorl_pop.cli", "resume", str(run), "--generations",
          str(at_kill + 2), "-q", "--no-figure"],
@@ -159,7 +160,7 @@ def test_ctrl_c_during_the_first_compile_stops_cleanly_and_tells_the_truth(tmp_p
         if (run / ckpt_lib.CHECKPOINT_FILENAME).exists():
             assert f"evorl-pop resume {run}" in line, line
             # the checkpoint and metrics.csv agree on the generations done
-            generation = ckpt_lib.load_checkpoint(run).generation
+            generation = restore.load_checkpoint(run).generation
             path = run / metrics_file.METRICS_FILENAME
             rows = metrics_file.read_metrics(path) if path.exists() else {}
             assert list(rows.get("generation", [])) == list(range(1, generation + 1))
@@ -326,7 +327,7 @@ def test_bad_coordinators_fail_fast_with_one_line(tmp_path, capsys):
 def test_zero_generations_leave_a_resumable_folder(tmp_path):
     run, whole = tmp_path / "zero", tmp_path / "whole"
     assert _train(run, "--generations", "0") == 0
-    assert ckpt_lib.load_checkpoint(run).generation == 0
+    assert restore.load_checkpoint(run).generation == 0
     assert cli.main(["resume", str(run), "--more", "4", "-q", "--no-figure"]) == 0
     assert _train(whole, "--generations", "4") == 0
     a, b = metrics_file.read_metrics(run), metrics_file.read_metrics(whole)
@@ -348,7 +349,7 @@ def test_plot_of_a_file_that_is_not_metrics_names_it(tmp_path, capsys):
 def test_resume_refuses_a_checkpoint_of_another_precision(tmp_path, capsys):
     run = tmp_path / "run"
     assert _train(run, "--generations", "2") == 0
-    assert ckpt_lib.load_checkpoint(run).precision == "float32"
+    assert restore.load_checkpoint(run).precision == "float32"
     _edit_checkpoint(run, lambda payload: payload.update(precision="float64"))
     before = _snapshot(run)
     _one_line_error(capsys, ["resume", str(run), "--more", "2", "-q"], 1, "float64", "float32")
@@ -400,4 +401,4 @@ def test_ctrl_c_ends_an_example_in_one_line_with_its_checkpoint(tmp_path):
     assert "Traceback" not in err, err[-3000:]
     line = _last_line(err)
     assert line.startswith("openes_pendulum.py: interrupted; ") and f"resume {run}`" in line, line
-    assert ckpt_lib.load_checkpoint(run).generation >= 10  # the chunk of 10 generations it ran
+    assert restore.load_checkpoint(run).generation >= 10  # the chunk of 10 generations it ran

@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop.run import config as config_lib
-from evorl_pop.run import shell, store
+from evorl_pop.run import restore, shell, store
 from evorl_pop.tasks import rollout as rollout_lib
 
 HTML_FILENAME = "render.html"
@@ -131,17 +131,17 @@ def run_episodes(run_dir, episodes: int = 1, seed: int | None = None) -> Episode
       seed: ``None``: the key of the run's last evaluation; else ``jax.random.key(seed)``.
     """
     run_dir = Path(run_dir)
-    ckpt = store.load_checkpoint(run_dir)
+    ckpt = restore.load_checkpoint(run_dir)
     config = config_lib.from_dict(ckpt.config, check=False)
     config = dataclasses.replace(config, devices=1)  # one episode at a time
     algorithm, _, template, _, _ = shell.build(config)
     task = getattr(algorithm, "task", None)
     if task is not None and not hasattr(task, "env"):
         return None
-    state = store.restore_state(template, ckpt)
+    state = restore.restore_state(template, ckpt)
     env, policy, params, obs_norm, length, evaluate = _policy(algorithm, state)
     generation, reported = ckpt.generation, None
-    key, eval_episodes = _evaluation_key(algorithm, store.restore_key(ckpt), generation, state)
+    key, eval_episodes = _evaluation_key(algorithm, restore.restore_key(ckpt), generation, state)
     if seed is not None:
         key = jax.random.key(seed)
     elif generation > 0 and episodes == eval_episodes:
@@ -267,7 +267,7 @@ def render(run_dir, episodes: int = 1, seed: int | None = None, out=None) -> str
     run_dir = Path(run_dir)
     result = run_episodes(run_dir, episodes, seed)
     if result is None:
-        task = store.load_checkpoint(run_dir).config.get("algorithm_config", {}).get("task")
+        task = restore.load_checkpoint(run_dir).config.get("algorithm_config", {}).get("task")
         return f"nothing to render: {task!r} is a black-box function, not an environment."
     brax = type(result.env).__name__ == "BraxEnv"
     out = Path(out) if out is not None else run_dir / (HTML_FILENAME if brax else GIF_FILENAME)

@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 from evorl_pop.base import ConfigError, RunError, __version__, objective_error, read_text
 from evorl_pop.core.engine import make_mesh
 from evorl_pop.run import config as config_lib
-from evorl_pop.run import loggers, processes, store
+from evorl_pop.run import loggers, processes, restore, store
 from evorl_pop.run.config import RunConfig
 from evorl_pop.run.store import Recorder
 
@@ -483,7 +483,7 @@ def resume(
       ConfigError: a bad override.
     """
     run_dir = Path(run_dir)
-    with store.hold(run_dir, False) as (ckpt, source):
+    with store.hold(run_dir, False, read=restore.load_checkpoint) as (ckpt, source):
         saved = config_lib.from_dict(ckpt.config, check=False)
         # A run over several processes uses all their devices, unless told otherwise.
         multi = [f"devices={jax.device_count()}"] if jax.process_count() > 1 else []
@@ -509,15 +509,15 @@ def resume(
             algorithm, mesh, template, _, text = build(config)
         except jax.errors.JaxRuntimeError as err:
             raise objective_error(err) from None
-        state = store.restore_state(template, ckpt)
+        state = restore.restore_state(template, ckpt)
 
         def repair():
             path = run_dir / store.METRICS_FILENAME
             columns, rows = ckpt.metrics_columns, ckpt.metrics_rows
             if columns and rows is not None:
-                store.restore_metrics(path, columns, rows)
+                restore.restore_metrics(path, columns, rows)
             else:  # a checkpoint from before rows were kept, or of generation 0
-                columns = store.truncate_metrics(path, ckpt.generation) or ()
+                columns = restore.truncate_metrics(path, ckpt.generation) or ()
                 rows = "".join(read_text(path, "").splitlines(keepends=True)[1:]) if columns else ""
             config_lib.save(config, run_dir / store.CONFIG_FILENAME)
             return columns, rows
@@ -526,7 +526,7 @@ def resume(
         what = f"resume from generation {ckpt.generation}"
         what += f" with a changed config (--force: {'; '.join(changed)})" if changed else ""
         run = store.Run(
-            run_dir, config, text, store.restore_key(ckpt),
+            run_dir, config, text, restore.restore_key(ckpt),
             _about(what, config, mesh), ckpt.generation, ckpt.env_steps, ckpt.wall_time,
             ckpt.generation, tuple(columns), rows.splitlines(keepends=True),
             jax.process_index() == 0, devices=mesh.size,
