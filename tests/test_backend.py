@@ -1,6 +1,5 @@
 """Host devices and precision, settled before JAX starts: core counts, limits, auto."""
 
-import importlib
 import os
 import subprocess
 import sys
@@ -92,16 +91,16 @@ def test_cli_sets_cores_and_float64_before_jax_starts():
 
 
 def test_examples_explicit_devices_win_over_xla_flags(monkeypatch, capsys):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples"))
-    common = importlib.import_module("_common")
+    from evorl_pop.run import script
+
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
     monkeypatch.setattr(sys, "argv", ["example", "--devices", "3"])
-    assert common.parse("example").devices == 3
+    assert script.start("An example.", runs=False).devices == 3
     assert backend.host_device_count() == 3
     assert "replaces the count of 8" in capsys.readouterr().err
     monkeypatch.setattr(sys, "argv", ["example", "--devices", "9999"])
     with pytest.raises(SystemExit):
-        common.parse("example")
+        script.start("An example.", runs=False)
     assert "--devices auto" in capsys.readouterr().err
 
 

@@ -530,6 +530,6 @@ def test_one_compiled_run_serves_every_instance():
             )
             assert result.converged and result.best - float(data.f_opt) < 1e-8
             bests.append(result.best)
-        run = minimizer._run_fn(6, 1200 // 6 // 5 + 1)[0]  # the history of a 1200-evaluation budget
+        run = minimizer._run_fn(6, 1200 // 6 // 5 + 1)  # the history of a 1200-evaluation budget
     assert run._cache_size() == 1
     assert len(set(bests)) == 3  # three different f*

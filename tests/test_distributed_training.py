@@ -244,5 +244,5 @@ def test_ctrl_c_reaches_every_process_and_they_checkpoint(tmp_path):
         pytest.fail("Ctrl-C did not stop the launch")
     assert launch.returncode == 130
     assert "[p0] evorl-pop train: interrupted" in err and "[p1] evorl-pop train: interrupted" in err
-    assert "interrupted after generation" in (run / "train.log").read_text()
+    assert "stopped (Ctrl-C) after generation" in (run / "train.log").read_text()
     assert 0 < restore.load_checkpoint(run).generation < 5000

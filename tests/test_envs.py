@@ -50,11 +50,9 @@ def test_every_listed_environment_trains(name):
     np.testing.assert_array_equal(history["episodes"], [8, 8])
     assert np.all((history["env_steps"] >= 8) & (history["env_steps"] <= 8 * 8))
     assert int(state.generation) == 2
-    # the strategy moved its mean if and only if the candidates' scores differed
-    # (8 steps of CartPole: 8 for all, no signal to follow)
+    # the strategy told its fitness moved its mean (ranks order even tied scores)
     init = es.init(jax.random.split(jax.random.key(0))[0])
-    moved = not np.allclose(state.strategy_state.mean, init.strategy_state.mean)
-    assert moved == bool(np.any(history["fitness_std"] > 0)), history["fitness_std"]
+    assert not np.allclose(state.strategy_state.mean, init.strategy_state.mean)
 
 
 def test_image_observations_get_a_cnn_and_others_a_flattened_mlp():
@@ -405,7 +403,7 @@ def test_hybrid_algorithms_run_on_a_brax_task(algorithm):
         population_size=4,
         num_elites=2,
         learning_starts=20,  # reached in the first generation
-        episode_steps=10,
+        episode_length=10,
         eval_episodes=1,
         td3=TD3Config(actor_hidden_sizes=(8,), critic_hidden_sizes=(16,), batch_size=8),
     )
@@ -422,7 +420,7 @@ def test_hybrid_algorithms_run_on_a_brax_task(algorithm):
     for metrics in history:
         for k in ("fitness_best", "fitness_mean", "eval_return"):
             assert np.isfinite(metrics[k]), (k, metrics[k])
-        # an episode per actor (ERL: and one of its learner), cut at episode_steps
+        # an episode per actor (ERL: and one of its learner), cut at episode_length
         episodes = metrics["episodes"]
         assert episodes in (4, 5) and episodes <= metrics["env_steps"] <= 10 * episodes
     # TD3 learned from the brax transitions by the second generation
