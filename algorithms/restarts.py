@@ -456,7 +456,9 @@ class Minimizer:
             args = (jax.random.fold_in(runs_key, irun), x0, sigma, task_state, maxiter,
                     min(budget_generations, 2**31 - 1), target, tolstagnation)  # fmt: skip
             try:
-                gens, reason, run_best, precision, run_x = jax.device_get(run(*args))
+                gens, reason, run_best, precision, run_x = jax.device_get(
+                    jax.block_until_ready(run(*args))  # every device's part (see train_loop)
+                )
             except jax.errors.JaxRuntimeError as err:
                 raise objective_error(err) from None
             evaluations = int(gens) * lam

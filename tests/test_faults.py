@@ -10,14 +10,19 @@ import signal
 import subprocess
 import sys
 import time
+import typing
 
 import flax.serialization
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from evorl_pop import cli
 from evorl_pop.base import CheckpointError
-from evorl_pop.run import plotting, restore, store
+from evorl_pop.run import plotting, restore, shell, store
 
 # A black-box run whose chunks take milliseconds: a signal finds it mid-run.
 FAST = [
@@ -298,3 +303,47 @@ def test_a_run_without_a_checkpoint_is_started_again_not_resumed(tmp_path, capsy
     stale.write_bytes(b"partial")
     assert cli.main(["resume", str(run), "--more", "1", "-q", "--no-figure"]) == 0
     assert not stale.exists()
+
+
+class _Slow(typing.NamedTuple):
+    generation: object
+    x: object
+
+
+class _OneSlowDevice:
+    """Device 1's host callback takes 0.4 s; the replicated output is device 0's, which
+    does not wait for it."""
+
+    def __init__(self, finished):
+        self.finished = finished
+
+    def host(self, index, generation):  # the generation keeps XLA from merging the calls
+        index = int(np.asarray(index).reshape(-1)[0])
+        if index == 1:
+            time.sleep(0.4)
+        self.finished.append(index)
+        return np.float32(0)
+
+    def step(self, state, key):
+        def per_device(x, generation):
+            index = jax.lax.axis_index("POP")
+            done = jax.pure_callback(self.host, jax.ShapeDtypeStruct((), jnp.float32),
+                                     index, generation)  # fmt: skip
+            return x + 0 * done  # device 1's value is dropped: P() keeps device 0's
+
+        mesh = Mesh(np.array(jax.devices()[:2]), ("POP",))
+        # check_vma=False: the output is replicated only by this test's construction.
+        x = jax.shard_map(per_device, mesh=mesh, in_specs=P(), out_specs=P(),
+                          check_vma=False)(state.x, state.generation)  # fmt: skip
+        return _Slow(state.generation + 1, x), {"fitness_best": x, "fitness_mean": x}
+
+
+def test_train_loop_returns_after_every_device_has_run():
+    # A host callback still running when the interpreter exits aborts the process.
+    finished = []
+    state = _Slow(jnp.int32(0), jnp.float32(1))
+    # The first chunk (which compiles) waits for every device, and each chunk waits for
+    # the last one's outputs on every device: the last chunk is the one that can outrun.
+    shell.train_loop(_OneSlowDevice(finished), state, jax.random.key(0), 3, chunk=1,
+                     progress=False)  # fmt: skip
+    assert sorted(finished) == [0, 0, 0, 1, 1, 1]

@@ -144,7 +144,9 @@ def train_loop(
         t0 = time.perf_counter()
         many = jax.process_count() > 1
         try:
-            state, metrics = compiled[length](state, key)
+            # Every device's part: a replicated output is read from one device, while
+            # another may still be running (a host callback then outlives the run).
+            state, metrics = jax.block_until_ready(compiled[length](state, key))
             # One transfer; under jax.distributed the metrics span every process's devices.
             metrics = jax.tree.map(processes.to_host, metrics) if many else jax.device_get(metrics)
         except jax.errors.JaxRuntimeError as err:  # a Python objective's error in one line
