@@ -145,7 +145,8 @@ def test_a_worker_forked_while_another_thread_holds_the_notices_lock_makes_its_e
 def test_discrete_observations_are_seen_one_hot():
     task = GymTask("FrozenLake-v1", hidden_sizes=())
     assert task.spec.obs_shape == (16,) and task.spec.discrete and task.spec.action_dim == 4
-    obs, _ = task.pool.reset(np.array([3, 4], np.uint32))
+    words = task.pool.reset(np.array([3, 4], np.uint32))  # the observations' bits lead
+    obs = words[: 2 * 16].view(np.float32).reshape(2, 16)
     np.testing.assert_array_equal(obs, np.eye(16, dtype=np.float32)[[0, 0]])  # the start cell
     task.pool.close()
 

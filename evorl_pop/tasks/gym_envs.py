@@ -10,12 +10,13 @@ with a worker process per episode)::
 
     a device's slice: n candidates x E episodes = W episodes, one host rollout
       reset:  seeds (n, E) from the episodes' keys ─► host: lease a vector env of
-              width W, reset(seed=seeds) ─► obs (n, E, ...), lease id
+              width W, reset(seed=seeds) ─► words (n, size)
       step:   policy(params, obs) in JAX ─► host: vec.step(actions); returns,
               step counts, ends and observation sums kept on the host
-              ─► obs, lease id, running   (while any episode runs)
-      finish: ─► host: returns (n, E), steps (n, E), observation sums (n, ...);
-              the vector env goes back to the pool
+              ─► words (n, size)   (while any episode runs)
+      words:  each candidate's observations, lease id, running flag, and, once
+              the last episode ends (the vector env back in the pool), its
+              returns, steps and observation sums, as raw 32-bit words
 
 The episodes follow :func:`~evorl_pop.tasks.rollout.rollout`'s rules (a step counts
 and pays while its episode runs, ``done`` sticky, the loop stops as the last
@@ -23,7 +24,13 @@ episode ends), but the bookkeeping is the host's: each step of the compiled
 loop is one policy evaluation and one host callback, what a hand-written
 loop does, and the loop stops at the very step the last episode ends. Each
 callback has ``vmap_method='expand_dims'``, so under the engine's ``vmap``
-the host sees a device's whole slice in one call.
+the host sees a device's whole slice in one call. Each callback takes one
+argument and returns one array, and the step that ends the last episode also
+returns the episodes' results (no callback of its own): JAX puts every
+argument into an array of its own (``jax.device_put``, tens of microseconds)
+before the callback sees it, and converts and checks every result on its way
+back, fixed costs per step that a cheap environment's step (CartPole: some 10
+microseconds an episode) does not hide.
 
 Episode ``j`` of candidate ``i`` is reset with a seed drawn from
 ``fold_in(generation key, i)`` (:func:`episode_seeds`): results do not
@@ -151,12 +158,50 @@ def episode_seeds(key: jax.Array, episodes: int) -> jax.Array:
     return jax.vmap(lambda k: _seed(jax.random.split(k)[1]))(jax.random.split(key, episodes))
 
 
-class _Lease:
-    """One rollout's vector env and the bookkeeping of its episodes (float64 sums)."""
+class _Words:
+    """Where each field lies in a candidate's row of the one uint32 array a callback returns.
 
-    def __init__(self, vec, batch: tuple[int, ...], obs: np.ndarray):
+    One array rather than a tuple, as each result of a host callback costs a
+    conversion and a check on its way back; the float32 and int32 fields are
+    their raw bits (``bitcast_convert_type`` in JAX, a ``view`` on the host).
+
+    Args:
+      episodes: the candidate's episodes.
+      obs_size: the elements of one observation.
+    """
+
+    def __init__(self, episodes: int, obs_size: int):
+        fields = dict(obs=episodes * obs_size, lease=1, running=1, returns=episodes,
+                      steps=episodes, count=1, total=obs_size, total_sq=obs_size)  # fmt: skip
+        start = 0
+        for name, size in fields.items():
+            setattr(self, name, slice(start, start + size))
+            start += size
+        self.size = start
+
+
+class _Lease:
+    """One rollout's vector env and the bookkeeping of its episodes (float64 sums).
+
+    Args:
+      vec: the vector env.
+      seeds_shape: ``batch + (episodes,)``.
+      obs: what the policy sees next (float32, one row per episode).
+      spec: the environments' :class:`EnvSpec`.
+    """
+
+    def __init__(self, vec, seeds_shape: tuple[int, ...], obs: np.ndarray, spec: EnvSpec):
         width = vec.num_envs
-        self.vec, self.batch, self.obs = vec, batch, obs  # obs: what the policy sees next
+        self.vec, self.batch, self.obs = vec, seeds_shape[:-1], obs
+        self.candidates = int(np.prod(self.batch, dtype=int))
+        self.words = _Words(seeds_shape[-1], int(np.prod(spec.obs_shape, dtype=int)))
+        space = vec.single_action_space  # read once: its shape, dtype and first action
+        if spec.discrete:
+            self.action_shape, self.action_dtype = (-1,), np.int64
+            self.action_start = int(space.start)
+        else:
+            self.action_shape, self.action_dtype = (-1, *space.shape), space.dtype
+            self.action_start = 0
         self.running = np.ones(width, bool)
         self.time = 0
         self.returns, self.steps = np.zeros(width), np.zeros(width, np.int32)
@@ -168,10 +213,10 @@ class VectorPool:
     """The host's Gymnasium vector environments, leased to rollouts by width.
 
     A rollout's :meth:`reset` leases a vector env of its width (made on first
-    need, then reused), :meth:`step` steps it, :meth:`finish` returns what its
-    episodes earned and the env to the pool. Devices whose callbacks run at
-    once lease different envs. Errors of the environment reach the run as
-    one :class:`~evorl_pop.base.ObjectiveError` line.
+    need, then reused) and :meth:`step` steps it; the step that ends its last
+    episode returns what its episodes earned and the env to the pool. Devices
+    whose callbacks run at once lease different envs. Errors of the
+    environment reach the run as one :class:`~evorl_pop.base.ObjectiveError` line.
 
     Args:
       factory: ``() -> gymnasium.Env``.
@@ -188,6 +233,8 @@ class VectorPool:
             raise ValueError(f"vector must be one of {VECTOR_MODES}, got {vector!r}.")
         self.factory, self.spec, self.vector = factory, spec, vector
         self.one_hot, self.moments = one_hot, moments
+        self._eye = np.eye(spec.obs_shape[0], dtype=np.float32) if one_hot else None
+        self._stepping = _SYNC_STEPPING if vector == "sync" else contextlib.nullcontext()
         self._free: dict[int, list] = {}
         self._leases: dict[int, _Lease] = {}
         self._ids = itertools.count()
@@ -224,26 +271,18 @@ class VectorPool:
 
     def _observations(self, vec, obs) -> np.ndarray:
         if self.one_hot:
-            index = np.asarray(obs) - int(vec.single_observation_space.start)
-            return np.eye(self.spec.obs_shape[0], dtype=np.float32)[index]
+            return self._eye[np.asarray(obs) - int(vec.single_observation_space.start)]
         return np.asarray(obs, np.float32)
 
-    def _lease(self, lease_ids) -> tuple[int, _Lease]:
-        lease_id = int(np.asarray(lease_ids).reshape(-1)[0])  # the same for every candidate
-        return lease_id, self._leases[lease_id]
-
-    @staticmethod
-    def _ids_of(lease: _Lease, lease_id: int) -> np.ndarray:
-        return np.full(lease.batch, lease_id, np.int32)
-
-    def reset(self, seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def reset(self, seeds: np.ndarray) -> np.ndarray:
         """Leases a vector env of ``seeds.size`` episodes; resets episode ``k`` with ``seeds[k]``.
 
         Args:
           seeds: shape ``batch + (episodes,)``: the episodes of each candidate.
 
         Returns:
-          ``(obs, lease_ids)`` shaped ``seeds.shape + obs_shape`` and ``batch``.
+          The words (uint32, ``batch + (size,)``, laid out as :class:`_Words`):
+          each candidate's first observations, the lease id, running.
         """
         seeds = np.asarray(seeds)  # JAX hands callbacks its own arrays
         width = seeds.size
@@ -256,12 +295,12 @@ class VectorPool:
             obs, _ = vec.reset(seed=[int(s) for s in seeds.reshape(-1)])
         except Exception as err:
             raise self._failed("reset", err, vec) from err
-        lease = _Lease(vec, seeds.shape[:-1], self._observations(vec, obs))
+        lease = _Lease(vec, seeds.shape, self._observations(vec, obs), self.spec)
         with self._lock:
             self._leases[lease_id] = lease
-        return lease.obs.reshape(seeds.shape + self.spec.obs_shape), self._ids_of(lease, lease_id)
+        return self._words(lease, lease_id)
 
-    def step(self, words: np.ndarray):
+    def step(self, words: np.ndarray) -> np.ndarray:
         """Steps every episode of a lease with its action (all of them at once).
 
         Args:
@@ -271,19 +310,20 @@ class VectorPool:
             a copy (about as much as a small environment's step).
 
         Returns:
-          ``(obs, lease_ids, running)``: the next observations, and whether any
-          episode of the lease is still running (the same for every candidate).
+          The words (as :meth:`reset`'s): the next observations and whether any
+          episode of the lease is still running (the same for every candidate);
+          once none is, the episodes' returns, steps and observation sums, the
+          vector env back in the pool.
         """
         words = np.asarray(words)  # JAX hands callbacks its own arrays
-        lease_id, lease = self._lease(words[..., -1])
+        lease_id = int(words.flat[-1])  # the same for every episode
+        lease = self._leases[lease_id]
         actions = np.ascontiguousarray(words[..., :-1]).view(
             np.int32 if self.spec.discrete else np.float32
         )
-        space = lease.vec.single_action_space
-        if self.spec.discrete:
-            actions = actions.reshape(-1).astype(np.int64) + int(space.start)
-        else:
-            actions = actions.reshape((-1, *space.shape)).astype(space.dtype)
+        actions = actions.reshape(lease.action_shape).astype(lease.action_dtype)
+        if lease.action_start:
+            actions += lease.action_start
         running = lease.running
         if self.moments:  # of the observations the policy saw while its episode ran
             seen = np.where(running[:, None], lease.obs.reshape(len(running), -1), 0.0)
@@ -291,7 +331,7 @@ class VectorPool:
             lease.total += seen.reshape(lease.total.shape)
             lease.total_sq += (seen**2).reshape(lease.total.shape)
         try:
-            with _SYNC_STEPPING if self.vector == "sync" else contextlib.nullcontext():
+            with self._stepping:
                 obs, reward, terminated, truncated, _ = lease.vec.step(actions)
         except Exception as err:
             with self._lock:
@@ -302,36 +342,41 @@ class VectorPool:
         lease.steps += running
         lease.running = running & ~(terminated | truncated) & (lease.time < self.spec.max_steps)
         lease.obs = self._observations(lease.vec, obs)
-        obs = lease.obs.reshape(lease.batch + (-1,) + self.spec.obs_shape)
-        return obs, self._ids_of(lease, lease_id), np.full(lease.batch, lease.running.any())
+        return self._words(lease, lease_id)
 
-    def finish(self, lease_ids: np.ndarray):
-        """Ends a lease: its episodes' returns and steps, its candidates' observation sums.
+    def _words(self, lease: _Lease, lease_id: int) -> np.ndarray:
+        """The lease's words (see :class:`_Words`); ends the lease if no episode runs."""
+        at, n = lease.words, lease.candidates
+        out = np.zeros((n, at.size), np.uint32)
+        floats = out.view(np.float32)
+        floats[:, at.obs] = lease.obs.reshape(n, -1)
+        out[:, at.lease] = lease_id
+        running = lease.running.any()
+        out[:, at.running] = running
+        if not running:
+            self._finish(lease, lease_id, out)
+        return out.reshape(lease.batch + (at.size,))
 
-        Returns:
-          ``(returns, steps, count, total, total_sq)``, shaped ``batch + (episodes,)``
-          (float32, int32), ``batch``, ``batch + obs_shape`` twice (float32).
-        """
-        lease_id, lease = self._lease(lease_ids)
+    def _finish(self, lease: _Lease, lease_id: int, out: np.ndarray) -> None:
+        """Ends a lease: writes its episodes' returns and steps, its candidates' observation
+        sums (float32, int32, float32) into ``out``; the vector env goes back to the pool."""
         with self._lock:
             del self._leases[lease_id]
             self._free.setdefault(lease.vec.num_envs, []).append(lease.vec)
-        per_episode = lease.batch + (-1,)
+        at, n, per_episode = lease.words, lease.candidates, lease.batch + (-1,)
+        floats = out.view(np.float32)
+        floats[:, at.returns] = lease.returns.reshape(n, -1).astype(np.float32)
+        out.view(np.int32)[:, at.steps] = lease.steps.reshape(n, -1)
+        if not self.moments:
+            return
 
         def per_candidate(x):  # summed over each candidate's episodes
-            return (
-                x.reshape(per_episode + self.spec.obs_shape)
-                .sum(len(lease.batch))
-                .astype(np.float32)
-            )
+            x = x.reshape(per_episode + self.spec.obs_shape).sum(len(lease.batch))
+            return x.astype(np.float32).reshape(n, -1)
 
-        return (
-            lease.returns.reshape(per_episode).astype(np.float32),
-            lease.steps.reshape(per_episode),
-            lease.count.reshape(per_episode).sum(-1).astype(np.float32),
-            per_candidate(lease.total),
-            per_candidate(lease.total_sq),
-        )
+        floats[:, at.count] = lease.count.reshape(per_episode).sum(-1).reshape(n, 1)
+        floats[:, at.total] = per_candidate(lease.total)
+        floats[:, at.total_sq] = per_candidate(lease.total_sq)
 
     def close(self) -> None:
         """Closes every vector env (worker processes too)."""
@@ -436,33 +481,29 @@ class GymTask(ControlTask):
         params = jax.tree.map(
             lambda x: jnp.broadcast_to(x, (episodes, *x.shape)), self.unravel(solution)
         )
-        f32, i32 = jnp.float32, jnp.int32
-        obs_shape = jax.ShapeDtypeStruct((episodes, *spec.obs_shape), f32)
-        id_shape, flag_shape = jax.ShapeDtypeStruct((), i32), jax.ShapeDtypeStruct((), jnp.bool_)
+        f32, i32, u32 = jnp.float32, jnp.int32, jnp.uint32
+        at = _Words(episodes, int(np.prod(spec.obs_shape, dtype=int)))
+        words_shape = jax.ShapeDtypeStruct((at.size,), u32)
 
-        def host(fn, shapes, *args):  # expand_dims: under vmap, one call for the whole slice
-            return jax.pure_callback(fn, shapes, *args, vmap_method="expand_dims")
+        def host(fn, arg):  # expand_dims: under vmap, one call for the whole slice
+            return jax.pure_callback(fn, words_shape, arg, vmap_method="expand_dims")
 
-        def step(carry):
-            obs, lease_id, _ = carry
+        def field(words, where, dtype):
+            return jax.lax.bitcast_convert_type(words[where], dtype)
+
+        def step(words):
+            obs = field(words, at.obs, f32).reshape(episodes, *spec.obs_shape)
             seen = obs if obs_norm is None else obs_norm.normalize(obs)
             action = jax.vmap(self.policy)(params, seen)
             action = action.reshape(episodes, -1).astype(i32 if spec.discrete else f32)
-            ids = jnp.broadcast_to(lease_id.astype(jnp.uint32), (episodes, 1))
-            words = jnp.concatenate([jax.lax.bitcast_convert_type(action, jnp.uint32), ids], -1)
-            return host(self.pool.step, (obs_shape, id_shape, flag_shape), words)
+            ids = jnp.broadcast_to(words[at.lease], (episodes, 1))
+            return host(self.pool.step, jnp.concatenate([field(action, ..., u32), ids], -1))
 
-        obs, lease_id = host(self.pool.reset, (obs_shape, id_shape), episode_seeds(key, episodes))
-        # ones_like keeps the lease id's sharding type (varying inside shard_map)
-        _, lease_id, _ = jax.lax.while_loop(
-            lambda carry: carry[2], step, (obs, lease_id, jnp.ones_like(lease_id, bool))
-        )
-        per_episode = (
-            jax.ShapeDtypeStruct((episodes,), f32),
-            jax.ShapeDtypeStruct((episodes,), i32),
-        )
-        sums = (jax.ShapeDtypeStruct((), f32), *[jax.ShapeDtypeStruct(spec.obs_shape, f32)] * 2)
-        returns, steps, *sums = host(self.pool.finish, (*per_episode, *sums), lease_id)
+        words = host(self.pool.reset, episode_seeds(key, episodes))
+        words = jax.lax.while_loop(lambda w: w[at.running][0] != 0, step, words)
+        returns, steps = field(words, at.returns, f32), field(words, at.steps, i32)
+        sums = (field(words, at.count, f32)[0], field(words, at.total, f32).reshape(spec.obs_shape),
+                field(words, at.total_sq, f32).reshape(spec.obs_shape))  # fmt: skip
         return EpisodeStats(
             episode_return=returns.mean(),
             steps=steps.sum(),
