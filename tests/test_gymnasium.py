@@ -194,6 +194,12 @@ def test_what_a_policy_cannot_use_is_one_line(task, message):
         ES(ESConfig(task=task))
 
 
+def test_an_unknown_vector_mode_is_one_line():
+    message = r"^vector must be one of \('sync', 'async'\), got 'bad'\.$"
+    with pytest.raises(ValueError, match=message):
+        GymTask("CartPole-v1", vector="bad")
+
+
 def test_settings_of_jax_stepping_are_refused_for_a_gymnasium_task():
     with pytest.raises(
         ConfigError,

@@ -430,8 +430,6 @@ class GymTask(ControlTask):
           ValueError: spaces a policy cannot use (Box and Discrete only; Box
             actions bounded), no time limit, or a bad ``vector``.
         """
-        if vector not in VECTOR_MODES:
-            raise ValueError(f"vector must be one of {VECTOR_MODES}, got {vector!r}.")
         if episode_length is not None and episode_length < 1:
             raise ValueError(f"episode_length must be at least 1, got {episode_length}.")
         if isinstance(env, str):
