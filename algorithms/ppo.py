@@ -29,6 +29,7 @@ population search may change them between steps without recompiling.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import flax.struct
@@ -300,6 +301,7 @@ class PPO:
         steps = self.config.num_envs * self.config.unroll_length
         return data_parallel.advance(state, metrics, steps, self.mesh)
 
+    @functools.partial(jax.jit, static_argnames=("self", "num_episodes"))
     def evaluate(self, state: State, key: jax.Array, num_episodes: int = 10) -> jax.Array:
         """The mean return of the deterministic policy (the distribution's mode).
 

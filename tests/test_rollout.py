@@ -164,6 +164,23 @@ def test_queue_shared_by_a_population_keeps_each_candidates_episodes():
     np.testing.assert_array_equal(queued.moments.total[:, 0], n * (n - 1))
 
 
+@pytest.mark.parametrize("normalize_obs", [False, True])
+def test_a_slice_evaluated_as_a_batch_is_the_vectorised_evaluation(normalize_obs):
+    # What the engine runs on a device's slice (its episodes traced once) against
+    # jax.vmap of one candidate's evaluation, on episodes ending early in a queue.
+    task = ControlTask("CartPole-v1", (4,), episodes=3, normalize_obs=normalize_obs, lanes=4)
+    solutions = 0.5 * jax.random.normal(jax.random.key(0), (5, task.num_dims))
+    keys = jax.random.split(jax.random.key(1), 5)
+    state = task.init_state()
+    if normalize_obs:  # a normaliser that has seen something
+        state = state.replace(count=jnp.float32(9.0), mean=jnp.full(4, 0.1), var=jnp.ones(4))
+    batch = jax.jit(task.evaluate_batch)(solutions, keys, state)
+    vectorised = jax.jit(jax.vmap(task.evaluate, (0, 0, None)))(solutions, keys, state)
+    assert len(set(np.asarray(batch[1].steps).tolist())) > 1  # the episodes differ
+    for a, b in zip(jax.tree.leaves(batch), jax.tree.leaves(vectorised), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_collected_transitions_with_early_exit_and_truncation():
     env = _Fall()
     ep = jax.jit(

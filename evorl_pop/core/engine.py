@@ -249,7 +249,8 @@ def evaluate(fn, candidates, key, mesh: Mesh, maximize: bool, eval_mode: str = "
       mesh: a mesh with a ``'POP'`` axis.
       maximize: whether higher scores are better.
       eval_mode: ``'vmap'`` evaluates each device's slice vectorised, ``'map'``
-        one candidate at a time (lower memory).
+        one candidate at a time (lower memory), ``'batch'`` with one call of
+        ``fn(slice, keys)`` on the device's whole slice (``fn`` vectorised by hand).
 
     Returns:
       ``(summary, outs)``: the :class:`Summary` (replicated), and the ``out``
@@ -257,17 +258,27 @@ def evaluate(fn, candidates, key, mesh: Mesh, maximize: bool, eval_mode: str = "
     """
     candidates, mask = pad_to_multiple(candidates, mesh.shape[POP_AXIS_NAME])
     ids = jnp.arange(mask.shape[0], dtype=jnp.int32)
-    shmap = shmap_vmap if eval_mode == "vmap" else shmap_map
     # Evaluation has no collectives, so replication checks have nothing to
     # verify; they would only reject simulators whose scan carries start
     # from constants (check_vma=False). The collectives below are checked.
-    scores, info, outs = shmap(
-        lambda c, i: fn(c, jax.random.fold_in(key, i)),
-        mesh,
-        in_specs=(POP, POP),
-        out_specs=POP,
-        check_vma=False,
-    )(candidates, ids)
+    if eval_mode == "batch":
+        fold = jax.vmap(jax.random.fold_in, (None, 0))
+        scores, info, outs = jax.shard_map(
+            lambda c, i: fn(c, fold(key, i)),
+            mesh=mesh,
+            in_specs=(POP, POP),
+            out_specs=POP,
+            check_vma=False,
+        )(candidates, ids)
+    else:
+        shmap = shmap_vmap if eval_mode == "vmap" else shmap_map
+        scores, info, outs = shmap(
+            lambda c, i: fn(c, jax.random.fold_in(key, i)),
+            mesh,
+            in_specs=(POP, POP),
+            out_specs=POP,
+            check_vma=False,
+        )(candidates, ids)
     summary = jax.shard_map(
         functools.partial(summarize, maximize=maximize),
         mesh=mesh,
@@ -387,13 +398,18 @@ class Engine:
           padded candidates' steps marked not ``valid``.
         """
 
+        task, mode = self.task, self.eval_mode
+        if not collect and mode == "vmap" and hasattr(task, "evaluate_batch"):
+            mode = "batch"  # the slice's episodes traced once, not twice as under vmap
+
         def one(x, k):
             if collect:
-                return self.task.evaluate(x, k, task_state, collect=True)
-            return (*self.task.evaluate(x, k, task_state), None)
+                return task.evaluate(x, k, task_state, collect=True)
+            if mode == "batch":
+                return (*task.evaluate_batch(x, k, task_state), None)
+            return (*task.evaluate(x, k, task_state), None)
 
-        summary, episodes = evaluate(one, population, key, self.mesh, self.task.maximize,
-                                     self.eval_mode)  # fmt: skip
+        summary, episodes = evaluate(one, population, key, self.mesh, self.task.maximize, mode)
         if collect:  # padded candidates' steps are no steps
             real = jnp.arange(episodes.valid.shape[0]) < self.population_size
             valid = episodes.valid & real.reshape(-1, *[1] * (episodes.valid.ndim - 1))

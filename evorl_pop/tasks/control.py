@@ -36,7 +36,14 @@ from evorl_pop.tasks.envs import (
     make_policy,
     random_observations,
 )
-from evorl_pop.tasks.rollout import EpisodeStats, ObsNorm, evaluate_episodes, rollout
+from evorl_pop.tasks.rollout import (
+    EpisodeStats,
+    ObsNorm,
+    episode_stats,
+    evaluate_episodes,
+    population_episodes,
+    rollout,
+)
 
 #: Candidates folded at a time on a CPU when :func:`fold_virtual_batch_norm` runs under ``vmap``.
 VBN_FOLD_BATCH = 4
@@ -307,6 +314,23 @@ class ControlTask:
         moments = jax.tree.map(lambda x: x.sum(0), episodes.moments) if self.normalize_obs else None
         info = EvalInfo(episodes.steps.sum(), jnp.int32(self.episodes), moments)
         return episodes.episode_return.mean(), info, episodes
+
+    def evaluate_batch(self, solutions, keys, task_state):
+        """:meth:`evaluate` of a device's slice of candidates, ``(solutions, keys)`` leading
+        with them: ``jax.vmap(evaluate)``'s result, its episodes traced once (a
+        vectorised evaluation traces them twice, which for a physics simulator is
+        seconds of start-up)."""
+        stats = self._batch_episodes(solutions, keys, task_state, self.episodes)
+        moments = stats.moments if self.normalize_obs else None
+        return stats.episode_return, EvalInfo(stats.steps, stats.episodes, moments)
+
+    def _batch_episodes(self, solutions, keys, task_state, episodes) -> EpisodeStats:
+        obs_norm = task_state if self.normalize_obs else None
+        params = jax.vmap(self._policy_params, (0, None))(solutions, obs_norm)
+        keys = jax.vmap(lambda k: jax.random.split(k, episodes))(keys)
+        runs = population_episodes(self.env, self.policy, params, keys, obs_norm,
+                                   self.episode_length, self.lanes)  # fmt: skip
+        return jax.vmap(episode_stats)(runs)
 
     def _collect(self, solution, key, task_state, episodes: int):
         obs_norm = task_state if self.normalize_obs else None

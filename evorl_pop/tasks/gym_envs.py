@@ -470,6 +470,11 @@ class GymTask(ControlTask):
             "learners (CEM-RL, ERL, PBT) take environments stepped in JAX."
         )
 
+    def _batch_episodes(self, solutions, keys, task_state, episodes) -> EpisodeStats:
+        # one host rollout for the whole slice already: its callbacks take the vmap
+        one = lambda x, k: self._episodes(x, k, task_state, episodes)  # noqa: E731
+        return jax.vmap(one)(solutions, keys)
+
     def _episodes(self, solution, key, task_state, episodes) -> EpisodeStats:
         """The episodes of one candidate, run by the host (one rollout per device under vmap)."""
         spec, obs_norm = self.spec, task_state if self.normalize_obs else None

@@ -432,11 +432,45 @@ class EpisodeStats:
     moments: ObsMoments | None  # raw observation sums (when normalising), for the normaliser
 
 
+def population_episodes(
+    env: Env,
+    policy: PolicyFn,
+    params: Any,
+    keys: jax.Array,
+    obs_norm: ObsNorm | None = None,
+    episode_length: int | None = None,
+    lanes: int | None = None,
+) -> Episode:
+    """The episodes of a population's candidates, all from one :func:`rollout_queue`.
+
+    What ``jax.vmap`` of :func:`evaluate_episodes` over the candidates runs,
+    traced once: the engine evaluates a device's slice with it directly.
+
+    Args:
+      env: an :class:`Env`.
+      policy: ``(params, obs) -> action``.
+      params: the candidates' policy parameters, leading with the candidates.
+      keys: PRNG keys, shape ``(candidates, episodes)``: candidate ``c``'s episode
+        ``j`` uses ``keys[c, j]``.
+      obs_norm: one normaliser shared by every candidate (or ``None``).
+      episode_length: truncate each episode after this many steps.
+      lanes: episodes stepped at once (``None``: :func:`default_lanes`).
+
+    Returns:
+      An :class:`Episode` whose leaves lead with ``(candidates, episodes)``.
+    """
+    candidates, per = keys.shape[:2]
+    params = jax.tree.map(lambda x: jnp.repeat(x, per, axis=0), params)
+    out = rollout_queue(env, policy, params, keys.reshape(candidates * per, *keys.shape[2:]),
+                        obs_norm, episode_length, lanes)  # fmt: skip
+    return jax.tree.map(lambda x: x.reshape(candidates, per, *x.shape[1:]), out)
+
+
 def _episodes_fn(env, policy, episode_length, lanes):
     """``(params, keys, obs_norm) -> Episode``: one episode per key of one policy.
 
     Under ``vmap`` (a population's candidates), the episodes of every
-    candidate go through one :func:`rollout_queue`.
+    candidate go through one :func:`rollout_queue` (:func:`population_episodes`).
     """
 
     def run(params, keys, obs_norm):
@@ -456,13 +490,9 @@ def _episodes_fn(env, policy, episode_length, lanes):
         def batch(x, batched):
             return x if batched else jnp.broadcast_to(x, (axis_size, *x.shape))
 
-        per = keys.shape[-1]  # episodes per candidate
-        keys = batch(keys, keys_batched).reshape(axis_size * per)
-        params = jax.tree.map(
-            lambda x, b: jnp.repeat(batch(x, b), per, axis=0), params, params_batched
-        )
-        out = rollout_queue(env, policy, params, keys, obs_norm, episode_length, lanes)
-        out = jax.tree.map(lambda x: x.reshape(axis_size, per, *x.shape[1:]), out)
+        params = jax.tree.map(batch, params, params_batched)
+        out = population_episodes(env, policy, params, batch(keys, keys_batched), obs_norm,
+                                  episode_length, lanes)  # fmt: skip
         return out, jax.tree.map(lambda _: True, out)
 
     return episodes
@@ -500,10 +530,14 @@ def evaluate_episodes(
       :class:`EpisodeStats`: the mean return, the steps and observation sums summed.
     """
     run = _episodes_fn(env, policy, episode_length, lanes)
-    episodes = run(params, jax.random.split(key, num_episodes), obs_norm)
+    return episode_stats(run(params, jax.random.split(key, num_episodes), obs_norm))
+
+
+def episode_stats(episodes: Episode) -> EpisodeStats:
+    """The :class:`EpisodeStats` of episodes leading with one axis (``vmap`` it for more)."""
     return EpisodeStats(
         episode_return=episodes.episode_return.mean(),
         steps=episodes.steps.sum(),
-        episodes=jnp.int32(num_episodes),
+        episodes=jnp.int32(episodes.steps.shape[0]),
         moments=jax.tree.map(lambda x: x.sum(0), episodes.moments),
     )
