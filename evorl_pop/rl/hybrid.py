@@ -21,7 +21,7 @@ import dataclasses
 
 from jax.sharding import Mesh
 
-from evorl_pop.base import ConfigError, check_config
+from evorl_pop.base import ConfigError, did_you_mean
 from evorl_pop.rl.td3 import HybridConfig, ReplayLearner, TD3Config, TD3Learner
 from evorl_pop.tasks.control import ControlTask
 from evorl_pop.tasks.envs import ACTIVATIONS, gaussian_policy, make_env
@@ -100,7 +100,11 @@ class EvoRLConfig(HybridConfig):
 
     def validate(self) -> None:
         """Raises a ConfigError naming a setting that cannot run."""
-        check_config(self, {"learner": LEARNERS})
+        if self.learner not in LEARNERS:
+            raise ConfigError(
+                f"learner: unknown value {self.learner!r}.{did_you_mean(self.learner, LEARNERS)}"
+                f" Valid: {', '.join(LEARNERS)}."
+            )
         if self.learner == "sac":
             self.sac.validate()
         super().validate()
