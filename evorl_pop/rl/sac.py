@@ -23,6 +23,9 @@ minibatch and the gradients are averaged with ``pmean``. The actions sampled
 for sample ``i`` use ``fold_in(key, i)`` with ``i`` its position in the
 *global* minibatch, so the update does not depend on the device count.
 The searchable settings (:class:`Hyperparameters`) are traced arguments.
+
+:class:`SACHybridLearner` is SAC beside a population (CEM-RL's and ERL's
+``learner='sac'``): its actors are the population's members.
 """
 
 from __future__ import annotations
