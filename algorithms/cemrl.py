@@ -1,5 +1,5 @@
 """CEM-RL: the cross-entropy method over actor weights, half the population
-improved by TD3.
+improved by TD3 (or SAC).
 
 Pourchot & Sigaud (2019), "CEM-RL: Combining evolutionary and gradient-based
 methods for policy search". One generation of the engine:
@@ -8,7 +8,9 @@ methods for policy search". One generation of the engine:
    Gaussian ``N(mean, diag(std²))`` over the flat actor weights;
 2. learner step: the first ``num_rl_actors`` of them each get TD3 updates
    against one shared critic (trained alongside, with that actor's target),
-   once the shared replay buffer holds ``learning_starts`` steps;
+   once the shared replay buffer holds ``learning_starts`` steps; with
+   ``learner='sac'`` the actors are SAC's tanh-Gaussian ones, each getting SAC
+   updates against shared twin critics and a shared learned temperature;
 3. evaluate: one episode per actor, sharded over the ``POP`` axis; every
    step goes into the replay buffer;
 4. tell: the mean moves to the weighted mean of the elites *as evaluated*
@@ -16,14 +18,15 @@ methods for policy search". One generation of the engine:
    spread of the elites around the old mean plus a decaying additive noise
    (Eq. 2 of the paper, with log-rank weights).
 
-Scores are returns; the strategy ranks evosax fitness (minimised), the one
-sign boundary being the engine's.
+Scores are returns (a SAC actor's episodes act with its squashed mean); the
+strategy ranks evosax fitness (minimised), the one sign boundary being the engine's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import flax.struct
 import jax
@@ -36,25 +39,27 @@ from jax.sharding import Mesh
 
 from evorl_pop.base import ConfigError
 from evorl_pop.core.engine import Engine, make_mesh
+from evorl_pop.rl.hybrid import EvoRLConfig
 from evorl_pop.rl.replay import ReplayBuffer
-from evorl_pop.rl.td3 import CriticState, HybridConfig, TD3Learner
+from evorl_pop.rl.td3 import CriticState
 from evorl_pop.tasks.control import ControlTask
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(HybridConfig):
-    """CEM-RL settings: the shared ones of :class:`~evorl_pop.rl.td3.HybridConfig`
-    (``task``, ``population_size``, buffer, episodes, ``td3``) and these.
+class Config(EvoRLConfig):
+    """CEM-RL settings: the shared ones of :class:`~evorl_pop.rl.hybrid.EvoRLConfig`
+    (``task``, ``population_size``, buffer, episodes, ``learner``: ``'td3'`` or
+    ``'sac'``, ``td3``, ``sac``) and these.
 
     Attributes:
       num_elites: the best actors the distribution is fitted to.
-      num_rl_actors: actors that get TD3 updates before evaluation (the
+      num_rl_actors: actors that get TD3 (or SAC) updates before evaluation (the
         paper uses half the population).
       sigma_init: initial variance of every weight.
       noise_init: initial additive variance (keeps the search from collapsing).
       noise_end: the value the additive variance decays towards.
       noise_decay: its decay rate per generation.
-      updates_per_actor: TD3 iterations (critic steps) per RL actor per generation;
+      updates_per_actor: TD3 iterations (critic steps; SAC: updates) per RL actor per generation;
         the default gives one critic step per two environment steps on
         Pendulum-v1 (10 x 200 steps per generation); the paper uses one per
         step, which learned no better here at twice the cost.
@@ -143,25 +148,29 @@ class CEM(DistributionBasedAlgorithm):
 class LearnerState:
     """The shared critic and the replay buffer every actor's steps go into."""
 
-    critic: CriticState
+    critic: CriticState | Any  # SAC: the twin critics and the temperature (rl.sac.SoftCritic)
     buffer: ReplayBuffer
 
 
-class CEMRLLearner(TD3Learner):
-    """TD3 on the first ``num_rl_actors`` sampled actors, one shared critic."""
+class CEMRLLearner:
+    """TD3 (or SAC) on the first ``num_rl_actors`` sampled actors, one shared critic."""
+
+    collect = True  # the engine's evaluations return transitions
 
     def __init__(self, task: ControlTask, config: Config, mesh: Mesh):
-        super().__init__(
-            task, config, mesh, config.updates_per_actor, "CEM-RL (its actors are trained with TD3)"
-        )
+        name = f"CEM-RL (its actors are trained with {config.learner.upper()})"
+        self.rl = config.rl_learner(task, mesh, config.updates_per_actor, name)
         self.num_rl = config.num_rl_actors
+        #: ``train_actors(critic, flat, buffer, key) -> (critic, flat, losses)``: the
+        #: learner's updates of each actor in turn against the shared critic.
+        self.train_actors = self.rl.train_actors
 
     def init(self, key: jax.Array) -> LearnerState:
-        return LearnerState(*self.init_critic_and_buffer(key))
+        return LearnerState(*self.rl.init_critic_and_buffer(key))
 
     def step(self, key, state: LearnerState, population, strategy_state):
-        n, ready = self.num_rl, self.ready(state.buffer)
-        critic, trained, losses = self.learn_if(
+        n, ready = self.num_rl, self.rl.ready(state.buffer)
+        critic, trained, losses = self.rl.learn_if(
             ready & (n > 0),
             functools.partial(self.train_actors, buffer=state.buffer, key=key),
             state.critic,
@@ -177,7 +186,7 @@ class CEMRLLearner(TD3Learner):
 class CEMRL(Engine):
     """CEM-RL: the engine with :class:`CEM` as its strategy and :class:`CEMRLLearner`
     between ask and evaluate, its population sharded over the devices of ``mesh``
-    (``None``: every device), TD3's minibatches over the same devices along ``'DP'``.
+    (``None``: every device), the learner's minibatches over the same devices along ``'DP'``.
     ``Config.validate`` says what to change in a config that cannot run.
     """
 

@@ -1,4 +1,4 @@
-"""ERL: a genetic algorithm over actors plus one TD3 learner sharing its experience.
+"""ERL: a genetic algorithm over actors plus one TD3 (or SAC) learner sharing its experience.
 
 Khadka & Tumer (2018), "Evolution-Guided Policy Gradient in Reinforcement
 Learning" (with TD3 as the learner, as in later ERL variants). The initial
@@ -10,15 +10,17 @@ generation of the engine:
    winners: neuron-wise crossover, then Gaussian mutation of a fraction of
    its weights);
 2. learner step: the learner runs exploration episodes (Gaussian action
-   noise) into the shared replay buffer and takes TD3 updates on minibatches
-   split over the ``DP`` axis; every ``sync_period`` generations its actor
-   takes the slot of the weakest member (a bred child there, never an elite);
+   noise; SAC samples its own policy) into the shared replay buffer and takes
+   TD3 (SAC) updates on minibatches split over the ``DP`` axis; every
+   ``sync_period`` generations its actor takes the slot of the weakest member
+   (a bred child there, never an elite);
 3. evaluate: every member runs one episode, sharded over the ``POP`` axis;
    all steps go into the replay buffer;
 4. tell: the GA keeps the evaluated population and its fitness.
 
-``eval_return`` is the learner's actor without noise. Scores are returns; the
-GA ranks evosax fitness (minimised), the one sign boundary being the engine's.
+``eval_return`` is the learner's actor without noise (SAC's: its squashed
+mean, as every member of its population acts). Scores are returns; the GA
+ranks evosax fitness (minimised), the one sign boundary being the engine's.
 """
 
 from __future__ import annotations
@@ -38,16 +40,17 @@ from jax.sharding import Mesh
 
 from evorl_pop.base import ConfigError
 from evorl_pop.core.engine import Engine, make_mesh
+from evorl_pop.rl.hybrid import EvoRLConfig
 from evorl_pop.rl.replay import ReplayBuffer
-from evorl_pop.rl.td3 import HybridConfig, TD3Learner, TD3State
+from evorl_pop.rl.td3 import TD3State
 from evorl_pop.tasks.control import ControlTask
-from evorl_pop.tasks.rollout import rollout
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(HybridConfig):
-    """ERL settings: the shared ones of :class:`~evorl_pop.rl.td3.HybridConfig`
-    (``task``, ``population_size``, buffer, episodes, ``td3``) and these.
+class Config(EvoRLConfig):
+    """ERL settings: the shared ones of :class:`~evorl_pop.rl.hybrid.EvoRLConfig`
+    (``task``, ``population_size``, buffer, episodes, ``learner``: ``'td3'`` or
+    ``'sac'``, ``td3``, ``sac``) and these.
 
     Attributes:
       num_elites: best actors copied unchanged into the next generation.
@@ -60,9 +63,9 @@ class Config(HybridConfig):
       sync_period: generations between copies of the learner's actor into
         the population.
       rl_episodes: exploration episodes of the learner per generation.
-      exploration_noise: std of the learner's Gaussian action noise, in units
-        of half the action range.
-      updates_per_generation: TD3 iterations (critic steps) per generation.
+      exploration_noise: std of TD3's Gaussian action noise, in units of half
+        the action range (SAC explores by sampling its policy).
+      updates_per_generation: TD3 iterations (critic steps; SAC: updates) per generation.
     """
 
     num_elites: int = 2
@@ -158,24 +161,28 @@ class GA(PopulationBasedAlgorithm):
 
 @flax.struct.dataclass
 class LearnerState:
-    """The TD3 learner, the shared replay buffer, and where its actor went."""
+    """The learner, the shared replay buffer, and where its actor went."""
 
-    learner: TD3State  # actor, twin critics, targets, optimizers
+    learner: TD3State | Any  # actor, twin critics, targets, optimizers (SAC: rl.sac.SACState)
     buffer: ReplayBuffer
     slot: jax.Array  # int32: the slot the actor took (or would have) this generation
     injected: jax.Array  # bool: whether it entered the population this generation
 
 
-class ERLLearner(TD3Learner):
-    """ERL's TD3 learner: explores, learns from the shared buffer, joins the population."""
+class ERLLearner:
+    """ERL's TD3 (or SAC) learner: explores, learns from the shared buffer, joins the
+    population."""
+
+    collect = True  # the engine's evaluations return transitions
 
     def __init__(self, task: ControlTask, config: Config, mesh: Mesh):
-        super().__init__(
-            task, config, mesh, config.updates_per_generation, "ERL (its learner is TD3)"
-        )
+        self.config = config
+        name = f"ERL (its learner is {config.learner.upper()})"
+        self.rl = config.rl_learner(task, mesh, config.updates_per_generation, name)
 
     def init(self, key: jax.Array) -> LearnerState:
-        return LearnerState(self.td3.init(key), self.empty_buffer(), jnp.int32(0), jnp.bool_(False))
+        rl = self.rl
+        return LearnerState(rl.init(key), rl.empty_buffer(), jnp.int32(0), jnp.bool_(False))
 
     def eval_solution(self, state: LearnerState) -> jax.Array:
         """The learner's actor, flat: what ``eval_return`` reports."""
@@ -184,16 +191,13 @@ class ERLLearner(TD3Learner):
     def step(self, key, state: LearnerState, population, strategy_state):
         cfg = self.config
         explore_key, learn_key = jax.random.split(key)
-        actor = state.learner.actor.params
-
-        def explore(k):
-            return rollout(self.task.env, self.task.policy, actor, k, None,
-                           cfg.episode_length, cfg.exploration_noise, collect=True)  # fmt: skip
-
-        episodes = jax.vmap(explore)(jax.random.split(explore_key, cfg.rl_episodes))
+        actor, rl = state.learner.actor.params, self.rl
+        episodes = jax.vmap(lambda k: rl.explore(actor, k, cfg.exploration_noise))(
+            jax.random.split(explore_key, cfg.rl_episodes)
+        )
         buffer = state.buffer.add(episodes.transitions, episodes.valid)
-        learner, losses = self.learn_if(
-            self.ready(buffer), lambda s: self.learn(s, buffer, learn_key), state.learner
+        learner, losses = rl.learn_if(
+            rl.ready(buffer), lambda s: rl.learn(s, buffer, learn_key), state.learner
         )
         # generation g (from 1) injects when g is a multiple of sync_period, into the slot
         # ranked last: a bred child's, whatever the ties, since num_elites < population_size

@@ -3,6 +3,7 @@
 A replay buffer whose minibatches split over a ``'DP'`` axis
 (:mod:`~evorl_pop.rl.replay`), and TD3 with data-parallel gradient updates
 and the learner that feeds it a population's evaluations (:mod:`~evorl_pop.rl.td3`);
+the hybrids' choice of TD3 or SAC (:mod:`~evorl_pop.rl.hybrid`);
 PPO's and SAC's losses and updates (:mod:`~evorl_pop.rl.ppo`, :mod:`~evorl_pop.rl.sac`),
 their action distributions (:mod:`~evorl_pop.rl.distributions`), batches of
 self-resetting environments (:mod:`~evorl_pop.rl.vec_env`) and their data-parallel
@@ -16,6 +17,7 @@ from evorl_pop.rl.td3 import (
     ActorState,
     CriticState,
     HybridConfig,
+    ReplayLearner,
     TD3Config,
     TD3Learner,
     TD3State,
@@ -32,6 +34,7 @@ __all__ = [
     "CriticState",
     "HybridConfig",
     "ReplayBuffer",
+    "ReplayLearner",
     "TD3Config",
     "TD3Learner",
     "TD3State",

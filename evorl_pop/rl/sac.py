@@ -23,11 +23,14 @@ minibatch and the gradients are averaged with ``pmean``. The actions sampled
 for sample ``i`` use ``fold_in(key, i)`` with ``i`` its position in the
 *global* minibatch, so the update does not depend on the device count.
 The searchable settings (:class:`Hyperparameters`) are traced arguments.
+
+:class:`SACHybridLearner` is SAC beside a population (CEM-RL's and ERL's
+``learner='sac'``): its actors are the population's members.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax.struct
@@ -40,9 +43,9 @@ from evorl_pop.base import ConfigError, EnvSpec
 from evorl_pop.rl import replay
 from evorl_pop.rl.distributions import TanhNormal
 from evorl_pop.rl.replay import ReplayBuffer
-from evorl_pop.rl.td3 import CONTINUOUS_ENVS, CriticState, polyak
+from evorl_pop.rl.td3 import CONTINUOUS_ENVS, CriticState, ReplayLearner, polyak
 from evorl_pop.tasks.envs import MLP, Critic
-from evorl_pop.tasks.rollout import Transition
+from evorl_pop.tasks.rollout import Episode, Transition, rollout
 
 
 @flax.struct.dataclass
@@ -107,13 +110,14 @@ def soft_target(
     return reward + discount * (1.0 - terminal) * soft_value
 
 
-def check_continuous(spec: EnvSpec) -> None:
+def check_continuous(spec: EnvSpec, algorithm: str = "SAC") -> None:
     """ConfigError, in one line, for an environment with discrete actions."""
     if spec.discrete:
         raise ConfigError(
-            f"SAC needs continuous actions (a squashed Gaussian policy and critics Q(s, a)), but "
-            f"{spec.name!r} has {spec.action_dim} discrete actions: use a continuous task, e.g. "
-            f"{', '.join(map(repr, CONTINUOUS_ENVS[:2]))} or 'brax/hopper', or PPO (-a ppo)."
+            f"{algorithm} needs continuous actions (a squashed Gaussian policy and critics "
+            f"Q(s, a)), but {spec.name!r} has {spec.action_dim} discrete actions: use a "
+            f"continuous task, e.g. {', '.join(map(repr, CONTINUOUS_ENVS[:2]))} or "
+            "'brax/hopper', or PPO (-a ppo)."
         )
 
 
@@ -331,3 +335,89 @@ class SACLearner:
 
         state, metrics = jax.lax.scan(body, state, jax.random.split(key, num_updates))
         return state, jax.tree.map(jnp.mean, metrics)
+
+
+# --- SAC beside a population: the hybrids' learner ------------------------------------
+
+
+@flax.struct.dataclass
+class SoftCritic:
+    """What CEM-RL's SAC actors share: the twin critics and the temperature."""
+
+    critic: CriticState
+    log_alpha: jax.Array  # float32 scalar
+    alpha_opt_state: Any
+
+
+class SACHybridLearner(ReplayLearner):
+    """SAC fed by a population's evaluations: the hybrids' learner with ``learner='sac'``.
+
+    Its actor is the population's network (the task's
+    :class:`~evorl_pop.tasks.envs.GaussianPolicy` module), so a member's flat
+    weights are an actor; :attr:`learn` takes :meth:`SACLearner.train`'s
+    updates with minibatches split over the ``'DP'`` mesh
+    (:class:`~evorl_pop.rl.td3.ReplayLearner`).
+
+    Args:
+      task: the control task the population is evaluated on.
+      config: the algorithm's :class:`~evorl_pop.rl.hybrid.EvoRLConfig`.
+      mesh: the population's ``'POP'`` mesh.
+      num_updates: SAC updates per call of :attr:`learn`.
+      algorithm: the algorithm's name, for errors.
+
+    Raises:
+      ConfigError: a discrete-action task, or a batch the devices do not split.
+    """
+
+    LOSSES = ("critic_loss", "actor_loss", "alpha_loss", "alpha")
+
+    def __init__(self, task, config, mesh, num_updates: int, algorithm: str):
+        check_continuous(task.spec, algorithm)
+        c = config.sac
+        super().__init__(task, config, mesh, c.batch_size, "SAC")
+        self.sac = SACLearner(task.spec, c.actor_hidden_sizes, c.critic_hidden_sizes, c.activation,
+                              c.tau, c.reward_scaling, c.init_alpha)  # fmt: skip
+        self.hyperparameters = Hyperparameters.create(
+            actor_lr=c.actor_lr,
+            critic_lr=c.critic_lr,
+            alpha_lr=c.alpha_lr,
+            target_entropy_scale=c.target_entropy_scale,
+            discount=c.discount,
+        )
+
+        def local(state, buffer, key):
+            return self.sac.train(state, buffer, self.hyperparameters, key, num_updates,
+                                  c.batch_size, dist.DP_AXIS_NAME)  # fmt: skip
+
+        #: ``learn(sac_state, buffer, key) -> (sac_state, losses)``, replicated in and out.
+        self.learn = self.data_parallel(local)
+
+        def sample(params, obs, key):
+            return self.sac.sample(params, obs, key)[0]
+
+        #: ``(params, obs, key) -> action``: the stochastic policy that explores.
+        self.sampling_policy: Callable = sample
+
+    def init(self, key: jax.Array) -> SACState:
+        """A fresh SAC learner (ERL's)."""
+        return self.sac.init(key, self.hyperparameters)
+
+    def init_critic_and_buffer(self, key: jax.Array) -> tuple[SoftCritic, ReplayBuffer]:
+        """Fresh twin critics, the initial temperature and an empty replay buffer."""
+        return self.shared(self.init(key)), self.empty_buffer()
+
+    def with_actor(self, shared: SoftCritic, params: Any) -> SACState:
+        """SAC on ``params`` (a fresh Adam) beside the critics and temperature ``shared``."""
+        actor_optimizer = self.sac.optimizers(self.hyperparameters)[0]
+        actor = ActorState(params, actor_optimizer.init(params))
+        return SACState(actor, shared.critic, shared.log_alpha, shared.alpha_opt_state)
+
+    def shared(self, state: SACState) -> SoftCritic:
+        return SoftCritic(state.critic, state.log_alpha, state.alpha_opt_state)
+
+    def explore(self, params: Any, key: jax.Array, noise_std: float | None = None) -> Episode:
+        """An episode of actions drawn from the actor's tanh-Gaussian policy, its
+        transitions collected (``noise_std``, TD3's action noise, is not used)."""
+        del noise_std
+        return rollout(self.task.env, self.sampling_policy, params, key, None,
+                       self.config.episode_length, collect=True, sample=True)  # fmt: skip

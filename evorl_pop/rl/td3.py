@@ -35,7 +35,7 @@ from evorl_pop.rl import replay
 from evorl_pop.rl.replay import ReplayBuffer
 from evorl_pop.tasks.control import ControlTask
 from evorl_pop.tasks.envs import Critic, Policy, make_policy
-from evorl_pop.tasks.rollout import Transition
+from evorl_pop.tasks.rollout import Transition, rollout
 
 #: gymnax environments with continuous actions (those TD3 can learn).
 CONTINUOUS_ENVS = (
@@ -375,7 +375,8 @@ class TD3:
 
 @dataclasses.dataclass(frozen=True)
 class HybridConfig:
-    """Settings every algorithm with TD3 learners has (CEM-RL, ERL, PBT add their own).
+    """Settings every algorithm with TD3 learners has (CEM-RL, ERL, PBT add their own;
+    CEM-RL's and ERL's learner may be SAC instead, :class:`~evorl_pop.rl.hybrid.EvoRLConfig`).
 
     Attributes:
       task: a continuous-action environment.
@@ -404,10 +405,10 @@ class HybridConfig:
                 raise ConfigError(f"{name} must be at least {least}, got {getattr(self, name)}.")
         if self.episode_length is not None and self.episode_length < 1:
             raise ConfigError(f"episode_length must be at least 1, got {self.episode_length}.")
-        batch = self.td3.batch_size
+        learner, batch = self.minibatch()
         if self.buffer_capacity < batch:
             raise ConfigError(
-                f"The replay buffer capacity {self.buffer_capacity} is smaller than one TD3 "
+                f"The replay buffer capacity {self.buffer_capacity} is smaller than one {learner} "
                 f"batch ({batch}); make buffer_capacity at least {batch}."
             )
         if self.learning_starts > self.buffer_capacity:
@@ -416,6 +417,10 @@ class HybridConfig:
                 f"{self.buffer_capacity}, so gradient updates would never start; lower it or "
                 "enlarge the buffer."
             )
+
+    def minibatch(self) -> tuple[str, int]:
+        """The learner's name and its global minibatch size, which the buffer must hold."""
+        return "TD3", self.td3.batch_size
 
     def actor_task(self) -> ControlTask:
         """The control task of the actors: TD3's actor network on ``task``; its episodes
@@ -433,26 +438,107 @@ def example_transition(spec: EnvSpec) -> Transition:
     return Transition(obs=obs, action=action, reward=zero, next_obs=obs, terminal=zero)
 
 
-def dp_mesh(mesh: Mesh, batch_size: int) -> Mesh:
-    """A ``'DP'`` mesh over the devices of a population's mesh, which must split ``batch_size``."""
+def dp_mesh(mesh: Mesh, batch_size: int, learner: str = "TD3") -> Mesh:
+    """A ``'DP'`` mesh over the devices of a population's mesh, which must split
+    ``learner``'s ``batch_size``."""
     n = mesh.devices.size
     if batch_size % n:
         lower, upper = (batch_size // n) * n, (batch_size // n + 1) * n
         options = f"{upper}" if lower == 0 else f"{lower} or {upper}"
         raise ConfigError(
-            f"The TD3 batch size {batch_size} is split over {n} devices of the 'DP' axis, so "
+            f"The {learner} batch size {batch_size} is split over {n} devices of the 'DP' axis, so "
             f"it must be a multiple of {n} (e.g. {options})."
         )
     return Mesh(mesh.devices.reshape(-1), (dist.DP_AXIS_NAME,))
 
 
-class TD3Learner:
-    """TD3 fed by a population's evaluations: the shared pieces of the hybrids' learners.
+class ReplayLearner:
+    """A learner fed by a population's evaluations: what the hybrids' TD3 and SAC parts share.
 
     The replay buffer takes every valid step the population's evaluation
     collects; gradient updates start once it holds ``learning_starts`` steps
     (and a batch), and split each minibatch over a ``'DP'`` mesh on the
-    population's devices. CEM-RL and ERL build their engine learners on it.
+    population's devices. A subclass makes :attr:`learn` (``(state, buffer,
+    key) -> (state, losses)``, on :meth:`data_parallel`), and for CEM-RL's
+    shared critic :meth:`with_actor` and :meth:`shared`.
+
+    Args:
+      task: the control task the population is evaluated on (its policy is the actor).
+      config: the algorithm's :class:`HybridConfig`.
+      mesh: the population's ``'POP'`` mesh.
+      batch_size: the learner's global minibatch size.
+      learner: its name, for errors.
+    """
+
+    collect = True  # the engine's evaluations return transitions
+    #: The losses a generation that does not learn reports as NaN.
+    LOSSES = ("critic_loss", "actor_loss")
+
+    def __init__(self, task, config: HybridConfig, mesh: Mesh, batch_size: int, learner: str):
+        self.task, self.config, self.batch_size = task, config, batch_size
+        self.dp_mesh = dp_mesh(mesh, batch_size, learner)
+
+    def data_parallel(self, local: Callable) -> Callable:
+        """``local(state, buffer, key)`` on every device of the ``'DP'`` mesh, its
+        arguments and results replicated (its gradients averaged over ``'DP'``)."""
+        return jax.shard_map(local, mesh=self.dp_mesh, in_specs=(P(), P(), P()), out_specs=P())
+
+    def empty_buffer(self) -> ReplayBuffer:
+        """An empty replay buffer of the config's capacity."""
+        example = example_transition(self.task.spec)
+        return ReplayBuffer.create(example, self.config.buffer_capacity)
+
+    def ready(self, buffer: ReplayBuffer) -> jax.Array:
+        """Whether ``buffer`` holds enough steps to learn from (the learning gate)."""
+        return buffer.size >= max(self.config.learning_starts, self.batch_size)
+
+    @classmethod
+    def learn_if(cls, ready: jax.Array, fn: Callable, *operands):
+        """``fn(*operands)`` when ``ready``, else the operands unchanged and NaN
+        :data:`LOSSES` (``fn`` returns ``(*operands, losses)``)."""
+        nan = jnp.float32(jnp.nan)
+        skip = lambda *ops: (*ops, dict.fromkeys(cls.LOSSES, nan))  # noqa: E731
+        return jax.lax.cond(ready, fn, skip, *operands)
+
+    def with_actor(self, shared: Any, params: Any) -> Any:
+        """The learner state of an actor ``params`` beside the ``shared`` critic."""
+        raise NotImplementedError
+
+    def shared(self, state: Any) -> Any:
+        """The part of a learner state that the actors share (the critic)."""
+        raise NotImplementedError
+
+    def train_actors(self, shared: Any, flat: jax.Array, buffer: ReplayBuffer, key):
+        """The learner's updates of each actor in turn, all against (and training)
+        one shared critic (CEM-RL's actors).
+
+        Each actor starts a fresh optimizer state (:meth:`with_actor`); its
+        :attr:`learn` updates train the critic too, which the next actor takes.
+
+        Args:
+          shared: the shared critic (:meth:`shared` of a learner state).
+          flat: the actors to train, flat, shape ``(actors, num_params)``.
+          buffer: the shared replay buffer.
+          key: PRNG key.
+
+        Returns:
+          ``(shared, flat, losses)`` with the trained actors, flat.
+        """
+
+        def body(shared, xs):
+            actor_flat, k = xs
+            state, losses = self.learn(self.with_actor(shared, self.task.unravel(actor_flat)),
+                                       buffer, k)  # fmt: skip
+            return self.shared(state), (ravel_pytree(state.actor.params)[0], losses)
+
+        keys = jax.random.split(key, flat.shape[0])
+        shared, (flat, losses) = jax.lax.scan(body, shared, (flat, keys))
+        return shared, flat, jax.tree.map(jnp.mean, losses)
+
+
+class TD3Learner(ReplayLearner):
+    """TD3 fed by a population's evaluations (:class:`ReplayLearner`): CEM-RL and ERL
+    build their engine learners on it.
 
     Args:
       task: the control task the population is evaluated on (its policy is the actor).
@@ -462,69 +548,34 @@ class TD3Learner:
       algorithm: the algorithm's name, for errors.
     """
 
-    collect = True  # the engine's evaluations return transitions
-
     def __init__(self, task, config: HybridConfig, mesh: Mesh, num_updates: int, algorithm: str):
         check_continuous(task.spec, algorithm)
-        self.task, self.config = task, config
-        self.dp_mesh = dp_mesh(mesh, config.td3.batch_size)
+        super().__init__(task, config, mesh, config.td3.batch_size, "TD3")
         self.td3 = TD3(task.spec, config.td3, policy=task.policy)
 
         def local(state, buffer, key):
             return self.td3.learn(state, buffer, key, num_updates, dist.DP_AXIS_NAME)
 
         #: ``learn(td3_state, buffer, key) -> (td3_state, losses)``, replicated in and out.
-        self.learn = jax.shard_map(
-            local, mesh=self.dp_mesh, in_specs=(P(), P(), P()), out_specs=P()
-        )
+        self.learn = self.data_parallel(local)
 
-    def empty_buffer(self) -> ReplayBuffer:
-        """An empty replay buffer of the config's capacity."""
-        example = example_transition(self.task.spec)
-        return ReplayBuffer.create(example, self.config.buffer_capacity)
+    def init(self, key: jax.Array) -> TD3State:
+        """A fresh TD3 learner (ERL's)."""
+        return self.td3.init(key)
 
     def init_critic_and_buffer(self, key: jax.Array) -> tuple[CriticState, ReplayBuffer]:
         """Fresh twin critics and an empty replay buffer."""
-        example = example_transition(self.task.spec)
-        critic = self.td3.init_critic(key)
-        return critic, ReplayBuffer.create(example, self.config.buffer_capacity)
+        return self.td3.init_critic(key), self.empty_buffer()
 
-    def train_actors(self, critic: CriticState, flat: jax.Array, buffer: ReplayBuffer, key):
-        """TD3 for each actor in turn, all against (and training) one shared critic
-        (CEM-RL's actors).
+    def with_actor(self, shared: CriticState, params: Any) -> TD3State:
+        """TD3 on ``params`` (its target a copy, a fresh Adam) beside the critic ``shared``."""
+        return TD3State(self.td3.init_actor(params), shared, jnp.int32(0))
 
-        Each actor starts a fresh Adam state and its target copy from its own
-        weights; its :attr:`learn` critic steps are interleaved with its
-        (delayed) actor steps.
+    def shared(self, state: TD3State) -> CriticState:
+        return state.critic
 
-        Args:
-          critic: the shared critic.
-          flat: the actors to train, flat, shape ``(actors, num_params)``.
-          buffer: the shared replay buffer.
-          key: PRNG key.
-
-        Returns:
-          ``(critic, flat, losses)`` with the trained actors, flat.
-        """
-
-        def body(critic, xs):
-            actor_flat, k = xs
-            actor = self.td3.init_actor(self.task.unravel(actor_flat))
-            learner, losses = self.learn(TD3State(actor, critic, jnp.int32(0)), buffer, k)
-            return learner.critic, (ravel_pytree(learner.actor.params)[0], losses)
-
-        keys = jax.random.split(key, flat.shape[0])
-        critic, (flat, losses) = jax.lax.scan(body, critic, (flat, keys))
-        return critic, flat, jax.tree.map(jnp.mean, losses)
-
-    def ready(self, buffer: ReplayBuffer) -> jax.Array:
-        """Whether ``buffer`` holds enough steps to learn from (the learning gate)."""
-        return buffer.size >= max(self.config.learning_starts, self.config.td3.batch_size)
-
-    @staticmethod
-    def learn_if(ready: jax.Array, fn: Callable, *operands):
-        """``fn(*operands)`` when ``ready``, else the operands unchanged and NaN losses
-        (``fn`` returns ``(*operands, losses)``)."""
-        nan = jnp.float32(jnp.nan)
-        skip = lambda *ops: (*ops, {"critic_loss": nan, "actor_loss": nan})  # noqa: E731
-        return jax.lax.cond(ready, fn, skip, *operands)
+    def explore(self, params: Any, key: jax.Array, noise_std: float):
+        """An episode of the actor ``params`` with Gaussian action noise of
+        ``noise_std`` (half action ranges), its transitions collected."""
+        return rollout(self.task.env, self.task.policy, params, key, None,
+                       self.config.episode_length, noise_std, collect=True)  # fmt: skip

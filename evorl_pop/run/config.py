@@ -480,8 +480,9 @@ def get(name: str) -> AlgorithmSpec:
 # fmt: off
 register("es", "evorl_pop.algorithms.es", "ESConfig", "ES",
          "any evosax evolution strategy on a black-box function or an environment")
-register("cemrl", "evorl_pop.algorithms.cemrl", "Config", "CEMRL", "CEM-RL: CEM + TD3")
-register("erl", "evorl_pop.algorithms.erl", "Config", "ERL", "ERL: a GA population + a TD3 learner")
+register("cemrl", "evorl_pop.algorithms.cemrl", "Config", "CEMRL", "CEM-RL: CEM + TD3 or SAC")
+register("erl", "evorl_pop.algorithms.erl", "Config", "ERL",
+         "ERL: a GA population + a TD3 or SAC learner")
 register("pbt", "evorl_pop.algorithms.pbt", "Config", "PBT",
          "PBT: a population of TD3, PPO or SAC learners")
 register("ppo", "evorl_pop.algorithms.ppo", "Config", "PPO", "PPO: clipped surrogate, GAE(lambda)")

@@ -208,7 +208,7 @@ class ControlTask:
         policy_module=None,
         episode_length: int | None = None,
         backend: str | None = None,
-        policy: str = "auto",
+        policy: str | Policy = "auto",
         impl: str | None = None,
         lanes: int | None = None,
         virtual_batch_norm: bool = False,
@@ -232,7 +232,10 @@ class ControlTask:
           backend: brax environments: the physics backend (``None``: spring).
           impl: Playground environments: the MJX implementation (``None``: ``'jax'``).
           policy: ``'auto'`` (a CNN for image observations, else an MLP),
-            ``'mlp'``, ``'cnn'`` or ``'keypoints'`` (see :func:`make_policy`).
+            ``'mlp'``, ``'cnn'`` or ``'keypoints'`` (see :func:`make_policy`), or
+            a :class:`~evorl_pop.tasks.envs.Policy` built for the environment
+            (e.g. a :func:`~evorl_pop.tasks.envs.gaussian_policy`; ``hidden_sizes``,
+            ``activation`` and ``policy_module`` are then not used).
           lanes: episodes a device steps at once, taking the next pending
             episode as one ends (``None``: 16 on a CPU, the whole slice on an
             accelerator; see :func:`evorl_pop.tasks.rollout.rollout_queue`).
@@ -258,7 +261,10 @@ class ControlTask:
                 "backend and impl apply to environment names: use make_env(name, backend=, impl=)."
             )
         self.env, self.spec, self.name = env, env.spec, env.spec.name
-        self.policy = make_policy(self.spec, hidden_sizes, activation, policy_module, policy)
+        if isinstance(policy, Policy):
+            self.policy = policy
+        else:
+            self.policy = make_policy(self.spec, hidden_sizes, activation, policy_module, policy)
         self.episodes, self.normalize_obs = episodes, normalize_obs
         self.episode_length, self.lanes, self.transitions = episode_length, lanes, transitions
         template = self.policy.init(jax.random.key(0))

@@ -19,7 +19,8 @@ Every episode runs through :mod:`evorl_pop.tasks.rollout`.
 
 A policy is a flax module plus the map from its output to an action
 (:class:`Policy`): discrete actions are the argmax of the logits, continuous
-ones tanh squashed into the action bounds. Its torso follows the observation:
+ones tanh squashed into the action bounds (a tanh-Gaussian one, SAC's actor,
+acts with its mean: :class:`GaussianPolicy`). Its torso follows the observation:
 images (rank 3, height x width x channels, e.g. MinAtar's 10x10xC) get a small
 CNN (or :class:`Keypoints`), everything else an MLP on the flattened
 observation; critics ``Q(s, a)`` are MLPs too.
@@ -299,6 +300,38 @@ def output_to_action(out: jax.Array, spec: EnvSpec) -> jax.Array:
     # centre + half-range * tanh: this form fuses into the environment step; the
     # (tanh + 1) form cost 18-30 % more per Pendulum rollout on a CPU
     return (high + low) / 2 + (high - low) / 2 * jnp.tanh(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class GaussianPolicy(Policy):
+    """A tanh-Gaussian policy (SAC's actor) acting deterministically, as a population's member.
+
+    The module outputs a location and a scale parameter per action dimension,
+    ``(loc, s)``; the action is the location's, squashed as :class:`Policy`'s
+    into ``[low, high]``: the action of the Gaussian's mode, the one
+    :class:`~evorl_pop.rl.distributions.TanhNormal` gives it.
+    """
+
+    def __call__(self, params: Any, obs: jax.Array) -> jax.Array:
+        loc = self.module.apply(params, obs)[..., : self.spec.action_dim]
+        return output_to_action(loc, self.spec)
+
+
+def gaussian_policy(
+    spec: EnvSpec, hidden_sizes: Sequence[int] = (64, 64), activation: str = "relu"
+) -> GaussianPolicy:
+    """A :class:`GaussianPolicy` whose MLP has ``2 * action_dim`` outputs (continuous actions).
+
+    Args:
+      spec: the environment's :class:`~evorl_pop.envs.EnvSpec`.
+      hidden_sizes: hidden layer widths.
+      activation: ``'tanh'``, ``'relu'`` or ``'elu'``.
+
+    Returns:
+      A :class:`GaussianPolicy`.
+    """
+    module = MLP(tuple(hidden_sizes), 2 * spec.action_dim, activation, len(spec.obs_shape))
+    return GaussianPolicy(module, spec)
 
 
 POLICIES = ("auto", "mlp", "cnn", "keypoints")

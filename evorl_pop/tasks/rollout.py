@@ -129,7 +129,15 @@ def add_exploration_noise(env: Env, action: jax.Array, key: jax.Array, noise_std
 _COMPILED: dict[tuple, tuple] = {}
 
 
-def _compiled(env: Env, policy, episode_length: int, track: bool, noisy: bool, collect: bool):
+def _compiled(
+    env: Env,
+    policy,
+    episode_length: int,
+    track: bool,
+    noisy: bool,
+    collect: bool,
+    sample: bool = False,
+):
     """``(step, start)``: an episode's masked step and its start, jitted and kept.
 
     A rollout runs its step in several loops (a work queue's widths, the
@@ -143,7 +151,7 @@ def _compiled(env: Env, policy, episode_length: int, track: bool, noisy: bool, c
     ``start(key, num_keys) -> (obs, state, step_keys)``: the key schedule of
     every rollout, so that an episode is the same whichever rollout runs it.
     """
-    cache_key = (id(env), id(policy), episode_length, track, noisy, collect)
+    cache_key = (id(env), id(policy), episode_length, track, noisy, collect, sample)
     if cache_key in _COMPILED:
         return _COMPILED[cache_key][2:]
 
@@ -159,8 +167,12 @@ def _compiled(env: Env, policy, episode_length: int, track: bool, noisy: bool, c
             obs_in = obs_norm.normalize(obs)
         else:
             obs_in = obs
-        action = policy(params, obs_in)
         env_key = step_key
+        if sample:
+            env_key, action_key = jax.random.split(step_key)
+            action = policy(params, obs_in, action_key)
+        else:
+            action = policy(params, obs_in)
         if noisy:
             env_key, noise_key = jax.random.split(step_key)
             action = add_exploration_noise(env, action, noise_key, noise_std)
@@ -210,6 +222,7 @@ def rollout(
     noise_std: float | jax.Array | None = None,
     collect: bool = False,
     check_every: int = EXIT_CHECK_STEPS,
+    sample: bool = False,
 ) -> Episode:
     """Runs one episode of ``policy``, stopping once it has ended.
 
@@ -233,17 +246,22 @@ def rollout(
         split between the noise and the environment.
       collect: also return every step's :class:`Transition` and ``valid`` mask.
       check_every: steps between two checks for the end of the episode.
+      sample: ``policy`` draws its actions, ``policy(params, obs, key) -> action``
+        (a learner's stochastic policy); each step's key is then split between
+        the draw and the environment. Not with ``noise_std``.
 
     Returns:
       An :class:`Episode`.
     """
+    if sample and noise_std is not None:
+        raise ValueError("rollout samples the policy or adds noise_std, not both: drop one.")
     episode_length = _length(env, episode_length)
     num_segments = -(-episode_length // max(1, min(check_every, episode_length)))
     segment = -(-episode_length // num_segments)  # segments of equal length covering episode_length
     # split(key, n) keys are a prefix of split(key, m) for n <= m: padding the
     # last segment leaves the first episode_length keys as they are
     track, noisy = obs_norm is not None, noise_std is not None
-    step, begin = _compiled(env, policy, episode_length, track, noisy, collect)
+    step, begin = _compiled(env, policy, episode_length, track, noisy, collect, sample)
     obs, state, step_keys = begin(key, num_segments * segment)
     # Re-made here: a jitted function's constant outputs carry no mesh inside
     # shard_map, and the step traced with them would not be the work queue's.
