@@ -36,7 +36,6 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
-from jax.sharding import PartitionSpec as P
 
 from evorl_pop import distributed as dist
 from evorl_pop.base import ConfigError, check_config
@@ -157,7 +156,7 @@ class State:
     generation: jax.Array  # int32: iterations so far
 
 
-class PPO:
+class PPO(data_parallel.DataParallel):
     """PPO with its environments and minibatches split over the devices of ``mesh``.
 
     Args:
@@ -197,25 +196,11 @@ class PPO:
             num_epochs=config.num_epochs,
             reward_scaling=config.reward_scaling,
         )
-        specs = data_parallel.state_specs(State)
-        self._iterate = jax.shard_map(
-            self.local_step, mesh=self.mesh, in_specs=(specs, P()), out_specs=(specs, P()),
-            check_vma=False,  # brax's scans start from constants the checks would reject
-        )  # fmt: skip
-
-    def init(self, key: jax.Array) -> State:
-        """Fresh networks and Adam, and ``num_envs`` fresh episodes.
-
-        Args:
-          key: PRNG key; environment ``i`` starts from ``fold_in`` of it with ``i``.
-
-        Returns:
-          A :class:`State`, laid out as ``step`` returns it.
-        """
-        return data_parallel.place_state(self.fresh(key), self.mesh)
+        self.shard_steps(State)
 
     def fresh(self, key: jax.Array) -> State:
-        """:meth:`init`'s state where it was computed (one member of a population)."""
+        """Fresh networks and Adam, and ``num_envs`` fresh episodes: :meth:`init`'s state where
+        it was computed (one member of a population)."""
         params_key, env_key = jax.random.split(key)
         cfg = self.config
         params = self.learner.init(params_key)
@@ -297,9 +282,7 @@ class PPO:
           this iteration, and the mean losses (``loss``, ``policy_loss``,
           ``value_loss``, ``entropy``, ``approx_kl``).
         """
-        state, metrics = self._iterate(state, key)
-        steps = self.config.num_envs * self.config.unroll_length
-        return data_parallel.advance(state, metrics, steps, self.mesh)
+        return super().step(state, key)
 
     @functools.partial(jax.jit, static_argnames=("self", "num_episodes"))
     def evaluate(self, state: State, key: jax.Array, num_episodes: int = 10) -> jax.Array:

@@ -34,7 +34,6 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
-from jax.sharding import PartitionSpec as P
 
 from evorl_pop import distributed as dist
 from evorl_pop.base import ConfigError, check_config
@@ -153,7 +152,7 @@ class State:
     generation: jax.Array  # int32: steps so far
 
 
-class SAC:
+class SAC(data_parallel.DataParallel):
     """SAC with its environments and minibatches split over the devices of ``mesh``.
 
     Args:
@@ -185,25 +184,11 @@ class SAC:
         data_parallel.check_split("batch_size", config.batch_size, n, "A minibatch's samples")
         steps = config.num_envs * config.unroll_length
         self.num_updates = round(config.updates_per_step * steps)
-        specs = data_parallel.state_specs(State)
-        self._step = jax.shard_map(
-            self.local_step, mesh=self.mesh, in_specs=(specs, P()), out_specs=(specs, P()),
-            check_vma=False,  # brax's scans start from constants the checks would reject
-        )  # fmt: skip
-
-    def init(self, key: jax.Array) -> State:
-        """Fresh networks, an empty buffer, and ``num_envs`` fresh episodes.
-
-        Args:
-          key: PRNG key; environment ``i`` starts from ``fold_in`` of it with ``i``.
-
-        Returns:
-          A :class:`State`, laid out as ``step`` returns it.
-        """
-        return data_parallel.place_state(self.fresh(key), self.mesh)
+        self.shard_steps(State)
 
     def fresh(self, key: jax.Array) -> State:
-        """:meth:`init`'s state where it was computed (one member of a population)."""
+        """Fresh networks, an empty buffer, and ``num_envs`` fresh episodes: :meth:`init`'s
+        state where it was computed (one member of a population)."""
         learner_key, env_key = jax.random.split(key)
         cfg = self.config
         hp = cfg.hyperparameters()
@@ -277,9 +262,7 @@ class SAC:
           this step, the mean losses (NaN before learning starts) and the
           temperature ``alpha``.
         """
-        state, metrics = self._step(state, key)
-        steps = self.config.num_envs * self.config.unroll_length
-        return data_parallel.advance(state, metrics, steps, self.mesh)
+        return super().step(state, key)
 
     @functools.partial(jax.jit, static_argnames=("self", "num_episodes"))
     def evaluate(self, state: State, key: jax.Array, num_episodes: int = 10) -> jax.Array:

@@ -114,3 +114,36 @@ def advance(state: Any, metrics: dict, steps: int, mesh: Mesh) -> tuple[Any, dic
     """
     state = state.replace(generation=state.generation + 1)
     return place_state(state, mesh), {**metrics, "env_steps": jnp.int32(steps)}
+
+
+class DataParallel:
+    """What the learners on a ``DP`` mesh share (PPO, SAC): :meth:`init` and :meth:`step`.
+
+    A subclass has ``config`` (``num_envs``, ``unroll_length``) and ``mesh`` (the
+    ``DP`` mesh), defines ``fresh(key) -> state`` (one member's state, where it
+    was computed) and ``local_step(state, key, axis) -> (state, metrics)`` (a
+    step on this device's lanes), and calls :meth:`shard_steps` once built.
+    """
+
+    def shard_steps(self, state_class: type) -> None:
+        """Makes :meth:`step` run ``local_step`` on every device's lanes, in ``shard_map``."""
+        specs = state_specs(state_class)
+        self._sharded_step = jax.shard_map(
+            self.local_step, mesh=self.mesh, in_specs=(specs, P()), out_specs=(specs, P()),
+            check_vma=False,  # brax's scans start from constants the checks would reject
+        )  # fmt: skip
+
+    def init(self, key: jax.Array) -> Any:
+        """:meth:`fresh`'s state laid out as :meth:`step` returns it (``envs`` split over
+        ``'DP'``, the rest replicated).
+
+        Args:
+          key: PRNG key; environment ``i`` starts from ``fold_in`` of it with ``i``.
+        """
+        return place_state(self.fresh(key), self.mesh)
+
+    def step(self, state: Any, key: jax.Array) -> tuple[Any, dict[str, jax.Array]]:
+        """One step of every device on its lanes; ``(state, metrics)``, as :func:`advance`."""
+        state, metrics = self._sharded_step(state, key)
+        steps = self.config.num_envs * self.config.unroll_length
+        return advance(state, metrics, steps, self.mesh)
