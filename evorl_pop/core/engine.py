@@ -261,24 +261,16 @@ def evaluate(fn, candidates, key, mesh: Mesh, maximize: bool, eval_mode: str = "
     # Evaluation has no collectives, so replication checks have nothing to
     # verify; they would only reject simulators whose scan carries start
     # from constants (check_vma=False). The collectives below are checked.
-    if eval_mode == "batch":
-        fold = jax.vmap(jax.random.fold_in, (None, 0))
-        scores, info, outs = jax.shard_map(
-            lambda c, i: fn(c, fold(key, i)),
-            mesh=mesh,
-            in_specs=(POP, POP),
-            out_specs=POP,
-            check_vma=False,
-        )(candidates, ids)
-    else:
-        shmap = shmap_vmap if eval_mode == "vmap" else shmap_map
-        scores, info, outs = shmap(
-            lambda c, i: fn(c, jax.random.fold_in(key, i)),
-            mesh,
-            in_specs=(POP, POP),
-            out_specs=POP,
-            check_vma=False,
-        )(candidates, ids)
+    batch = eval_mode == "batch"  # fn takes the device's whole slice and its keys
+    shmap = jax.shard_map if batch else shmap_vmap if eval_mode == "vmap" else shmap_map
+    fold = jax.vmap(jax.random.fold_in, (None, 0)) if batch else jax.random.fold_in
+    scores, info, outs = shmap(
+        lambda c, i: fn(c, fold(key, i)),
+        mesh=mesh,
+        in_specs=(POP, POP),
+        out_specs=POP,
+        check_vma=False,
+    )(candidates, ids)
     summary = jax.shard_map(
         functools.partial(summarize, maximize=maximize),
         mesh=mesh,
@@ -398,9 +390,9 @@ class Engine:
           padded candidates' steps marked not ``valid``.
         """
 
-        task, mode = self.task, self.eval_mode
-        if not collect and mode == "vmap" and hasattr(task, "evaluate_batch"):
-            mode = "batch"  # the slice's episodes traced once, not twice as under vmap
+        task, mode = self.task, self.eval_mode  # a batch's episodes are traced once, vmap's twice
+        batch = mode == "vmap" and hasattr(task, "evaluate_batch") and not collect
+        mode = "batch" if batch else mode
 
         def one(x, k):
             if collect:
