@@ -5,6 +5,7 @@ CEM-RL learning Pendulum-v1.
 """
 
 import csv
+import dataclasses
 import os
 import time
 
@@ -13,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import test_hybrid as td3_tests
 from jax.flatten_util import ravel_pytree
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -29,29 +31,10 @@ TINY_SAC = SACConfig(
     actor_hidden_sizes=(8,), critic_hidden_sizes=(16,), batch_size=32, init_alpha=0.5,
     actor_lr=3e-3, alpha_lr=1e-2, target_entropy_scale=0.5, reward_scaling=0.1,
 )  # fmt: skip
-CEM_CONFIG = cemrl.Config(
-    learner="sac",
-    population_size=6,
-    num_elites=3,
-    num_rl_actors=3,
-    updates_per_actor=4,
-    learning_starts=60,  # reached after the first generation (6 x 10 steps)
-    episode_length=10,
-    eval_episodes=2,
-    sac=TINY_SAC,
-)
-ERL_CONFIG = erl.Config(
-    learner="sac",
-    population_size=6,
-    num_elites=2,
-    sync_period=1,
-    updates_per_generation=4,
-    learning_starts=64,  # the initial population's 60 steps and the learner's first 10
-    episode_length=10,
-    eval_episodes=2,
-    sac=TINY_SAC,
-)
-KEYS = jax.random.split(jax.random.key(42), 2)
+# The TD3 tests' settings, with SAC as the learner.
+CEM_CONFIG = dataclasses.replace(td3_tests.CEM_CONFIG, learner="sac", sac=TINY_SAC)
+ERL_CONFIG = dataclasses.replace(td3_tests.ERL_CONFIG, learner="sac", sac=TINY_SAC)
+KEYS = td3_tests.KEYS
 
 
 @pytest.fixture(autouse=True)
