@@ -168,6 +168,34 @@ def test_ctrl_c_during_the_first_compile_stops_cleanly_and_tells_the_truth(tmp_p
             assert "no checkpoint was written" in line, line
 
 
+def test_ctrl_c_after_the_folder_is_taken_but_before_training_says_what_it_holds(
+    tmp_path, capsys, monkeypatch
+):
+    """The window the test above hits only by chance: config.yaml written, the
+    session's handlers not yet installed (train), or the state being rebuilt (resume)."""
+    run = tmp_path / "run"
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ckpt_lib, "Run", ctrl_c)
+        assert _train(run, "--generations", "4") == 130
+    line = _last_line(capsys.readouterr().err)
+    assert (run / "config.yaml").exists() and not (run / ckpt_lib.CHECKPOINT_FILENAME).exists()
+    assert "interrupted (Ctrl-C)" in line and "no checkpoint was written" in line, line
+    assert f"--out {run} --overwrite" in line, line
+    # The command it gives starts the run; one stopped while resuming says how to resume.
+    assert _train(run, "--generations", "4", "--overwrite") == 0
+    capsys.readouterr()
+    with monkeypatch.context() as patch:
+        patch.setattr(restore, "restore_state", ctrl_c)
+        assert cli.main(["resume", str(run), "--more", "2", "-q"]) == 130
+    line = _last_line(capsys.readouterr().err)
+    assert f"evorl-pop resume {run}" in line, line
+    assert restore.load_checkpoint(run).generation == 4
+
+
 # --- metrics repair on resume -----------------------------------------------------------
 
 

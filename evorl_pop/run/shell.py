@@ -22,6 +22,7 @@ every process; the run checkpoints, and says how to resume it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -389,6 +390,19 @@ def _desc(config: RunConfig) -> str:
     return " ".join([config.algorithm, *(str(n) for n in names if n)])
 
 
+@contextlib.contextmanager
+def _telling(run_dir: Path):
+    """Gives a stop that comes before the session's own handlers (while the run folder
+    is taken, the state built) the message of what the run folder holds."""
+    try:
+        yield
+    except KeyboardInterrupt as err:
+        if str(err) or not (run_dir / store.CONFIG_FILENAME).exists():
+            raise  # said already, or nothing written: "stopped before training began"
+        status, why = getattr(err, "status", 130), getattr(err, "why", "Ctrl-C")
+        raise Interrupted(store.resume_hint(run_dir), status, why) from None
+
+
 def _about(what: str, config: RunConfig, mesh) -> str:
     return (
         f"{what}: {_desc(config)}  (evorl_pop {__version__}, jax {jax.__version__}, "
@@ -445,7 +459,7 @@ def train(
         if run_dir in store.RESERVED and not any(run_dir.iterdir()):
             run_dir.rmdir()
         raise
-    with store.hold(run_dir, True, text, overwrite):
+    with _telling(run_dir), store.hold(run_dir, True, text, overwrite):
         run = store.Run(run_dir, config, text, run_key, about, writer=jax.process_index() == 0,
                         devices=mesh.size)  # fmt: skip
         return _session(run, algorithm, state, recorders, progress, figure, time_limit)
@@ -485,7 +499,8 @@ def resume(
       ConfigError: a bad override.
     """
     run_dir = Path(run_dir)
-    with store.hold(run_dir, False, read=restore.load_checkpoint) as (ckpt, source):
+    with _telling(run_dir), store.hold(run_dir, False, read=restore.load_checkpoint) as held:
+        ckpt, source = held
         saved = config_lib.from_dict(ckpt.config, check=False)
         # A run over several processes uses all their devices, unless told otherwise.
         multi = [f"devices={jax.device_count()}"] if jax.process_count() > 1 else []
