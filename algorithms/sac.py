@@ -39,7 +39,7 @@ from evorl_pop import distributed as dist
 from evorl_pop.base import ConfigError, check_config
 from evorl_pop.rl import data_parallel, replay, vec_env
 from evorl_pop.rl.replay import ReplayBuffer
-from evorl_pop.rl.sac import Hyperparameters, SACLearner, SACState
+from evorl_pop.rl.sac import Hyperparameters, SACLearner, SACState, check_settings
 from evorl_pop.rl.td3 import example_transition
 from evorl_pop.tasks.envs import env_names
 from evorl_pop.tasks.rollout import Transition, evaluate_episodes
@@ -114,19 +114,10 @@ class Config:
                 f"learning_starts={self.learning_starts} must be in [0, buffer_capacity="
                 f"{self.buffer_capacity}], or the updates never begin."
             )
-        for name in ("updates_per_step", "actor_lr", "critic_lr", "alpha_lr", "reward_scaling"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}.")
-        if not 0.0 <= self.discount <= 1.0:
-            raise ConfigError(f"discount must be in [0, 1], got {self.discount}.")
-        if not 0.0 < self.tau <= 1.0:
-            raise ConfigError(f"tau must be in (0, 1], got {self.tau}.")
-        if self.init_alpha <= 0:
-            raise ConfigError(f"init_alpha must be > 0, got {self.init_alpha}.")
-        check_config(self, {"task": env_names(), "activation": ("tanh", "relu", "elu")})
-        for name in ("actor_hidden_sizes", "critic_hidden_sizes"):
-            if any(width < 1 for width in getattr(self, name)):
-                raise ConfigError(f"{name} must be positive widths, got {getattr(self, name)}.")
+        if self.updates_per_step < 0:
+            raise ConfigError(f"updates_per_step must be >= 0, got {self.updates_per_step}.")
+        check_config(self, {"task": env_names()})
+        check_settings(self)
         if self.episode_length is not None and self.episode_length < 1:
             raise ConfigError(f"episode_length must be >= 1 or null, got {self.episode_length}.")
 

@@ -24,7 +24,7 @@ from jax.sharding import Mesh
 from evorl_pop.base import ConfigError, did_you_mean
 from evorl_pop.rl.td3 import HybridConfig, ReplayLearner, TD3Config, TD3Learner
 from evorl_pop.tasks.control import ControlTask
-from evorl_pop.tasks.envs import ACTIVATIONS, gaussian_policy, make_env
+from evorl_pop.tasks.envs import gaussian_policy, make_env
 
 #: The RL parts a hybrid can have.
 LEARNERS = ("td3", "sac")
@@ -66,22 +66,9 @@ class SACConfig:
         """Raises a ConfigError naming a setting that cannot run."""
         if self.batch_size < 1:
             raise ConfigError(f"sac.batch_size must be at least 1, got {self.batch_size}.")
-        if any(h < 1 for h in (*self.actor_hidden_sizes, *self.critic_hidden_sizes)):
-            raise ConfigError("sac hidden sizes must be at least 1.")
-        for name in ("actor_lr", "critic_lr", "alpha_lr", "reward_scaling"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"sac.{name} must be >= 0, got {getattr(self, name)}.")
-        if not 0.0 <= self.discount <= 1.0:
-            raise ConfigError(f"sac.discount must be in [0, 1], got {self.discount}.")
-        if not 0.0 < self.tau <= 1.0:
-            raise ConfigError(f"sac.tau must be in (0, 1], got {self.tau}.")
-        if self.init_alpha <= 0:
-            raise ConfigError(f"sac.init_alpha must be > 0, got {self.init_alpha}.")
-        if self.activation not in ACTIVATIONS:
-            raise ConfigError(
-                f"sac.activation: unknown value {self.activation!r}. "
-                f"Valid: {', '.join(sorted(ACTIVATIONS))}."
-            )
+        from evorl_pop.rl import sac  # only a config that chooses SAC imports it
+
+        sac.check_settings(self, "sac.")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,12 +39,12 @@ import jax.numpy as jnp
 import optax
 
 from evorl_pop import distributed as dist
-from evorl_pop.base import ConfigError, EnvSpec
+from evorl_pop.base import ConfigError, EnvSpec, did_you_mean
 from evorl_pop.rl import replay
 from evorl_pop.rl.distributions import TanhNormal
 from evorl_pop.rl.replay import ReplayBuffer
 from evorl_pop.rl.td3 import CONTINUOUS_ENVS, CriticState, ReplayLearner, polyak
-from evorl_pop.tasks.envs import MLP, Critic
+from evorl_pop.tasks.envs import ACTIVATIONS, MLP, Critic
 from evorl_pop.tasks.rollout import Episode, Transition, rollout
 
 
@@ -108,6 +108,37 @@ def soft_target(
     """
     soft_value = jnp.min(next_q, axis=0) - alpha * next_log_prob
     return reward + discount * (1.0 - terminal) * soft_value
+
+
+def check_settings(config: Any, prefix: str = "") -> None:
+    """Raises a ConfigError naming the first of SAC's learning settings that cannot run,
+    wherever they are given (``prefix``: ``'sac.'`` in a hybrid's config).
+
+    Args:
+      config: a config with SAC's fields (``actor_lr``, ``critic_lr``, ``alpha_lr``,
+        ``reward_scaling``, ``discount``, ``tau``, ``init_alpha``, the hidden sizes,
+        ``activation``).
+      prefix: prepended to the field names in the message.
+    """
+    for name in ("actor_lr", "critic_lr", "alpha_lr", "reward_scaling"):
+        if getattr(config, name) < 0:
+            raise ConfigError(f"{prefix}{name} must be >= 0, got {getattr(config, name)}.")
+    if not 0.0 <= config.discount <= 1.0:
+        raise ConfigError(f"{prefix}discount must be in [0, 1], got {config.discount}.")
+    if not 0.0 < config.tau <= 1.0:
+        raise ConfigError(f"{prefix}tau must be in (0, 1], got {config.tau}.")
+    if config.init_alpha <= 0:
+        raise ConfigError(f"{prefix}init_alpha must be > 0, got {config.init_alpha}.")
+    for name in ("actor_hidden_sizes", "critic_hidden_sizes"):
+        if any(width < 1 for width in getattr(config, name)):
+            raise ConfigError(
+                f"{prefix}{name} must be positive widths, got {getattr(config, name)}."
+            )
+    if config.activation not in ACTIVATIONS:
+        hint, valid = did_you_mean(config.activation, ACTIVATIONS), ", ".join(sorted(ACTIVATIONS))
+        raise ConfigError(
+            f"{prefix}activation: unknown value {config.activation!r}.{hint} Valid: {valid}."
+        )
 
 
 def check_continuous(spec: EnvSpec, algorithm: str = "SAC") -> None:
