@@ -40,7 +40,7 @@ from jax.sharding import Mesh
 from evorl_pop import distributed as dist
 from evorl_pop.base import ConfigError, check_config
 from evorl_pop.rl import data_parallel, replay, vec_env
-from evorl_pop.rl.ppo import Hyperparameters, Params, PPOLearner, Rollout, Samples
+from evorl_pop.rl.ppo import Hyperparameters, Params, PPOLearner, Rollout, Samples, Segments
 from evorl_pop.tasks.envs import env_names
 from evorl_pop.tasks.rollout import ObsMoments, ObsNorm, evaluate_episodes
 
@@ -72,6 +72,10 @@ class Config:
       vf_coefficient: the weight of the value loss.
       max_grad_norm: clip the global gradient norm to it (``null``: no clip).
       normalize_advantage: standardise each minibatch's advantages.
+      advantages: ``'iteration'``: GAE once per iteration, with the value network
+        that acted (the paper's); ``'minibatch'``: again before every gradient step,
+        with the value network being trained, over minibatches of whole lanes
+        (brax's PPO; ``num_envs`` must then split into the minibatches).
       normalize_observations: normalise observations with running statistics.
       reward_scaling: rewards are multiplied by it for learning (not in the metrics).
       policy_hidden_sizes: hidden widths of the policy network.
@@ -95,6 +99,7 @@ class Config:
     vf_coefficient: float = 0.5
     max_grad_norm: float | None = 0.5
     normalize_advantage: bool = True
+    advantages: str = "iteration"
     normalize_observations: bool = True
     reward_scaling: float = 1.0
     policy_hidden_sizes: tuple[int, ...] = (64, 64)
@@ -126,7 +131,14 @@ class Config:
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             raise ConfigError(f"max_grad_norm must be > 0 or null, got {self.max_grad_norm}.")
         check_config(self, {"task": env_names(), "activation": ("tanh", "relu", "elu"),
-                            "network": ("auto", "mlp", "cnn")})  # fmt: skip
+                            "network": ("auto", "mlp", "cnn"),
+                            "advantages": ("iteration", "minibatch")})  # fmt: skip
+        if self.advantages == "minibatch" and self.num_envs % self.num_minibatches:
+            raise ConfigError(
+                f"advantages='minibatch' takes minibatches of whole environments, but "
+                f"num_envs={self.num_envs} do not split into num_minibatches="
+                f"{self.num_minibatches}; change one of them."
+            )
         for name in ("policy_hidden_sizes", "value_hidden_sizes"):
             if any(width < 1 for width in getattr(self, name)):
                 raise ConfigError(f"{name} must be positive widths, got {getattr(self, name)}.")
@@ -181,8 +193,12 @@ class PPO(data_parallel.DataParallel):
         self.mesh = data_parallel.dp_mesh(mesh)
         n = self.mesh.size
         data_parallel.check_split("num_envs", config.num_envs, n, "The environments")
-        size = config.num_envs * config.unroll_length // config.num_minibatches
-        data_parallel.check_split("num_minibatches", size, n, "A minibatch's samples")
+        if config.advantages == "minibatch":
+            size = config.num_envs // config.num_minibatches
+            data_parallel.check_split("num_minibatches", size, n, "A minibatch's environments")
+        else:
+            size = config.num_envs * config.unroll_length // config.num_minibatches
+            data_parallel.check_split("num_minibatches", size, n, "A minibatch's samples")
         self.learner = PPOLearner(
             self.env.spec,
             policy_hidden_sizes=config.policy_hidden_sizes,
@@ -249,12 +265,18 @@ class PPO(data_parallel.DataParallel):
         collect_key, train_key = jax.random.split(key)
         obs_norm, hp = self._obs_norm(state), state.hyperparameters
         envs, rollout = self.collect(state, collect_key, axis)
-        advantage, target = self.learner.advantages(state.params, obs_norm, rollout, envs.obs, hp)
-        samples = Samples(rollout.obs, rollout.raw_action, rollout.log_prob, advantage, target)
+        lanes = lambda x: jnp.swapaxes(x, 0, 1)  # noqa: E731
+        if self.config.advantages == "minibatch":  # computed in every minibatch
+            samples = Segments(*map(lanes, jax.tree.leaves(rollout)), envs.obs)
+        else:
+            advantage, target = self.learner.advantages(state.params, obs_norm, rollout,
+                                                        envs.obs, hp)  # fmt: skip
+            samples = Samples(rollout.obs, rollout.raw_action, rollout.log_prob, advantage, target)
+            samples = jax.tree.map(lanes, samples)
         # Every device gathers the whole batch, lanes in global order, each lane's steps in turn.
-        samples = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), samples)
         samples = dist.all_gather(samples, axis, tiled=True)
-        samples = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), samples)
+        if isinstance(samples, Samples):
+            samples = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), samples)
         params, opt_state, losses = self.learner.train(
             state.params, state.opt_state, obs_norm, samples, hp, train_key, axis
         )

@@ -2,8 +2,8 @@
 
     python benchmarks/bench_learners.py [--only ppo,sac] [--task hopper] [--seeds 3]
         [--ppo-iterations 60] [--num-envs 256] [--unroll-length 20] [--num-minibatches 8]
-        [--num-epochs 4] [--sac-steps 16000] [--sac-envs 16] [--sac-updates 8]
-        [--eval-episodes 16] [--chunks 4] [--cores 1]
+        [--num-epochs 4] [--ppo-advantages iteration] [--sac-steps 16000] [--sac-envs 16]
+        [--sac-updates 8] [--eval-episodes 16] [--chunks 4] [--cores 1]
 
 For each learner and seed, ``evorl_pop.algorithms.ppo.PPO`` (or ``sac.SAC``)
 and ``brax.training.agents.ppo.train`` (or ``sac.train``) train on the same
@@ -69,6 +69,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--unroll-length", type=int, default=20)
     p.add_argument("--num-minibatches", type=int, default=8)
     p.add_argument("--num-epochs", type=int, default=4)
+    p.add_argument("--ppo-advantages", default="iteration", help="iteration or minibatch")
     p.add_argument("--sac-steps", type=int, default=16_000)
     p.add_argument("--sac-envs", type=int, default=16)
     p.add_argument("--sac-updates", type=int, default=8, help="updates per step of the envs")
@@ -157,7 +158,7 @@ def ours_ppo(seed):
         task=f"brax/{ARGS.task}", backend=ARGS.backend, episode_length=EPISODE_LENGTH,
         num_envs=ARGS.num_envs, unroll_length=ARGS.unroll_length,
         num_minibatches=ARGS.num_minibatches, num_epochs=ARGS.num_epochs,
-        max_grad_norm=None, normalize_observations=True, **s,
+        max_grad_norm=None, normalize_observations=True, advantages=ARGS.ppo_advantages, **s,
     )  # fmt: skip
     algo = ppo.PPO(config)
     per_chunk = ARGS.ppo_iterations // ARGS.chunks
@@ -277,15 +278,20 @@ def main():
         for impl, r in (("evorl_pop", ours), ("brax", theirs)):
             rows.append((name, impl, *np.median(r[:, :2], 0), r[:, 2].mean(), r[:, 2].std()))
         ratio = np.median(ours[:, :2], 0) / np.median(theirs[:, :2], 0)
-        rows.append((name, "ours/brax", *ratio, ours[:, 2].mean() - theirs[:, 2].mean(), None))
+        diff = ours[:, 2].mean() - theirs[:, 2].mean()
+        error = np.sqrt((ours[:, 2].var(ddof=1) + theirs[:, 2].var(ddof=1)) / ARGS.seeds)
+        rows.append((name, "ours/brax", *ratio, diff, error))
     budget = (f"PPO {ARGS.ppo_iterations} x {ARGS.num_envs} x {ARGS.unroll_length} steps, "
               f"SAC {ARGS.sac_steps} steps")  # fmt: skip
     where = f"brax/{ARGS.task} ({ARGS.backend}), {ARGS.seeds} seeds, {ARGS.cores} core(s)"
+    where += f", PPO advantages={ARGS.ppo_advantages!r}" if "ppo" in ARGS.only else ""
     print(f"\n{where}, {budget}; medians over seeds")
     print(f"{'learner':8s} {'impl':10s} {'steps/CPU s':>12s} {'steps/s':>10s} {'return':>18s}")
     for name, impl, cpu, wall, mean, std in rows:
-        if std is None:  # the ratio row: speed ratios, return difference
-            print(f"{name:8s} {impl:10s} {cpu:12.2f} {wall:10.2f} {mean:+10.1f} (diff)")
+        if impl == "ours/brax":  # speed ratios; the return difference and its standard error
+            print(
+                f"{name:8s} {impl:10s} {cpu:12.2f} {wall:10.2f} {mean:+10.1f} +- {std:5.1f} (diff)"
+            )
         else:
             print(f"{name:8s} {impl:10s} {cpu:12,.0f} {wall:10,.0f} {mean:10.1f} +- {std:5.1f}")
 

@@ -247,9 +247,13 @@ def test_advantages_are_normalised_with_global_statistics():
     np.testing.assert_allclose(ref, (adv - adv.mean()) / (adv.std() + 1e-8), rtol=1e-6)
 
 
-@pytest.mark.parametrize("task, devices", [("CartPole-v1", (2, 4)), ("Pendulum-v1", (4,))])
-def test_step_is_the_same_on_1_2_4_devices(task, devices):
-    config = Config(task=task, **TINY)
+@pytest.mark.parametrize(
+    "task, devices, advantages",
+    [("CartPole-v1", (2, 4), "iteration"), ("Pendulum-v1", (4,), "iteration"),
+     ("Pendulum-v1", (2, 4), "minibatch")],
+)  # fmt: skip
+def test_step_is_the_same_on_1_2_4_devices(task, devices, advantages):
+    config = Config(task=task, advantages=advantages, **TINY)
     start, ref, ref_metrics = two_steps(PPO(config, make_mesh(1, axis_name="DP")))
     for n in devices:
         _, got, metrics = two_steps(PPO(config, make_mesh(n)))  # a POP mesh is reused as DP
@@ -260,6 +264,23 @@ def test_step_is_the_same_on_1_2_4_devices(task, devices):
     assert float(ref.obs_norm.count) == 2 * 8 * 8
     assert int(ref.generation) == 2
     assert np.all(np.asarray(ref_metrics["env_steps"]) == 64)
+
+
+def test_minibatch_advantages_are_the_iterations_until_the_value_network_moves():
+    """``advantages='minibatch'`` recomputes GAE before every step with the value network
+    being trained: in one epoch of one minibatch that network is the one that acted, so
+    the step is the paper's (CartPole: an exact entropy, the sample order immaterial);
+    over two epochs the second sees the moved network, and the steps part."""
+    one = dict(TINY, num_minibatches=1, num_epochs=1)
+    _, ref, ref_metrics = two_steps(PPO(Config(**one)))
+    _, got, metrics = two_steps(PPO(Config(advantages="minibatch", **one)))
+    leaves_close(got, ref)
+    leaves_close(metrics, ref_metrics)
+    two = dict(one, num_epochs=2, learning_rate=1e-2)
+    _, ref, _ = two_steps(PPO(Config(**two)))
+    _, got, _ = two_steps(PPO(Config(advantages="minibatch", **two)))
+    pairs = zip(jax.tree.leaves(got.params), jax.tree.leaves(ref.params), strict=True)
+    assert any(not np.allclose(x, y, rtol=1e-4, atol=1e-6) for x, y in pairs)
 
 
 def test_hyperparameters_are_traced_no_recompile():
@@ -297,6 +318,12 @@ def test_config_errors_say_what_to_change():
         Config(value_hidden_sizes=(64, 0)).validate()
     with pytest.raises(ConfigError, match="activation: unknown value 'swish'"):
         Config(activation="swish").validate()
+    with pytest.raises(ConfigError, match="advantages: unknown value 'minibatches'"):
+        Config(advantages="minibatches").validate()
+    with pytest.raises(ConfigError, match="num_envs=6 do not split into num_minibatches=4"):
+        Config(num_envs=6, unroll_length=8, num_minibatches=4, advantages="minibatch").validate()
+    with pytest.raises(ConfigError, match="A minibatch's environments"):
+        PPO(Config(**{**TINY, "advantages": "minibatch"}), make_mesh(8))
 
 
 # --- the command line: a resumed run equals an uninterrupted one ------------------

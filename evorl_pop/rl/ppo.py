@@ -31,6 +31,7 @@ arguments of every function here, never Python constants.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -174,6 +175,20 @@ class Samples:
     target: jax.Array
 
 
+@flax.struct.dataclass
+class Segments:
+    """Whole lanes of an unroll, for advantages recomputed in every minibatch; leaves
+    lead with the lane axis, then time (``bootstrap_obs``: the lane axis alone)."""
+
+    obs: jax.Array
+    raw_action: jax.Array
+    log_prob: jax.Array
+    reward: jax.Array
+    terminal: jax.Array
+    truncated: jax.Array
+    bootstrap_obs: jax.Array  # the observations after the unroll
+
+
 def torso(spec: EnvSpec, hidden_sizes: Sequence[int], out_dim: int, activation: str, kind: str):
     """The project's CNN for images (``kind='cnn'``, or ``'auto'`` and rank-3 observations),
     else its MLP on the flattened observation."""
@@ -273,6 +288,20 @@ class PPOLearner:
     def values(self, params: Params, obs_norm: ObsNorm | None, obs: jax.Array) -> jax.Array:
         """``V(s)`` of observations with any leading axes."""
         return self.value_net.apply(params.value, self._normalize(obs_norm, obs))[..., 0]
+
+    def segment_samples(
+        self, params: Params, obs_norm: ObsNorm | None, segments: Segments, hp: Hyperparameters
+    ) -> Samples:
+        """Lanes' samples, their advantages from the value network ``params`` holds now
+        (brax's PPO); flattened lane by lane, each lane's steps in turn."""
+        time_major = lambda x: jnp.swapaxes(x, 0, 1)  # noqa: E731
+        rollout = Rollout(*(time_major(getattr(segments, f.name))
+                            for f in dataclasses.fields(Rollout)))  # fmt: skip
+        advantage, target = self.advantages(params, obs_norm, rollout, segments.bootstrap_obs, hp)
+        lanes = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731
+        return Samples(lanes(segments.obs), lanes(segments.raw_action),
+                       lanes(segments.log_prob), lanes(time_major(advantage)),
+                       lanes(time_major(target)))  # fmt: skip
 
     def advantages(
         self,
@@ -382,7 +411,7 @@ class PPOLearner:
         params: Params,
         opt_state: Any,
         obs_norm: ObsNorm | None,
-        samples: Samples,
+        samples: Samples | Segments,
         hp: Hyperparameters,
         key: jax.Array,
         dp_axis_name: str | None = None,
@@ -394,7 +423,9 @@ class PPOLearner:
           opt_state: the optimizer state (replicated).
           obs_norm: the normaliser the samples were collected with.
           samples: the *whole* batch, the same on every device; its length
-            must split into minibatches, and those over the devices.
+            must split into minibatches, and those over the devices. Given as
+            :class:`Segments`, the minibatches are of whole lanes, whose
+            advantages are computed again before each step.
           hp: the hyperparameters.
           key: PRNG key of the permutations and the entropy samples, replicated.
           dp_axis_name: the data-parallel axis, or ``None``.
@@ -402,11 +433,13 @@ class PPOLearner:
         Returns:
           ``(params, opt_state, metrics)``: the metrics averaged over the minibatches.
         """
-        size = samples.advantage.shape[0] // self.num_minibatches
+        size = jax.tree.leaves(samples)[0].shape[0] // self.num_minibatches
 
         def minibatch(carry, xs):
             indices, key = xs
             local = jax.tree.map(lambda x: x[replay.dp_slice(indices, dp_axis_name)], samples)
+            if isinstance(local, Segments):
+                local = self.segment_samples(carry[0], obs_norm, local, hp)
             params, opt_state, metrics = self.update(*carry, obs_norm, local, hp, key, dp_axis_name)
             return (params, opt_state), metrics
 
