@@ -12,8 +12,10 @@ Generalized Advantage Estimation". With ``rho_t = pi(a_t|s_t) / pi_old(a_t|s_t)`
     L       = L_clip + c_v L_v - c_ent E[H[pi(.|s_t)]]                # PPO Eq. (9)
 
 An unroll of a batch of environments gives the advantages once, with the
-value function that acted (as the paper's and CleanRL's PPO do; brax's
-recomputes them per minibatch). A step at the time limit has no successor in
+value function that acted (as the paper's and CleanRL's PPO do); given
+:class:`Segments`, :meth:`PPOLearner.train` recomputes them before every
+gradient step with the value function being trained, over minibatches of
+whole environments (as brax's PPO does). A step at the time limit has no successor in
 the unroll (the environment restarted), so it carries no advantage and no
 value target (brax's default); a terminal step bootstraps from zero.
 
