@@ -45,6 +45,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--pg-steps", type=int, default=100)
     parser.add_argument("--gens", type=int, default=2, help="playground generations per call")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--processes", type=int, default=2, help="whole runs, 1 process against this many (0: skip)"
+    )
+    parser.add_argument("--run-gens", type=int, default=20, help="generations of those runs")
+    parser.add_argument("--run-chunk", type=int, default=5, help="generations per chunk")
     return parser.parse_args(argv)
 
 
@@ -55,6 +60,9 @@ os.environ.setdefault(
 )
 
 import functools  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
@@ -63,6 +71,7 @@ import numpy as np  # noqa: E402
 
 from evorl_pop import make_mesh  # noqa: E402
 from evorl_pop.algorithms.es import ES, ESConfig  # noqa: E402
+from evorl_pop.run import store  # noqa: E402
 from evorl_pop.run.shell import chunk_fn  # noqa: E402
 from evorl_pop.tasks.gym_envs import episode_seeds  # noqa: E402
 
@@ -165,6 +174,42 @@ def gym_rows(args):
             engine.task.pool.close()
 
 
+def run_rate(args, name, processes, out):
+    """Environment steps per second of a whole ``evorl-pop train`` of ``name`` (no evaluation
+    of the mean) in ``processes`` processes of one CPU device each (``evorl-pop launch``
+    beyond one): the best chunk after the first (which compiles), from ``metrics.csv``'s
+    steps and times."""
+    train = ["train", "--task", name, "--pop", str(args.pop), "--generations",
+             str(args.run_gens), "--chunk", str(args.run_chunk),
+             "--set", f"episode_length={args.episode_length}", "--set", f"episodes={args.episodes}",
+             "--set", f"vector={args.vector}", "--set", "eval_episodes=0", "--no-figure", "-q",
+             "--out", str(out)]  # fmt: skip
+    if processes == 1:
+        command = [*train, "--devices", "1"]
+    else:
+        command = ["launch", "-n", str(processes), "--devices-per-process", "1", "--", *train]
+    env = dict(os.environ, XLA_FLAGS="")  # each process sets its own device count
+    done = subprocess.run([sys.executable, "-m", "evorl_pop.cli", *command], env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    rows, n = store.read_metrics(out), args.run_chunk
+    steps = rows["env_steps_gen"].reshape(-1, n).sum(1)[1:]
+    wall = np.diff(rows["wall_time"][n - 1 :: n])
+    return float(np.max(steps / wall))
+
+
+def run_rows(args):
+    """Whole runs: one process of one device against ``--processes`` of one device each."""
+    for name in args.gym.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            one = run_rate(args, name, 1, os.path.join(tmp, "one"))
+            many = run_rate(args, name, args.processes, os.path.join(tmp, "many"))
+        print(f"{name:28s} {'train, 1 proc':>14s} {one:12,.0f}   (whole runs: best chunk)")
+        label = f"train, {args.processes} proc"
+        print(f"{'':28s} {label:>14s} {many:12,.0f}   x{many / one:5.2f}  (goal > 1)")
+
+
 def playground_row(args):
     es = make_es(args.playground, args.pg_pop, 1, episode_length=args.pg_steps)
     env = es.task.env.env  # Playground's own environment
@@ -207,6 +252,8 @@ def main(args):
     start = time.perf_counter()
     if args.gym:
         gym_rows(args)
+    if args.gym and args.processes:
+        run_rows(args)
     if args.playground:
         playground_row(args)
     print(f"({time.perf_counter() - start:.0f} s)")
