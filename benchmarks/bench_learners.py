@@ -1,9 +1,10 @@
 """evorl_pop's PPO and SAC against brax's own trainers, side by side on one brax task.
 
     python benchmarks/bench_learners.py [--only ppo,sac] [--task hopper] [--seeds 3]
-        [--ppo-iterations 60] [--num-envs 256] [--unroll-length 20] [--num-minibatches 8]
-        [--num-epochs 4] [--ppo-advantages iteration] [--sac-steps 16000] [--sac-envs 16]
-        [--sac-updates 8] [--eval-episodes 16] [--chunks 4] [--cores 1]
+        [--first-seed 0] [--ppo-iterations 60] [--num-envs 256] [--unroll-length 20]
+        [--num-minibatches 8] [--num-epochs 4] [--ppo-advantages iteration]
+        [--sac-steps 16000] [--sac-envs 16] [--sac-updates 8] [--eval-episodes 16]
+        [--chunks 4] [--cores 1]
 
 For each learner and seed, ``evorl_pop.algorithms.ppo.PPO`` (or ``sac.SAC``)
 and ``brax.training.agents.ppo.train`` (or ``sac.train``) train on the same
@@ -62,6 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--task", default="hopper", help="a brax environment")
     p.add_argument("--backend", default="spring", help="brax physics backend")
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--first-seed", type=int, default=0, help="seeds from this one on")
     p.add_argument("--chunks", type=int, default=4, help="compiled pieces of each run")
     p.add_argument("--eval-episodes", type=int, default=16)
     p.add_argument("--ppo-iterations", type=int, default=60)
@@ -268,7 +270,8 @@ def main():
     rows = []
     for name in ARGS.only.split(","):
         results = {"evorl_pop": [], "brax": []}
-        for seed in range(ARGS.seeds):  # interleaved, so that other jobs' load hits both alike
+        # interleaved, so that other jobs' load hits both alike
+        for seed in range(ARGS.first_seed, ARGS.first_seed + ARGS.seeds):
             for impl, fn in zip(results, RUNS[name], strict=True):
                 (cpu, wall), ret = fn(seed)
                 results[impl].append((cpu, wall, ret))
