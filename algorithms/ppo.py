@@ -77,6 +77,10 @@ class Config:
         with the value network being trained, over minibatches of whole lanes
         (brax's PPO; ``num_envs`` must then split into the minibatches).
       normalize_observations: normalise observations with running statistics.
+      obs_norm_update: when those statistics take in an iteration's observations:
+        ``'after'`` its epochs (which then see the observations as the policy
+        did) or ``'before'`` them (brax's order; the probability ratios then
+        start a little off 1).
       reward_scaling: rewards are multiplied by it for learning (not in the metrics).
       policy_hidden_sizes: hidden widths of the policy network.
       value_hidden_sizes: hidden widths of the value network.
@@ -101,6 +105,7 @@ class Config:
     normalize_advantage: bool = True
     advantages: str = "iteration"
     normalize_observations: bool = True
+    obs_norm_update: str = "after"
     reward_scaling: float = 1.0
     policy_hidden_sizes: tuple[int, ...] = (64, 64)
     value_hidden_sizes: tuple[int, ...] = (64, 64)
@@ -132,7 +137,8 @@ class Config:
             raise ConfigError(f"max_grad_norm must be > 0 or null, got {self.max_grad_norm}.")
         check_config(self, {"task": env_names(), "activation": ("tanh", "relu", "elu"),
                             "network": ("auto", "mlp", "cnn"),
-                            "advantages": ("iteration", "minibatch")})  # fmt: skip
+                            "advantages": ("iteration", "minibatch"),
+                            "obs_norm_update": ("after", "before")})  # fmt: skip
         if self.advantages == "minibatch" and self.num_envs % self.num_minibatches:
             raise ConfigError(
                 f"advantages='minibatch' takes minibatches of whole environments, but "
@@ -277,15 +283,17 @@ class PPO(data_parallel.DataParallel):
         samples = dist.all_gather(samples, axis, tiled=True)
         if isinstance(samples, Samples):
             samples = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), samples)
+        merged = state.obs_norm
+        if self.config.normalize_observations:
+            seen = rollout.obs.reshape(-1, *rollout.obs.shape[2:]).astype(jnp.float32)
+            moments = ObsMoments(jnp.float32(seen.shape[0]), seen.sum(0), (seen**2).sum(0))
+            merged = merged.merge(dist.psum(moments, axis))
+            # "after": the epochs see the observations as the policy did.
+            obs_norm = merged if self.config.obs_norm_update == "before" else obs_norm
         params, opt_state, losses = self.learner.train(
             state.params, state.opt_state, obs_norm, samples, hp, train_key, axis
         )
-        obs_norm = state.obs_norm
-        if self.config.normalize_observations:
-            # Merged after the epochs, which see the observations as the policy did.
-            seen = rollout.obs.reshape(-1, *rollout.obs.shape[2:]).astype(jnp.float32)
-            moments = ObsMoments(jnp.float32(seen.shape[0]), seen.sum(0), (seen**2).sum(0))
-            obs_norm = obs_norm.merge(dist.psum(moments, axis))
+        obs_norm = merged
         metrics = {**vec_env.metrics(state.envs, envs, axis), **losses}
         new = state.replace(params=params, opt_state=opt_state, obs_norm=obs_norm, envs=envs)
         return new, metrics

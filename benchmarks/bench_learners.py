@@ -3,6 +3,7 @@
     python benchmarks/bench_learners.py [--only ppo,sac] [--task hopper] [--seeds 3]
         [--first-seed 0] [--ppo-iterations 60] [--num-envs 256] [--unroll-length 20]
         [--num-minibatches 8] [--num-epochs 4] [--ppo-advantages iteration]
+        [--ppo-obs-norm-update before]
         [--sac-steps 16000] [--sac-envs 16] [--sac-updates 8] [--eval-episodes 16]
         [--chunks 4] [--cores 1]
 
@@ -72,6 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-minibatches", type=int, default=8)
     p.add_argument("--num-epochs", type=int, default=4)
     p.add_argument("--ppo-advantages", default="iteration", help="iteration or minibatch")
+    p.add_argument("--ppo-obs-norm-update", default="before", help="before (brax's) or after")
     p.add_argument("--sac-steps", type=int, default=16_000)
     p.add_argument("--sac-envs", type=int, default=16)
     p.add_argument("--sac-updates", type=int, default=8, help="updates per step of the envs")
@@ -160,7 +162,8 @@ def ours_ppo(seed):
         task=f"brax/{ARGS.task}", backend=ARGS.backend, episode_length=EPISODE_LENGTH,
         num_envs=ARGS.num_envs, unroll_length=ARGS.unroll_length,
         num_minibatches=ARGS.num_minibatches, num_epochs=ARGS.num_epochs,
-        max_grad_norm=None, normalize_observations=True, advantages=ARGS.ppo_advantages, **s,
+        max_grad_norm=None, normalize_observations=True, advantages=ARGS.ppo_advantages,
+        obs_norm_update=ARGS.ppo_obs_norm_update, **s,
     )  # fmt: skip
     algo = ppo.PPO(config)
     per_chunk = ARGS.ppo_iterations // ARGS.chunks
@@ -287,7 +290,9 @@ def main():
     budget = (f"PPO {ARGS.ppo_iterations} x {ARGS.num_envs} x {ARGS.unroll_length} steps, "
               f"SAC {ARGS.sac_steps} steps")  # fmt: skip
     where = f"brax/{ARGS.task} ({ARGS.backend}), {ARGS.seeds} seeds, {ARGS.cores} core(s)"
-    where += f", PPO advantages={ARGS.ppo_advantages!r}" if "ppo" in ARGS.only else ""
+    if "ppo" in ARGS.only:
+        where += (f", PPO advantages={ARGS.ppo_advantages!r}, "
+                  f"obs_norm_update={ARGS.ppo_obs_norm_update!r}")  # fmt: skip
     print(f"\n{where}, {budget}; medians over seeds")
     print(f"{'learner':8s} {'impl':10s} {'steps/CPU s':>12s} {'steps/s':>10s} {'return':>18s}")
     for name, impl, cpu, wall, mean, std in rows:

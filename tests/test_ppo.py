@@ -248,12 +248,12 @@ def test_advantages_are_normalised_with_global_statistics():
 
 
 @pytest.mark.parametrize(
-    "task, devices, advantages",
-    [("CartPole-v1", (2, 4), "iteration"), ("Pendulum-v1", (4,), "iteration"),
-     ("Pendulum-v1", (2, 4), "minibatch")],
+    "task, devices, options",
+    [("CartPole-v1", (2, 4), {}), ("Pendulum-v1", (4,), {}),
+     ("Pendulum-v1", (2, 4), {"advantages": "minibatch", "obs_norm_update": "before"})],
 )  # fmt: skip
-def test_step_is_the_same_on_1_2_4_devices(task, devices, advantages):
-    config = Config(task=task, advantages=advantages, **TINY)
+def test_step_is_the_same_on_1_2_4_devices(task, devices, options):
+    config = Config(task=task, **options, **TINY)
     start, ref, ref_metrics = two_steps(PPO(config, make_mesh(1, axis_name="DP")))
     for n in devices:
         _, got, metrics = two_steps(PPO(config, make_mesh(n)))  # a POP mesh is reused as DP
@@ -280,6 +280,31 @@ def test_minibatch_advantages_are_the_iterations_until_the_value_network_moves()
     _, ref, _ = two_steps(PPO(Config(**two)))
     _, got, _ = two_steps(PPO(Config(advantages="minibatch", **two)))
     pairs = zip(jax.tree.leaves(got.params), jax.tree.leaves(ref.params), strict=True)
+    assert any(not np.allclose(x, y, rtol=1e-4, atol=1e-6) for x, y in pairs)
+
+
+def test_obs_norm_update_before_trains_on_statistics_that_hold_the_batch():
+    """``obs_norm_update='before'`` (brax's order): the advantages come from the normaliser
+    that acted, the epochs see the one that holds this iteration's observations too."""
+    after = PPO(Config(**TINY))
+    before = PPO(Config(obs_norm_update="before", **TINY))
+    state, key = after.fresh(jax.random.key(0)), jax.random.key(1)
+    a, _ = jax.jit(lambda s: after.local_step(s, key, None))(state)
+    b, _ = jax.jit(lambda s: before.local_step(s, key, None))(state)
+    leaves_close(b.obs_norm, a.obs_norm)  # the same statistics at the end
+    assert float(b.obs_norm.count) == 64 and float(state.obs_norm.count) == 0
+    # By hand: the unroll, GAE with the old statistics, the epochs with the new ones.
+    collect_key, train_key = jax.random.split(key)
+    envs, rollout = before.collect(state, collect_key)
+    hp = state.hyperparameters
+    advantage, target = before.learner.advantages(state.params, state.obs_norm, rollout,
+                                                  envs.obs, hp)  # fmt: skip
+    samples = ppo.Samples(rollout.obs, rollout.raw_action, rollout.log_prob, advantage, target)
+    samples = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:]), samples)
+    params, _, _ = before.learner.train(state.params, state.opt_state, b.obs_norm, samples, hp,
+                                        train_key)  # fmt: skip
+    leaves_close(b.params, params)
+    pairs = zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True)
     assert any(not np.allclose(x, y, rtol=1e-4, atol=1e-6) for x, y in pairs)
 
 
@@ -318,6 +343,8 @@ def test_config_errors_say_what_to_change():
         Config(value_hidden_sizes=(64, 0)).validate()
     with pytest.raises(ConfigError, match="activation: unknown value 'swish'"):
         Config(activation="swish").validate()
+    with pytest.raises(ConfigError, match="obs_norm_update: unknown value 'first'"):
+        Config(obs_norm_update="first").validate()
     with pytest.raises(ConfigError, match="advantages: unknown value 'minibatches'"):
         Config(advantages="minibatches").validate()
     with pytest.raises(ConfigError, match="num_envs=6 do not split into num_minibatches=4"):
