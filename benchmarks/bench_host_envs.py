@@ -3,6 +3,7 @@
     python benchmarks/bench_host_envs.py [--gym gym:CartPole-v1,gym:HalfCheetah-v5]
         [--pop 64] [--episode-length 200] [--devices 1,2] [--vector sync]
         [--playground playground/CheetahRun] [--pg-pop 64] [--pg-steps 100] [--reps 3]
+        [--processes 2] [--run-gens 20] [--run-chunk 5]
 
 Prints one table of environment steps per second:
 
@@ -13,8 +14,11 @@ Prints one table of environment steps per second:
   episodes (the same reset seeds) in the same vector env and evaluates the
   policies with one jitted call per step. Both count the steps taken before
   each episode ended (the loop checks that its count equals the engine's).
-  ``ratio`` is engine / hand-written (goal: >= 0.8 on one device, more with
-  every core).
+  ``ratio`` is engine / hand-written (goal: >= 0.8 on one device).
+* each ``--gym`` task again, as whole ``evorl-pop train`` runs: one process of
+  one device against ``--processes`` launched processes of one device each
+  (``evorl-pop launch``), the best chunk after the first from ``metrics.csv``
+  (goal: more steps per second with every core).
 * ``--playground``: whole OpenES generations of the engine on the Playground
   task (MJX physics) against brax-style full-width stepping of its MJX
   environment: a hand-written ``jit(vmap(scan(env.step)))`` of the same

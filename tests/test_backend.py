@@ -60,6 +60,9 @@ def test_auto_devices_follow_cores_and_population(cores, monkeypatch):
     assert devices("population_size=1024") == 2  # capped by the cores, not the 8 devices
     assert devices("population_size=127") == 1  # at least 64 candidates a device
     assert devices("task=sphere", "population_size=1024") == 1  # black-box: cheap to evaluate
+    # Sync Gymnasium envs step one device at a time in a process; worker processes do not.
+    assert devices("task=gym:CartPole-v1", "population_size=1024") == 1
+    assert devices("task=gym:CartPole-v1", "population_size=1024", "vector=async") == 2
     assert devices("devices=3") == 3
     assert devices("devices=null") is None
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")

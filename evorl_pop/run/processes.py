@@ -44,6 +44,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from evorl_pop import jax_private
 from evorl_pop.tasks.blackbox import BLACKBOX_TASKS
+from evorl_pop.tasks.envs import GYM_PREFIX
 
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
 #: Simulated CPU devices beyond this abort XLA (1,024 does) or only cost memory.
@@ -151,7 +152,9 @@ def mesh_devices(config) -> int | None:
       config: a :class:`~evorl_pop.config.RunConfig`; its ``devices`` is a
         count, ``None`` (every device) or ``'auto'``: enough devices for at
         least :data:`MIN_PER_DEVICE` candidates each, up to every device (on
-        the CPU, up to one per core unless ``XLA_FLAGS`` named a count).
+        the CPU, up to one per core unless ``XLA_FLAGS`` named a count); a
+        Gymnasium task takes one device with sync vector envs (``evorl-pop
+        launch`` spreads it over the cores), every device with worker processes.
 
     Returns:
       A device count for :func:`evorl_pop.mesh.make_mesh` (``None``: all).
@@ -167,6 +170,11 @@ def mesh_devices(config) -> int | None:
     population = getattr(algorithm, "population_size", None)
     if population is None:
         return limit
+    task = getattr(algorithm, "task", None)
+    if isinstance(task, str) and task.startswith(GYM_PREFIX):
+        # A process's sync vector envs step one device at a time (Python's lock): more
+        # devices add host callbacks, not stepping. Worker processes step in parallel.
+        return 1 if getattr(algorithm, "vector", "sync") == "sync" else limit
     kind = "blackbox" if getattr(algorithm, "task", None) in BLACKBOX_TASKS else "env"
     return max(1, min(limit, population // MIN_PER_DEVICE[kind]))
 
