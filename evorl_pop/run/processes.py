@@ -154,7 +154,7 @@ def mesh_devices(config) -> int | None:
         least :data:`MIN_PER_DEVICE` candidates each, up to every device (on
         the CPU, up to one per core unless ``XLA_FLAGS`` named a count); a
         Gymnasium task takes one device with sync vector envs (``evorl-pop
-        launch`` spreads it over the cores), every device with worker processes.
+        launch`` spreads it over the cores).
 
     Returns:
       A device count for :func:`evorl_pop.mesh.make_mesh` (``None``: all).
@@ -171,11 +171,12 @@ def mesh_devices(config) -> int | None:
     if population is None:
         return limit
     task = getattr(algorithm, "task", None)
-    if isinstance(task, str) and task.startswith(GYM_PREFIX):
+    sync = getattr(algorithm, "vector", "sync") == "sync"
+    if isinstance(task, str) and task.startswith(GYM_PREFIX) and sync:
         # A process's sync vector envs step one device at a time (Python's lock): more
         # devices add host callbacks, not stepping. Worker processes step in parallel.
-        return 1 if getattr(algorithm, "vector", "sync") == "sync" else limit
-    kind = "blackbox" if getattr(algorithm, "task", None) in BLACKBOX_TASKS else "env"
+        return 1
+    kind = "blackbox" if task in BLACKBOX_TASKS else "env"
     return max(1, min(limit, population // MIN_PER_DEVICE[kind]))
 
 
