@@ -5,7 +5,7 @@
         [--num-minibatches 8] [--num-epochs 4] [--ppo-advantages iteration]
         [--ppo-obs-norm-update before]
         [--sac-steps 16000] [--sac-envs 16] [--sac-updates 8] [--eval-episodes 16]
-        [--chunks 4] [--cores 1]
+        [--chunks 4] [--cores 1] [--devices 1]
 
 For each learner and seed, ``evorl_pop.algorithms.ppo.PPO`` (or ``sac.SAC``)
 and ``brax.training.agents.ppo.train`` (or ``sac.train``) train on the same
@@ -32,7 +32,10 @@ episodes of the same evaluator (:func:`evorl_pop.tasks.rollout.evaluate_episodes
 ``brax/<task>``) for both; the table shows the mean and std over seeds.
 Goals: evorl_pop's return at least brax's, and at least 0.9 of its steps/s on
 one device. The run is pinned to ``--cores`` cores (default 1: one device's
-share of this 2-core machine).
+share of this 2-core machine) and simulates ``--devices`` CPU devices (default
+1); both implementations use all of them (evorl_pop: a ``DP`` mesh of that
+size; brax: its ``pmap`` over the local devices), so ``--cores 2 --devices 2``
+measures each on every core of this machine.
 
 PPO uses brax's order of the observation statistics (``--ppo-obs-norm-update
 before``) with brax's other settings. Measured on the 2-core CPU (``--only ppo
@@ -47,10 +50,17 @@ difference +- its standard error)::
     sac      brax                254        253      281.9 +-  92.8
     sac      ours/brax          0.95       0.95      -83.7 +-  51.1 (diff)
 
+and ``--only sac --seeds 8 --first-seed 8``, beside another benchmark on the second core::
+
+    sac      evorl_pop           185        183      267.1 +-  48.3
+    sac      brax                198        197      283.1 +-  21.9
+    sac      ours/brax          0.94       0.93      -16.0 +-  20.0 (diff)
+
 PPO matches brax's return within the seeds' noise; with the default
 ``--ppo-obs-norm-update after`` it scored 282.4 +- 40.5 (-18.5 +- 15.4), with
 ``--ppo-advantages minibatch`` 269.3 +- 37.7. SAC does not reach brax's return:
-two of its eight seeds end on a deterministic policy that falls at once
+over the 16 seeds, 232.7 +- 84.8 against 282.5 +- 67.4 (-49.9 +- 28.0), most of
+it from two of seeds 0-7 that end on a deterministic policy that falls at once
 (returns 24 and 40), as one of brax's does (44).
 """
 
@@ -81,18 +91,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sac-envs", type=int, default=16)
     p.add_argument("--sac-updates", type=int, default=8, help="updates per step of the envs")
     p.add_argument("--cores", type=int, default=1, help="cores to run on (0: all)")
+    p.add_argument("--devices", type=int, default=1, help="CPU devices both implementations use")
     return p.parse_args(argv)
 
 
 ARGS = parse_args()
 if ARGS.cores > 0:
     os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: ARGS.cores])
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={ARGS.devices}"
+)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from evorl_pop import make_mesh  # noqa: E402
 from evorl_pop.algorithms import ppo, sac  # noqa: E402
 from evorl_pop.run import processes  # noqa: E402
 from evorl_pop.tasks.brax_envs import _import_brax_envs, _quiet  # noqa: E402
@@ -168,7 +182,7 @@ def ours_ppo(seed):
         max_grad_norm=None, normalize_observations=True, advantages=ARGS.ppo_advantages,
         obs_norm_update=ARGS.ppo_obs_norm_update, **s,
     )  # fmt: skip
-    algo = ppo.PPO(config)
+    algo = ppo.PPO(config, make_mesh(ARGS.devices))
     per_chunk = ARGS.ppo_iterations // ARGS.chunks
 
     @jax.jit
@@ -227,7 +241,7 @@ def ours_sac(seed):
         discount=s["discount"], tau=s["tau"], reward_scaling=s["reward_scaling"],
         actor_hidden_sizes=s["hidden_sizes"], critic_hidden_sizes=s["hidden_sizes"],
     )  # fmt: skip
-    algo = sac.SAC(config)
+    algo = sac.SAC(config, make_mesh(ARGS.devices))
     per_chunk = ARGS.sac_steps // ARGS.sac_envs // ARGS.chunks
 
     @jax.jit
@@ -292,7 +306,8 @@ def main():
         rows.append((name, "ours/brax", *ratio, diff, error))
     budget = (f"PPO {ARGS.ppo_iterations} x {ARGS.num_envs} x {ARGS.unroll_length} steps, "
               f"SAC {ARGS.sac_steps} steps")  # fmt: skip
-    where = f"brax/{ARGS.task} ({ARGS.backend}), {ARGS.seeds} seeds, {ARGS.cores} core(s)"
+    where = (f"brax/{ARGS.task} ({ARGS.backend}), {ARGS.seeds} seeds, {ARGS.cores} core(s), "
+             f"{ARGS.devices} device(s)")  # fmt: skip
     if "ppo" in ARGS.only:
         where += (f", PPO advantages={ARGS.ppo_advantages!r}, "
                   f"obs_norm_update={ARGS.ppo_obs_norm_update!r}")  # fmt: skip
