@@ -5,7 +5,7 @@
         [--num-minibatches 8] [--num-epochs 4] [--ppo-advantages iteration]
         [--ppo-obs-norm-update before]
         [--sac-steps 16000] [--sac-envs 16] [--sac-updates 8] [--eval-episodes 16]
-        [--chunks 4] [--cores 1] [--devices 1]
+        [--chunks 4] [--cores 1] [--devices 1] [--curves]
 
 For each learner and seed, ``evorl_pop.algorithms.ppo.PPO`` (or ``sac.SAC``)
 and ``brax.training.agents.ppo.train`` (or ``sac.train``) train on the same
@@ -92,6 +92,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sac-updates", type=int, default=8, help="updates per step of the envs")
     p.add_argument("--cores", type=int, default=1, help="cores to run on (0: all)")
     p.add_argument("--devices", type=int, default=1, help="CPU devices both implementations use")
+    p.add_argument("--curves", action="store_true", help="SAC's return after every chunk")
     return p.parse_args(argv)
 
 
@@ -230,7 +231,7 @@ def brax_ppo(seed):
 # --- SAC ---------------------------------------------------------------------------
 
 
-def ours_sac(seed):
+def _our_sac():
     s = SAC_SETTINGS
     config = sac.Config(
         task=f"brax/{ARGS.task}", backend=ARGS.backend, episode_length=EPISODE_LENGTH,
@@ -241,7 +242,11 @@ def ours_sac(seed):
         discount=s["discount"], tau=s["tau"], reward_scaling=s["reward_scaling"],
         actor_hidden_sizes=s["hidden_sizes"], critic_hidden_sizes=s["hidden_sizes"],
     )  # fmt: skip
-    algo = sac.SAC(config, make_mesh(ARGS.devices))
+    return sac.SAC(config, make_mesh(ARGS.devices))
+
+
+def ours_sac(seed):
+    algo = _our_sac()
     per_chunk = ARGS.sac_steps // ARGS.sac_envs // ARGS.chunks
 
     @jax.jit
@@ -277,6 +282,39 @@ def brax_sac(seed):
     )
 
 
+def sac_curves(seed):
+    """The deterministic policy's return after each of ``--chunks`` pieces of a SAC run:
+    evorl_pop's through :func:`evaluate`, brax's through its own evaluator (the same
+    number of episodes, deterministic); ``(steps, ours, steps, theirs)``."""
+    from brax.training.agents.sac import networks as sac_networks
+    from brax.training.agents.sac import train as sac_train
+
+    s = SAC_SETTINGS
+    algo = _our_sac()
+    per_chunk = ARGS.sac_steps // ARGS.sac_envs // ARGS.chunks
+    run = jax.jit(lambda st, k: jax.lax.scan(algo.step, st, jax.random.split(k, per_chunk))[0])
+    state, ours = algo.init(jax.random.key(seed)), []
+    for i in range(ARGS.chunks):
+        state = run(state, jax.random.key(i))
+        ours.append(evaluate(algo.learner.deterministic_policy, state.learner.actor.params, seed))
+    curve = []
+    sac_train.train(
+        environment=_make_brax_env(), num_timesteps=ARGS.sac_steps,
+        episode_length=EPISODE_LENGTH, num_envs=ARGS.sac_envs, learning_rate=s["lr"],
+        discounting=s["discount"], batch_size=s["batch_size"],
+        min_replay_size=s["learning_starts"], max_replay_size=ARGS.sac_steps,
+        grad_updates_per_step=ARGS.sac_updates, reward_scaling=s["reward_scaling"],
+        tau=s["tau"], num_evals=ARGS.chunks + 1, num_eval_envs=ARGS.eval_episodes,
+        deterministic_eval=True, seed=seed,
+        network_factory=functools.partial(
+            sac_networks.make_sac_networks, hidden_layer_sizes=s["hidden_sizes"]
+        ),
+        progress_fn=lambda step, m: curve.append((step, float(m["eval/episode_reward"]))),
+    )  # fmt: skip
+    steps = [per_chunk * ARGS.sac_envs * (i + 1) for i in range(ARGS.chunks)]
+    return steps, ours, [c[0] for c in curve[1:]], [c[1] for c in curve[1:]]
+
+
 def _make_brax_env():
     with _quiet():
         return _import_brax_envs().get_environment(ARGS.task, backend=ARGS.backend)
@@ -287,6 +325,14 @@ RUNS = {"ppo": (ours_ppo, brax_ppo), "sac": (ours_sac, brax_sac)}
 
 def main():
     processes.use_compilation_cache()
+    if ARGS.curves:
+        for seed in range(ARGS.first_seed, ARGS.first_seed + ARGS.seeds):
+            steps, ours, brax_steps, theirs = sac_curves(seed)
+            for impl, at, curve in (("evorl_pop", steps, ours), ("brax", brax_steps, theirs)):
+                pairs = zip(at, curve, strict=True)
+                points = "  ".join(f"{n // 1000:>2d}k {r:6.1f}" for n, r in pairs)
+                print(f"sac seed {seed:2d} {impl:9s}  {points}", flush=True)
+        return
     rows = []
     for name in ARGS.only.split(","):
         results = {"evorl_pop": [], "brax": []}
