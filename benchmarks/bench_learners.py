@@ -61,7 +61,10 @@ PPO matches brax's return within the seeds' noise; with the default
 ``--ppo-advantages minibatch`` 269.3 +- 37.7. SAC does not reach brax's return:
 over the 16 seeds, 232.7 +- 84.8 against 282.5 +- 67.4 (-49.9 +- 28.0), most of
 it from two of seeds 0-7 that end on a deterministic policy that falls at once
-(returns 24 and 40), as one of brax's does (44).
+(returns 24 and 40), as one of brax's does (44). ``--curves --seeds 8 --chunks 8``
+evaluates both after every chunk: over the last four chunks every seed of
+evorl_pop averages below brax's (-43.9 +- 17.1), its runs level off at 255-270
+where brax's reach 255-345 (docs/guides/learners.md has the table).
 """
 
 import argparse
