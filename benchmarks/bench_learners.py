@@ -143,13 +143,21 @@ def evaluate(policy, params, seed):
     return float(run(params, jax.random.key(10_000 + seed)).episode_return)
 
 
-def timed_chunks(run, state, chunks, steps_per_chunk):
+def seed_keys(seed):
+    """A run's keys: ``(init_key, chunk_key)``, ``chunk_key(i)`` the key of chunk ``i``.
+    Both come from the seed, so that two seeds differ in their training's randomness
+    (actions, minibatches), not only in their initial networks."""
+    init_key, run_key = jax.random.split(jax.random.key(seed))
+    return init_key, lambda i: jax.random.fold_in(run_key, i)
+
+
+def timed_chunks(run, state, chunks, steps_per_chunk, chunk_key):
     """Runs ``chunks`` calls of ``run``; ``(state, (cpu, wall))``: the best steps per
     CPU second and per second of all but the first (which compiles)."""
     cpu, wall = [], []
     for i in range(chunks):
         start, start_cpu = time.perf_counter(), time.process_time()
-        state = jax.block_until_ready(run(state, jax.random.key(i)))
+        state = jax.block_until_ready(run(state, chunk_key(i)))
         wall.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
     return state, (steps_per_chunk / min(cpu[1:]), steps_per_chunk / min(wall[1:]))
@@ -256,8 +264,9 @@ def ours_sac(seed):
     def run(state, key):
         return jax.lax.scan(algo.step, state, jax.random.split(key, per_chunk))[0]
 
-    state = algo.init(jax.random.key(seed))
-    state, rate = timed_chunks(run, state, ARGS.chunks, per_chunk * ARGS.sac_envs)
+    init_key, chunk_key = seed_keys(seed)
+    steps = per_chunk * ARGS.sac_envs
+    state, rate = timed_chunks(run, algo.init(init_key), ARGS.chunks, steps, chunk_key)
     return rate, evaluate(algo.learner.deterministic_policy, state.learner.actor.params, seed)
 
 
@@ -296,9 +305,10 @@ def sac_curves(seed):
     algo = _our_sac()
     per_chunk = ARGS.sac_steps // ARGS.sac_envs // ARGS.chunks
     run = jax.jit(lambda st, k: jax.lax.scan(algo.step, st, jax.random.split(k, per_chunk))[0])
-    state, ours = algo.init(jax.random.key(seed)), []
+    init_key, chunk_key = seed_keys(seed)
+    state, ours = algo.init(init_key), []
     for i in range(ARGS.chunks):
-        state = run(state, jax.random.key(i))
+        state = run(state, chunk_key(i))
         ours.append(evaluate(algo.learner.deterministic_policy, state.learner.actor.params, seed))
     curve = []
     sac_train.train(
