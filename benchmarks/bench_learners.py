@@ -201,9 +201,9 @@ def ours_ppo(seed):
     def run(state, key):
         return jax.lax.scan(algo.step, state, jax.random.split(key, per_chunk))[0]
 
-    state = algo.init(jax.random.key(seed))
+    init_key, chunk_key = seed_keys(seed)
     steps = per_chunk * ARGS.num_envs * ARGS.unroll_length
-    state, rate = timed_chunks(run, state, ARGS.chunks, steps)
+    state, rate = timed_chunks(run, algo.init(init_key), ARGS.chunks, steps, chunk_key)
     params = (state.params.policy, state.obs_norm)
     return rate, evaluate(algo.learner.deterministic_policy, params, seed)
 
