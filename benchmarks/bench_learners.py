@@ -5,7 +5,8 @@
         [--num-minibatches 8] [--num-epochs 4] [--ppo-advantages iteration]
         [--ppo-obs-norm-update before]
         [--sac-steps 16000] [--sac-envs 16] [--sac-updates 8] [--eval-episodes 16]
-        [--chunks 4] [--cores 1] [--devices 1] [--curves]
+        [--chunks 4] [--cores 1] [--devices 1] [--curves] [--restarts fresh]
+        [--curve-impls evorl_pop,brax]
 
 For each learner and seed, ``evorl_pop.algorithms.ppo.PPO`` (or ``sac.SAC``)
 and ``brax.training.agents.ppo.train`` (or ``sac.train``) train on the same
@@ -96,7 +97,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cores", type=int, default=1, help="cores to run on (0: all)")
     p.add_argument("--devices", type=int, default=1, help="CPU devices both implementations use")
     p.add_argument("--curves", action="store_true", help="SAC's return after every chunk")
-    return p.parse_args(argv)
+    p.add_argument("--restarts", default="fresh", choices=("fresh", "first"),
+                   help="where evorl_pop's ended episodes restart: a fresh start drawn every "
+                        "unroll (evorl_pop's), or the lane's own first start (brax's)")  # fmt: skip
+    p.add_argument("--curve-impls", default="evorl_pop,brax",
+                   help="with --curves: the implementations to train")  # fmt: skip
+    args = p.parse_args(argv)
+    impls = args.curve_impls.split(",")
+    if not impls or not set(impls) <= {"evorl_pop", "brax"}:
+        p.error(f"--curve-impls: {args.curve_impls!r} is not evorl_pop, brax or both")
+    return args
 
 
 ARGS = parse_args()
@@ -112,6 +122,7 @@ import numpy as np  # noqa: E402
 
 from evorl_pop import make_mesh  # noqa: E402
 from evorl_pop.algorithms import ppo, sac  # noqa: E402
+from evorl_pop.rl import vec_env  # noqa: E402
 from evorl_pop.run import processes  # noqa: E402
 from evorl_pop.tasks.brax_envs import _import_brax_envs, _quiet  # noqa: E402
 from evorl_pop.tasks.envs import make_env  # noqa: E402
@@ -294,22 +305,28 @@ def brax_sac(seed):
     )
 
 
-def sac_curves(seed):
-    """The deterministic policy's return after each of ``--chunks`` pieces of a SAC run:
-    evorl_pop's through :func:`evaluate`, brax's through its own evaluator (the same
-    number of episodes, deterministic); ``(steps, ours, steps, theirs)``."""
-    from brax.training.agents.sac import networks as sac_networks
-    from brax.training.agents.sac import train as sac_train
-
-    s = SAC_SETTINGS
+def our_sac_curve(seed):
+    """evorl_pop's SAC: its deterministic policy's return (:func:`evaluate`) after each of
+    ``--chunks`` pieces of the run; ``(steps, returns)``."""
     algo = _our_sac()
     per_chunk = ARGS.sac_steps // ARGS.sac_envs // ARGS.chunks
     run = jax.jit(lambda st, k: jax.lax.scan(algo.step, st, jax.random.split(k, per_chunk))[0])
     init_key, chunk_key = seed_keys(seed)
-    state, ours = algo.init(init_key), []
+    state, returns = algo.init(init_key), []
     for i in range(ARGS.chunks):
         state = run(state, chunk_key(i))
-        ours.append(evaluate(algo.learner.deterministic_policy, state.learner.actor.params, seed))
+        returns.append(evaluate(algo.learner.deterministic_policy, state.learner.actor.params,
+                                seed))  # fmt: skip
+    return [per_chunk * ARGS.sac_envs * (i + 1) for i in range(ARGS.chunks)], returns
+
+
+def brax_sac_curve(seed):
+    """brax's SAC: its deterministic policy's return after each of its ``--chunks``
+    epochs, from brax's own evaluator (as many episodes); ``(steps, returns)``."""
+    from brax.training.agents.sac import networks as sac_networks
+    from brax.training.agents.sac import train as sac_train
+
+    s = SAC_SETTINGS
     curve = []
     sac_train.train(
         environment=_make_brax_env(), num_timesteps=ARGS.sac_steps,
@@ -324,8 +341,7 @@ def sac_curves(seed):
         ),
         progress_fn=lambda step, m: curve.append((step, float(m["eval/episode_reward"]))),
     )  # fmt: skip
-    steps = [per_chunk * ARGS.sac_envs * (i + 1) for i in range(ARGS.chunks)]
-    return steps, ours, [c[0] for c in curve[1:]], [c[1] for c in curve[1:]]
+    return [c[0] for c in curve[1:]], [c[1] for c in curve[1:]]  # after the initial evaluation
 
 
 def _make_brax_env():
@@ -336,13 +352,22 @@ def _make_brax_env():
 RUNS = {"ppo": (ours_ppo, brax_ppo), "sac": (ours_sac, brax_sac)}
 
 
+def keep_first_starts():
+    """``--restarts first``: every lane of evorl_pop's environment batches starts each
+    episode from the lane's own first state, as brax's ``AutoResetWrapper`` does, instead
+    of from a fresh start drawn every unroll (:func:`evorl_pop.rl.vec_env.refresh`)."""
+    vec_env.refresh = lambda env, batch, keys: batch
+
+
 def main():
     processes.use_compilation_cache()
+    if ARGS.restarts == "first":
+        keep_first_starts()
     if ARGS.curves:
+        curves = {"evorl_pop": our_sac_curve, "brax": brax_sac_curve}
         for seed in range(ARGS.first_seed, ARGS.first_seed + ARGS.seeds):
-            steps, ours, brax_steps, theirs = sac_curves(seed)
-            for impl, at, curve in (("evorl_pop", steps, ours), ("brax", brax_steps, theirs)):
-                pairs = zip(at, curve, strict=True)
+            for impl in ARGS.curve_impls.split(","):
+                pairs = zip(*curves[impl](seed), strict=True)
                 points = "  ".join(f"{n // 1000:>2d}k {r:6.1f}" for n, r in pairs)
                 print(f"sac seed {seed:2d} {impl:9s}  {points}", flush=True)
         return
