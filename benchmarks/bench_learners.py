@@ -38,34 +38,23 @@ share of this 2-core machine) and simulates ``--devices`` CPU devices (default
 size; brax: its ``pmap`` over the local devices), so ``--cores 2 --devices 2``
 measures each on every core of this machine.
 
-PPO uses brax's order of the observation statistics (``--ppo-obs-norm-update
-before``) with brax's other settings. Measured on the 2-core CPU (``--only ppo
---seeds 16``, ``--only sac --seeds 8``; return: mean +- std over seeds, the
-difference +- its standard error)::
+Every seed draws its own initial networks and training keys. PPO uses brax's
+order of the observation statistics (``--ppo-obs-norm-update before``) with
+brax's other settings. Measured on the 2-core CPU, one core (``--only ppo
+--seeds 16``; return: mean +- std over seeds, the difference +- its standard
+error)::
 
     learner  impl        steps/CPU s    steps/s             return
-    ppo      evorl_pop        46,816     46,491      306.1 +-  38.3
-    ppo      brax             46,964     46,950      300.9 +-  44.0
-    ppo      ours/brax          1.00       0.99       +5.2 +-  15.1 (diff)
-    sac      evorl_pop           241        240      198.2 +-  98.4
-    sac      brax                254        253      281.9 +-  92.8
-    sac      ours/brax          0.95       0.95      -83.7 +-  51.1 (diff)
+    ppo      evorl_pop        43,537     43,238      299.3 +-  48.9
+    ppo      brax             44,523     44,237      313.9 +-  44.8
+    ppo      ours/brax          0.98       0.98      -14.6 +-  17.1 (diff)
 
-and ``--only sac --seeds 8 --first-seed 8``, beside another benchmark on the second core::
-
-    sac      evorl_pop           185        183      267.1 +-  48.3
-    sac      brax                198        197      283.1 +-  21.9
-    sac      ours/brax          0.94       0.93      -16.0 +-  20.0 (diff)
-
-PPO matches brax's return within the seeds' noise; with the default
-``--ppo-obs-norm-update after`` it scored 282.4 +- 40.5 (-18.5 +- 15.4), with
-``--ppo-advantages minibatch`` 269.3 +- 37.7. SAC does not reach brax's return:
-over the 16 seeds, 232.7 +- 84.8 against 282.5 +- 67.4 (-49.9 +- 28.0), most of
-it from two of seeds 0-7 that end on a deterministic policy that falls at once
-(returns 24 and 40), as one of brax's does (44). ``--curves --seeds 8 --chunks 8``
-evaluates both after every chunk: over the last four chunks every seed of
-evorl_pop averages below brax's (-43.9 +- 17.1), its runs level off at 255-270
-where brax's reach 255-345 (docs/guides/learners.md has the table).
+SAC ran at 0.95 of brax's steps per CPU second (``--only sac --seeds 8``: 241
+against 254). Its return, from ``--curves --seeds 16 --chunks 8``: over the last
+four chunks (10k-16k steps) evorl_pop averages 242.3 +- 38.0, brax 267.9 +- 36.0
+(-25.6 +- 13.5); 9 of the 16 seeds end below brax's. ``--restarts first`` (each
+lane back to its own first state, as brax's) does not close it: 214.1 against
+226.5 over seeds 0-7. docs/guides/learners.md has the tables.
 """
 
 import argparse
