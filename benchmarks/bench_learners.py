@@ -52,7 +52,7 @@ error)::
 SAC ran at 0.95 of brax's steps per CPU second (``--only sac --seeds 8``: 241
 against 254). Its return, from ``--curves --seeds 16 --chunks 8``: over the last
 four chunks (10k-16k steps) evorl_pop averages 242.3 +- 38.0, brax 267.9 +- 36.0
-(-25.6 +- 13.5); 9 of the 16 seeds end below brax's. ``--restarts first`` (each
+(-25.6 +- 13.5); 9 of the 16 seeds average below brax's. ``--restarts first`` (each
 lane back to its own first state, as brax's) does not close it: 214.1 against
 226.5 over seeds 0-7. docs/guides/learners.md has the tables.
 """
