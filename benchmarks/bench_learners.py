@@ -93,7 +93,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="with --curves: the implementations to train")  # fmt: skip
     args = p.parse_args(argv)
     impls = args.curve_impls.split(",")
-    if not impls or not set(impls) <= {"evorl_pop", "brax"}:
+    if not set(impls) <= {"evorl_pop", "brax"}:
         p.error(f"--curve-impls: {args.curve_impls!r} is not evorl_pop, brax or both")
     return args
 
@@ -256,7 +256,8 @@ def _our_sac():
     return sac.SAC(config, make_mesh(ARGS.devices))
 
 
-def ours_sac(seed):
+def _our_sac_chunks():
+    """``(algo, run, steps_per_chunk)``: evorl_pop's SAC and one compiled chunk of its run."""
     algo = _our_sac()
     per_chunk = ARGS.sac_steps // ARGS.sac_envs // ARGS.chunks
 
@@ -264,30 +265,40 @@ def ours_sac(seed):
     def run(state, key):
         return jax.lax.scan(algo.step, state, jax.random.split(key, per_chunk))[0]
 
+    return algo, run, per_chunk * ARGS.sac_envs
+
+
+def ours_sac(seed):
+    algo, run, steps = _our_sac_chunks()
     init_key, chunk_key = seed_keys(seed)
-    steps = per_chunk * ARGS.sac_envs
     state, rate = timed_chunks(run, algo.init(init_key), ARGS.chunks, steps, chunk_key)
     return rate, evaluate(algo.learner.deterministic_policy, state.learner.actor.params, seed)
 
 
-def brax_sac(seed):
+def _brax_sac_train(seed, **kwargs):
+    """``brax.training.agents.sac.train`` with the benchmark's settings (``kwargs``: its
+    evaluation and progress options)."""
     from brax.training.agents.sac import networks as sac_networks
     from brax.training.agents.sac import train as sac_train
 
     s = SAC_SETTINGS
-    progress = BraxProgress()
-    make_policy, params, _ = sac_train.train(
+    return sac_train.train(
         environment=_make_brax_env(), num_timesteps=ARGS.sac_steps,
         episode_length=EPISODE_LENGTH, num_envs=ARGS.sac_envs, learning_rate=s["lr"],
         discounting=s["discount"], batch_size=s["batch_size"],
         min_replay_size=s["learning_starts"], max_replay_size=ARGS.sac_steps,
         grad_updates_per_step=ARGS.sac_updates, reward_scaling=s["reward_scaling"],
-        tau=s["tau"], num_evals=ARGS.chunks + 1, num_eval_envs=1, seed=seed,
+        tau=s["tau"], num_evals=ARGS.chunks + 1, seed=seed,
         network_factory=functools.partial(
             sac_networks.make_sac_networks, hidden_layer_sizes=s["hidden_sizes"]
         ),
-        progress_fn=progress,
+        **kwargs,
     )  # fmt: skip
+
+
+def brax_sac(seed):
+    progress = BraxProgress()
+    make_policy, params, _ = _brax_sac_train(seed, num_eval_envs=1, progress_fn=progress)
     policy = make_policy(params, deterministic=True)
     return progress.rates(), evaluate(
         lambda p, obs: policy(obs, jax.random.key(0))[0], params, seed
@@ -297,37 +308,22 @@ def brax_sac(seed):
 def our_sac_curve(seed):
     """evorl_pop's SAC: its deterministic policy's return (:func:`evaluate`) after each of
     ``--chunks`` pieces of the run; ``(steps, returns)``."""
-    algo = _our_sac()
-    per_chunk = ARGS.sac_steps // ARGS.sac_envs // ARGS.chunks
-    run = jax.jit(lambda st, k: jax.lax.scan(algo.step, st, jax.random.split(k, per_chunk))[0])
+    algo, run, steps = _our_sac_chunks()
     init_key, chunk_key = seed_keys(seed)
     state, returns = algo.init(init_key), []
     for i in range(ARGS.chunks):
         state = run(state, chunk_key(i))
         returns.append(evaluate(algo.learner.deterministic_policy, state.learner.actor.params,
                                 seed))  # fmt: skip
-    return [per_chunk * ARGS.sac_envs * (i + 1) for i in range(ARGS.chunks)], returns
+    return [steps * (i + 1) for i in range(ARGS.chunks)], returns
 
 
 def brax_sac_curve(seed):
     """brax's SAC: its deterministic policy's return after each of its ``--chunks``
     epochs, from brax's own evaluator (as many episodes); ``(steps, returns)``."""
-    from brax.training.agents.sac import networks as sac_networks
-    from brax.training.agents.sac import train as sac_train
-
-    s = SAC_SETTINGS
     curve = []
-    sac_train.train(
-        environment=_make_brax_env(), num_timesteps=ARGS.sac_steps,
-        episode_length=EPISODE_LENGTH, num_envs=ARGS.sac_envs, learning_rate=s["lr"],
-        discounting=s["discount"], batch_size=s["batch_size"],
-        min_replay_size=s["learning_starts"], max_replay_size=ARGS.sac_steps,
-        grad_updates_per_step=ARGS.sac_updates, reward_scaling=s["reward_scaling"],
-        tau=s["tau"], num_evals=ARGS.chunks + 1, num_eval_envs=ARGS.eval_episodes,
-        deterministic_eval=True, seed=seed,
-        network_factory=functools.partial(
-            sac_networks.make_sac_networks, hidden_layer_sizes=s["hidden_sizes"]
-        ),
+    _brax_sac_train(
+        seed, num_eval_envs=ARGS.eval_episodes, deterministic_eval=True,
         progress_fn=lambda step, m: curve.append((step, float(m["eval/episode_reward"]))),
     )  # fmt: skip
     return [c[0] for c in curve[1:]], [c[1] for c in curve[1:]]  # after the initial evaluation
