@@ -245,6 +245,9 @@ def test_advantages_are_normalised_with_global_statistics():
     )(adv)
     np.testing.assert_allclose(got, ref, rtol=1e-6)
     np.testing.assert_allclose(ref, (adv - adv.mean()) / (adv.std() + 1e-8), rtol=1e-6)
+    # a device that holds the whole minibatch takes the statistics from it, for its slice
+    whole = ppo.normalize_advantages(adv[4:8], whole=adv)
+    np.testing.assert_allclose(whole, ref[4:8], rtol=1e-6)
 
 
 @pytest.mark.parametrize(
