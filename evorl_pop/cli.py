@@ -111,8 +111,8 @@ PROCESSES = [
     ("--coordinator", "address of process 0's coordinator", {"metavar": "HOST:PORT"}),
     ("--num-processes", "processes in the run", N1),
     ("--process-id", "this process's index", {"type": int, "metavar": "I"}),
-    ("--heartbeat-timeout", "seconds until a silent process counts as dead (default: 100)",
-     {"type": int, "default": 100, "metavar": "S"}),
+    ("--heartbeat-timeout", "seconds until a silent process counts as dead (default: 30)",
+     {"type": int, "default": 30, "metavar": "S"}),
 ]
 PLOT = [
     ("runs", "run folders (or metrics.csv files)", {"nargs": "+", "metavar": "RUN"}),
