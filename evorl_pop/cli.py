@@ -14,6 +14,8 @@ import signal
 import sys
 import textwrap
 
+import jax
+
 from evorl_pop import tasks
 from evorl_pop.base import CheckpointError, ConfigError, RunError, __version__
 from evorl_pop.run import config as config_lib
@@ -111,8 +113,8 @@ PROCESSES = [
     ("--coordinator", "address of process 0's coordinator", {"metavar": "HOST:PORT"}),
     ("--num-processes", "processes in the run", N1),
     ("--process-id", "this process's index", {"type": int, "metavar": "I"}),
-    ("--heartbeat-timeout", "seconds until a silent process counts as dead (default: 30)",
-     {"type": int, "default": 30, "metavar": "S"}),
+    ("--heartbeat-timeout", "seconds until a silent process counts as dead (default: 100)",
+     {"type": int, "default": 100, "metavar": "S"}),
 ]
 PLOT = [
     ("runs", "run folders (or metrics.csv files)", {"nargs": "+", "metavar": "RUN"}),
@@ -233,6 +235,20 @@ def _stop_at_once(signum, frame):
     raise shell.Interrupted("", 128 + signum, signal.Signals(signum).name)
 
 
+def _exit_with_the_others() -> None:
+    """In a multi-process run whose session has ended, the stop signals are ignored.
+
+    What is left is the exit, which waits for the other processes (jax.distributed's
+    shutdown barrier). A SIGTERM now, such as a dead launcher's notice reaching a
+    process that had already stopped with the others, would cut the exit short and
+    leave them waiting out their shutdown timeout. SIGKILL, and the deadline of
+    :func:`~evorl_pop.run.processes.watch_launcher`, still end it.
+    """
+    if jax.distributed.is_initialized():
+        for signum in shell.STOP_SIGNALS[1:]:
+            signal.signal(signum, signal.SIG_IGN)
+
+
 def _cmd_train(args) -> int:
     """``train`` and ``resume``."""
     resume, overrides = args.command == "resume", _overrides(args)
@@ -251,18 +267,21 @@ def _cmd_train(args) -> int:
     for signum in shell.STOP_SIGNALS[1:]:
         signal.signal(signum, _stop_at_once)
     show = dict(progress=not args.quiet, figure=not args.no_figure, time_limit=args.time_limit)
-    if resume:
-        result = shell.resume(args.run, overrides, args.config, args.more, args.force, **show)
-    else:
-        # values are checked once, where the run is built (here only for --print-config)
-        config = config_lib.resolve_config(sources, overrides, check=args.print_config)
-        if args.print_config:
-            sys.stdout.write(config_lib.dumps(config))
-            return 0
-        run_dir = args.out or store.default_run_dir(config, args.runs_root)
-        if not args.quiet and store.is_writer():
-            print(f"run folder: {run_dir}", file=sys.stderr)
-        result = shell.train(config, run_dir, overwrite=args.overwrite, **show)
+    try:
+        if resume:
+            result = shell.resume(args.run, overrides, args.config, args.more, args.force, **show)
+        else:
+            # values are checked once, where the run is built (here only for --print-config)
+            config = config_lib.resolve_config(sources, overrides, check=args.print_config)
+            if args.print_config:
+                sys.stdout.write(config_lib.dumps(config))
+                return 0
+            run_dir = args.out or store.default_run_dir(config, args.runs_root)
+            if not args.quiet and store.is_writer():
+                print(f"run folder: {run_dir}", file=sys.stderr)
+            result = shell.train(config, run_dir, overwrite=args.overwrite, **show)
+    finally:
+        _exit_with_the_others()
     if not args.quiet and store.is_writer():
         h, parts = result.history, [f"generation {result.generation}"]
         parts.append(f"{result.env_steps:,} env steps")

@@ -150,6 +150,24 @@ def test_children_of_a_killed_launcher_end(tmp_path):
     assert not alive, f"processes {alive} outlived their launcher by 30 s"
 
 
+def test_a_process_that_has_stopped_with_the_others_exits_with_them(monkeypatch):
+    """A launcher's death reaches its processes half a second apart: one may already be
+    exiting (the other stopped them both) when its own notice comes. That SIGTERM must
+    not cut short the exit, whose shutdown barrier the other process is waiting in."""
+    watched = (signal.SIGTERM, signal.SIGUSR1)
+    before = {sig: signal.getsignal(sig) for sig in watched}
+    try:
+        monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+        cli._exit_with_the_others()  # one process: a signal still stops it
+        assert {sig: signal.getsignal(sig) for sig in watched} == before
+        monkeypatch.setattr(jax.distributed, "is_initialized", lambda: True)
+        cli._exit_with_the_others()
+        assert all(signal.getsignal(sig) is signal.SIG_IGN for sig in watched)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 def _alive(pid) -> bool:
     try:
         os.waitpid(pid, os.WNOHANG)  # not our child: raises; a zombie counts as gone

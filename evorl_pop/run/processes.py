@@ -291,7 +291,7 @@ def initialize(
     coordinator: str | None = None,
     num_processes: int | None = None,
     process_id: int | None = None,
-    heartbeat_timeout: int = 30,
+    heartbeat_timeout: int = 100,
     shutdown_timeout: int = 60,
 ) -> bool:
     """Joins a multi-process run when one is asked for; must precede any JAX computation.
@@ -303,7 +303,9 @@ def initialize(
       coordinator, num_processes, process_id: process 0's ``HOST:PORT``, the
         number of processes, this one's index.
       heartbeat_timeout: seconds after which a silent process counts as dead; also
-        how long to wait for the coordinator at start-up (at least 20 s).
+        how long to wait for the coordinator at start-up (at least 20 s). The
+        default is JAX's own: a busy host (compiling, or sharing its cores)
+        can go quiet for tens of seconds without being dead.
       shutdown_timeout: seconds a finishing process waits for the others.
 
     Returns:
