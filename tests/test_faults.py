@@ -131,6 +131,10 @@ def test_sigterm_to_a_launch_stops_both_processes_after_the_same_generation(tmp_
     generations = {ln[:4]: int(ln.split("after generation ")[1].split(";")[0]) for ln in lines}
     assert sorted(generations) == ["[p0]", "[p1]"], err[-3000:]
     assert generations["[p0]"] == generations["[p1]"] == restore.load_checkpoint(run).generation
+    # one way on: process 0's, which wrote the checkpoint (process 1 may have looked first)
+    hints = {ln[:4]: ln.split("; ", 1)[1] for ln in lines}
+    assert hints["[p0]"] == f"continue from its last checkpoint with `evorl-pop resume {run}`."
+    assert hints["[p1]"] == "process 0 writes the run folder, and its message says how to go on."
 
 
 def test_children_of_a_killed_launcher_end(tmp_path):

@@ -345,7 +345,10 @@ class Run:
 
 def resume_hint(run_dir: Path) -> str:
     """What to do with a stopped run: resume it, or start it again if it has no checkpoint
-    (the commands quoted for a shell)."""
+    (the commands quoted for a shell). Under ``jax.distributed`` only process 0 can say:
+    the others may not see its folder, or see it before its last checkpoint is written."""
+    if not is_writer():
+        return "process 0 writes the run folder, and its message says how to go on."
     if (run_dir / CHECKPOINT_FILENAME).exists():
         command = f"evorl-pop resume {shlex.quote(str(run_dir))}"
         return f"continue from its last checkpoint with `{command}`."
