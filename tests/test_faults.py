@@ -119,14 +119,16 @@ def test_a_time_limit_stops_with_a_checkpoint(tmp_path, capsys):
     assert "not a duration" in capsys.readouterr().err
 
 
-def test_sigterm_to_a_launch_stops_both_processes_after_the_same_generation(tmp_path):
+# A hang-up (the launcher's terminal closed) reaches the processes as SIGTERM.
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_to_a_launch_stops_both_processes_after_the_same_generation(tmp_path, sig):
     run = tmp_path / "run"
     proc = _start("train", *FAST, "--generations", "1000000", "--out", str(run), launch=True)
     _wait_rows(run, proc)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     start = time.time()
     out, err = proc.communicate(timeout=60)
-    assert time.time() - start < 30 and proc.returncode == 143, err[-3000:]
+    assert time.time() - start < 30 and proc.returncode == 128 + sig, err[-3000:]
     lines = [ln for ln in err.splitlines() if "interrupted (SIGTERM) after generation" in ln]
     generations = {ln[:4]: int(ln.split("after generation ")[1].split(";")[0]) for ln in lines}
     assert sorted(generations) == ["[p0]", "[p1]"], err[-3000:]

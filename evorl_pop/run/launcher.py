@@ -3,8 +3,9 @@
 Process ``i`` runs ``evorl-pop COMMAND ... --coordinator 127.0.0.1:PORT
 --num-processes n --process-id i`` with its own CPU devices or GPUs, its output
 forwarded as ``[pi] ...``. When one fails the others are stopped (SIGTERM, then
-SIGKILL after a grace period); Ctrl-C, SIGTERM, SIGUSR1 and SIGHUP are passed
-on to every process, which stops after its current chunk with a checkpoint;
+SIGKILL after a grace period); Ctrl-C, SIGTERM and SIGUSR1 are passed on to
+every process (SIGHUP, a closed terminal, as SIGTERM), which stops after its
+current chunk with a checkpoint;
 processes whose launcher dies stop the same way (see
 :func:`evorl_pop.run.processes.watch_launcher`).
 """
@@ -202,8 +203,11 @@ def launch(
         status = 130
     except SystemExit:  # SIGTERM, SIGUSR1, SIGHUP: each process stops after its chunk
         signum = received[-1] if received else signal.SIGTERM
-        say(f"{signal.Signals(signum).name}: passing it on to every process")
-        stop(signum)
+        # A run stops on SIGTERM, not on a hang-up, whose default is to die at once.
+        passed = signal.SIGTERM if signum == signal.SIGHUP else signum
+        name, what = signal.Signals(signum).name, signal.Signals(passed).name
+        say(f"{name}: passing {'it' if passed == signum else what} on to every process")
+        stop(passed)
         status = 128 + signum
     finally:
         for signum, handler in previous.items():
