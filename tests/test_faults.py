@@ -156,6 +156,36 @@ def test_children_of_a_killed_launcher_end(tmp_path):
     assert not alive, f"processes {alive} outlived their launcher by 30 s"
 
 
+def test_a_launch_whose_terminal_is_gone_still_drains_its_processes_output():
+    """After a hang-up, writing to the closed terminal fails (EIO): the launcher keeps
+    reading each process's output, so a process with more to say than a pipe holds
+    (64 KiB) does not block on it but ends."""
+    import threading
+
+    from evorl_pop.run import launcher
+
+    class ClosedTerminal:
+        def write(self, text):
+            raise OSError(errno.EIO, "Input/output error")
+
+        def flush(self):
+            pass
+
+    lines = 20_000  # about 1 MB
+    child = subprocess.Popen([sys.executable, "-c", f"for i in range({lines}): print('x' * 50)"],
+                             stdout=subprocess.PIPE)  # fmt: skip
+    args = (child.stdout, ClosedTerminal(), "[p0] ", threading.Lock())
+    forward = threading.Thread(target=launcher._forward, args=args)
+    forward.start()
+    try:
+        assert child.wait(timeout=60) == 0
+    finally:
+        child.kill()
+    forward.join(timeout=60)
+    assert not forward.is_alive()
+    assert child.stdout.closed  # read to its end, then closed
+
+
 def test_a_process_that_has_stopped_with_the_others_exits_with_them(monkeypatch):
     """A launcher's death reaches its processes half a second apart: one may already be
     exiting (the other stopped them both) when its own notice comes. That SIGTERM must

@@ -53,14 +53,25 @@ def _child_setup() -> None:  # runs in the child before exec
 
 
 def _forward(stream, out, prefix: str, lock: threading.Lock) -> None:
-    """Copies a child's stream to ``out``, each line (or progress-bar update) prefixed."""
+    """Copies a child's stream to ``out``, each line (or progress-bar update) prefixed.
+
+    Reads to the end even once ``out`` cannot be written (a closed terminal gives
+    EIO after a hang-up): a child whose pipe is not drained would block on its next
+    line instead of stopping.
+    """
+    writable = True
     for raw in iter(stream.readline, b""):
+        if not writable:
+            continue
         text = raw.decode(errors="replace").rstrip("\n")
         # A progress bar rewrites its line with '\r': show each update as a line.
         pieces = [p for p in text.split("\r") if p.strip()] or [text]
         with lock:
-            out.write("".join(f"{prefix}{piece}\n" for piece in pieces))
-            out.flush()
+            try:
+                out.write("".join(f"{prefix}{piece}\n" for piece in pieces))
+                out.flush()
+            except (OSError, ValueError):  # ValueError: `out` was closed
+                writable = False
     stream.close()
 
 
@@ -120,7 +131,7 @@ def launch(
     lock = threading.Lock()
 
     def say(message: str) -> None:
-        with lock:
+        with lock, contextlib.suppress(OSError, ValueError):  # a closed terminal: carry on
             err.write(f"[launch] {message}\n")
             err.flush()
 
