@@ -32,3 +32,21 @@ def num_devices():
 
 def pytest_report_header(config):
     return f"jax {jax.__version__}, {jax.device_count()} {jax.default_backend()} devices"
+
+
+# Two tiers. `python -m pytest` runs the default one (about 25 minutes on 2 cores):
+# every feature against its reference, one task of each environment family. The
+# tests marked `slow` (learning to a target, every listed environment and example
+# trained, the multi-process sweeps) run with `--full`; CI runs both tiers.
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true",
+                     help="also run the tests marked slow (CI runs them: .ci/run)")  # fmt: skip
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--full") or config.getoption("-m"):
+        return  # `-m` chooses for itself: `-m slow` runs the slow tier alone
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]

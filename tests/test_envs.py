@@ -42,7 +42,14 @@ def _train(config, n=1, generations=2):
     return es, state, {k: np.asarray(v) for k, v in history.items()}
 
 
-@pytest.mark.parametrize("name", GYMNAX + BRAX)
+# Every gymnax task in the default tier; of brax's, each with its own physics to compile
+# (15-25 s on a CPU), one there and the rest in the long tier (--full; hopper trains in
+# test_brax_and_minatar_are_device_count_invariant)
+SWEEP = GYMNAX + [pytest.param(name, marks=[] if name == "brax/inverted_pendulum" else
+                               pytest.mark.slow) for name in BRAX]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", SWEEP)
 def test_every_listed_environment_trains(name):
     es, state, history = _train(ESConfig(task=name, **TINY))
     assert np.all(np.isfinite(history["fitness_mean"]))
@@ -393,7 +400,7 @@ def test_unknown_brax_backend():
         ESConfig(task="brax/hopper", backend="springy").make_task()
 
 
-@pytest.mark.parametrize("algorithm", ["cemrl", "erl"])
+@pytest.mark.parametrize("algorithm", ["cemrl", pytest.param("erl", marks=pytest.mark.slow)])
 def test_hybrid_algorithms_run_on_a_brax_task(algorithm):
     from evorl_pop.algorithms import cemrl, erl
     from evorl_pop.rl import TD3Config

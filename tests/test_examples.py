@@ -49,7 +49,14 @@ def test_every_example_is_tested():
     assert {p.name for p in EXAMPLES.glob("[!_]*.py")} == set(TRAINING) | others
 
 
-@pytest.mark.parametrize("name", TRAINING)
+# In the default tier, the quick ones; the rest (brax, Playground, the learners: 15-80 s
+# each, most of it compiling) in the long tier (--full)
+QUICK = {"openes_cartpole.py", "cmaes_blackbox.py", "openes_gymnasium.py"}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=[] if n in QUICK else pytest.mark.slow) for n in TRAINING]
+)
 def test_example_trains_and_draws_its_figure(name, tmp_path):
     figure, runs = TRAINING[name]
     _run(EXAMPLES / name, "--generations", "2", "--quiet", "--runs", str(tmp_path / "runs"),
