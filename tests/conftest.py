@@ -50,3 +50,9 @@ def pytest_collection_modifyitems(config, items):
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if not (config.getoption("--full") or config.getoption("-m")):
+        terminalreporter.write_line("the default tier: the tests marked slow were left out "
+                                    "(`--full` runs them too, `-m slow` alone)")  # fmt: skip
