@@ -43,13 +43,32 @@ def pytest_addoption(parser):
                      help="also run the tests marked slow (CI runs them: .ci/run)")  # fmt: skip
 
 
+def _named(config):
+    """The tests named on the command line (``FILE::TEST``): run whatever their tier."""
+    named = []
+    for arg in config.args:
+        path, sep, name = arg.partition("::")
+        if sep:
+            named.append(((config.invocation_params.dir / path).resolve(), name))
+    return named
+
+
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--full") or config.getoption("-m"):
         return  # `-m` chooses for itself: `-m slow` runs the slow tier alone
-    slow = [item for item in items if item.get_closest_marker("slow")]
+    named = _named(config)
+
+    def left_out(item):
+        name = item.nodeid.partition("::")[2]
+        return item.get_closest_marker("slow") and not any(
+            item.path == path and (name == n or name.startswith((n + "[", n + "::")))
+            for path, n in named
+        )
+
+    slow = [item for item in items if left_out(item)]
     if slow:
         config.hook.pytest_deselected(items=slow)
-        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+        items[:] = [item for item in items if not left_out(item)]
 
 
 def pytest_terminal_summary(terminalreporter, config):
