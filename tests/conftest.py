@@ -34,10 +34,10 @@ def pytest_report_header(config):
     return f"jax {jax.__version__}, {jax.device_count()} {jax.default_backend()} devices"
 
 
-# Two tiers. `python -m pytest` runs the default one (about 25 minutes on 2 cores):
+# Two tiers. `python -m pytest` runs the default one (about 20 minutes on 2 cores):
 # every feature against its reference, one task of each environment family. The
 # tests marked `slow` (learning to a target, every listed environment and example
-# trained, the multi-process sweeps) run with `--full`; CI runs both tiers.
+# trained) run with `--full`, or alone with `-m slow`; CI runs both tiers.
 def pytest_addoption(parser):
     parser.addoption("--full", action="store_true",
                      help="also run the tests marked slow (CI runs them: .ci/run)")  # fmt: skip
