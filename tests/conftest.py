@@ -53,9 +53,14 @@ def _named(config):
     return named
 
 
+def _default_tier(config) -> bool:
+    # `-m` chooses for itself: `-m slow` runs the slow tier alone
+    return not (config.getoption("--full") or config.getoption("-m"))
+
+
 def pytest_collection_modifyitems(config, items):
-    if config.getoption("--full") or config.getoption("-m"):
-        return  # `-m` chooses for itself: `-m slow` runs the slow tier alone
+    if not _default_tier(config):
+        return
     named = _named(config)
 
     def left_out(item):
@@ -65,13 +70,15 @@ def pytest_collection_modifyitems(config, items):
             for path, n in named
         )
 
-    slow = [item for item in items if left_out(item)]
+    kept, slow = [], []
+    for item in items:
+        (slow if left_out(item) else kept).append(item)
     if slow:
         config.hook.pytest_deselected(items=slow)
-        items[:] = [item for item in items if not left_out(item)]
+        items[:] = kept
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    if not (config.getoption("--full") or config.getoption("-m")):
+    if _default_tier(config):
         terminalreporter.write_line("the default tier: the tests marked slow were left out "
                                     "(`--full` runs them too, `-m slow` alone)")  # fmt: skip

@@ -59,19 +59,13 @@ def _forward(stream, out, prefix: str, lock: threading.Lock) -> None:
     EIO after a hang-up): a child whose pipe is not drained would block on its next
     line instead of stopping.
     """
-    writable = True
     for raw in iter(stream.readline, b""):
-        if not writable:
-            continue
         text = raw.decode(errors="replace").rstrip("\n")
         # A progress bar rewrites its line with '\r': show each update as a line.
         pieces = [p for p in text.split("\r") if p.strip()] or [text]
-        with lock:
-            try:
-                out.write("".join(f"{prefix}{piece}\n" for piece in pieces))
-                out.flush()
-            except (OSError, ValueError):  # ValueError: `out` was closed
-                writable = False
+        with lock, contextlib.suppress(OSError, ValueError):  # ValueError: `out` was closed
+            out.write("".join(f"{prefix}{piece}\n" for piece in pieces))
+            out.flush()
     stream.close()
 
 
