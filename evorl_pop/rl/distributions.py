@@ -8,6 +8,15 @@ of sample ``i`` depends on ``i`` and never on how a batch is split)::
     params ─► sample(params, key) ─► raw ─► to_action(raw) ─► the environment
                                       └──► log_prob(params, raw)
 
+A loss that needs two of these of the same ``params`` takes them together
+(``sample_and_log_prob``, ``log_prob_and_entropy``): the parameters are read
+once, so the gradient flows back through one path into the network's output.
+On XLA:CPU that halves the cost of the fused gradient of a
+:class:`TanhNormal`'s outputs, whose location and scale are two halves of one
+array: each separate read adds a concatenation, and a fusion that sums them
+is computed element by element, branching at every element (PPO's minibatch
+step on brax hopper: 0.86 against 0.69 ms).
+
 A raw sample is what the log-probability is taken of: the action index of a
 :class:`Categorical`, the pre-tanh value of a :class:`TanhNormal`. PPO stores
 raw samples, so its ratio ``pi / pi_old`` is evaluated at exactly the sampled
@@ -53,6 +62,20 @@ class Categorical:
         del key
         logp = jax.nn.log_softmax(params, axis=-1)
         return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+
+    def sample_and_log_prob(self, params: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``(raw, log_prob(params, raw))`` of one draw."""
+        raw = self.sample(params, key)
+        return raw, self.log_prob(params, raw)
+
+    def log_prob_and_entropy(
+        self, params: jax.Array, raw: jax.Array, key: jax.Array | None = None
+    ) -> tuple[jax.Array, jax.Array]:
+        """``(log_prob(params, raw), entropy(params))`` from one softmax."""
+        del key
+        logp = jax.nn.log_softmax(params, axis=-1)
+        log_prob = jnp.take_along_axis(logp, raw[..., None].astype(jnp.int32), axis=-1)[..., 0]
+        return log_prob, -jnp.sum(jnp.exp(logp) * logp, axis=-1)
 
     def to_action(self, raw: jax.Array) -> jax.Array:
         """The action the environment takes: the index itself."""
@@ -101,7 +124,10 @@ class TanhNormal:
 
     def sample(self, params: jax.Array, key: jax.Array) -> jax.Array:
         """A reparameterised pre-tanh sample ``loc + scale * eps``."""
-        loc, scale = self.loc_scale(params)
+        return self._sample(*self.loc_scale(params), key)
+
+    @staticmethod
+    def _sample(loc: jax.Array, scale: jax.Array, key: jax.Array) -> jax.Array:
         return loc + scale * jax.random.normal(key, loc.shape)
 
     def mode(self, params: jax.Array) -> jax.Array:
@@ -115,7 +141,9 @@ class TanhNormal:
 
     def log_prob(self, params: jax.Array, raw: jax.Array) -> jax.Array:
         """``log pi(a)`` of the action ``to_action(raw)``; broadcasts over leading axes."""
-        loc, scale = self.loc_scale(params)
+        return self._log_prob(*self.loc_scale(params), raw)
+
+    def _log_prob(self, loc: jax.Array, scale: jax.Array, raw: jax.Array) -> jax.Array:
         z = (raw - loc) / scale
         gaussian = -0.5 * z**2 - jnp.log(scale) - 0.5 * math.log(2 * math.pi)
         return jnp.sum(gaussian, axis=-1) - self.log_det_jacobian(raw)
@@ -126,9 +154,24 @@ class TanhNormal:
         ``H[a] = H[u] + E_u[log |da/du|]``: the Gaussian's entropy is exact, the
         expectation is the value at one sample drawn with ``key`` (as brax does).
         """
-        _, scale = self.loc_scale(params)
+        return self._entropy(*self.loc_scale(params), key)
+
+    def _entropy(self, loc: jax.Array, scale: jax.Array, key: jax.Array) -> jax.Array:
         gaussian = jnp.sum(0.5 + 0.5 * math.log(2 * math.pi) + jnp.log(scale), axis=-1)
-        return gaussian + self.log_det_jacobian(self.sample(params, key))
+        return gaussian + self.log_det_jacobian(self._sample(loc, scale, key))
+
+    def sample_and_log_prob(self, params: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``(raw, log_prob(params, raw))`` of one draw, from one read of ``params``."""
+        loc, scale = self.loc_scale(params)
+        raw = self._sample(loc, scale, key)
+        return raw, self._log_prob(loc, scale, raw)
+
+    def log_prob_and_entropy(
+        self, params: jax.Array, raw: jax.Array, key: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        """``(log_prob(params, raw), entropy(params, key))`` from one read of ``params``."""
+        loc, scale = self.loc_scale(params)
+        return self._log_prob(loc, scale, raw), self._entropy(loc, scale, key)
 
     def to_action(self, raw: jax.Array) -> jax.Array:
         """The action in ``[low, high]``."""

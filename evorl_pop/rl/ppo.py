@@ -289,8 +289,8 @@ class PPOLearner:
           the environment takes, and its log-probability.
         """
         out = self.policy_net.apply(params.policy, self._normalize(obs_norm, obs))
-        raw = self.distribution.sample(out, key)
-        return raw, self.distribution.to_action(raw), self.distribution.log_prob(out, raw)
+        raw, log_prob = self.distribution.sample_and_log_prob(out, key)
+        return raw, self.distribution.to_action(raw), log_prob
 
     def deterministic_policy(self, params: tuple[Any, ObsNorm | None], obs: jax.Array):
         """The mode's action: ``params`` is ``(policy params, obs_norm)``, as
@@ -371,9 +371,10 @@ class PPOLearner:
         """
         obs = self._normalize(obs_norm, batch.obs)
         out = self.policy_net.apply(params.policy, obs)
-        log_prob = self.distribution.log_prob(out, batch.raw_action)
         keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(index)
-        entropy = jax.vmap(self.distribution.entropy)(out, keys)
+        log_prob, entropy = jax.vmap(self.distribution.log_prob_and_entropy)(
+            out, batch.raw_action, keys
+        )
         value = self.value_net.apply(params.value, obs)[..., 0]
         policy = clipped_surrogate_loss(log_prob, batch.log_prob, batch.advantage, hp.clip_epsilon)
         v_loss = value_loss(value, batch.target)

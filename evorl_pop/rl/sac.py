@@ -222,8 +222,8 @@ class SACLearner:
     def sample(self, actor_params: Any, obs: jax.Array, key: jax.Array):
         """One observation's reparameterised sample: ``(action, log_prob)``."""
         out = self.actor.apply(actor_params, obs)
-        raw = self.distribution.sample(out, key)
-        return self.distribution.to_action(raw), self.distribution.log_prob(out, raw)
+        raw, log_prob = self.distribution.sample_and_log_prob(out, key)
+        return self.distribution.to_action(raw), log_prob
 
     def sample_batch(self, actor_params: Any, obs: jax.Array, key: jax.Array, index: jax.Array):
         """Samples for a batch, sample ``i`` from ``fold_in(key, index[i])``."""
