@@ -23,7 +23,8 @@ The gradient steps go through :func:`evorl_pop.distributed.gradient_update`:
 with ``dp_axis_name`` set, every device holds the whole batch of samples,
 draws the same permutation, and differentiates its contiguous slice of each
 minibatch; the gradients are averaged with ``pmean``, the step's one
-collective. Advantages are normalised with the minibatch's global mean and
+collective (the losses :meth:`PPOLearner.train` reports are averaged over the
+devices once, after the epochs). Advantages are normalised with the minibatch's global mean and
 std, which each device computes from the whole minibatch it holds (of lanes'
 segments, whose advantages each device computes for its own, the statistics
 take a ``pmean``), and the entropy sample
@@ -397,6 +398,7 @@ class PPOLearner:
         key: jax.Array,
         dp_axis_name: str | None = None,
         whole_advantage: jax.Array | None = None,
+        local_metrics: bool = False,
     ) -> tuple[Params, Any, dict[str, jax.Array]]:
         """One gradient step on a minibatch split over ``dp_axis_name``.
 
@@ -410,10 +412,14 @@ class PPOLearner:
           dp_axis_name: the data-parallel axis, or ``None``.
           whole_advantage: the whole minibatch's advantages, where every device
             holds them: their statistics normalise the slice's without a collective.
+          local_metrics: return the metrics of this device's slice, for a caller that
+            averages them over the devices itself (one collective for many steps).
 
         Returns:
-          ``(params, opt_state, metrics)``: the metrics are global minibatch means.
+          ``(params, opt_state, metrics)``: the metrics are global minibatch means
+          (``local_metrics``: the slice's).
         """
+        metrics_axis = None if local_metrics else dp_axis_name
         if self.normalize_advantage:
             advantage = normalize_advantages(batch.advantage, dp_axis_name, whole_advantage)
             batch = batch.replace(advantage=advantage)
@@ -422,8 +428,7 @@ class PPOLearner:
             self.loss, self.optimizer(hp.learning_rate), dp_axis_name, has_aux=True
         )
         (loss, parts), params, opt_state = step(opt_state, params, obs_norm, batch, hp, key, index)
-        metrics = dist.pmean({"loss": loss, **parts}, dp_axis_name)
-        return params, opt_state, metrics
+        return params, opt_state, dist.pmean({"loss": loss, **parts}, metrics_axis)
 
     def train(
         self,
@@ -461,8 +466,9 @@ class PPOLearner:
                 local, whole = self.segment_samples(carry[0], obs_norm, local, hp), None
             else:  # every device holds the whole minibatch's advantages
                 whole = samples.advantage[indices]
-            params, opt_state, metrics = self.update(*carry, obs_norm, local, hp, key,
-                                                     dp_axis_name, whole)  # fmt: skip
+            params, opt_state, metrics = self.update(
+                *carry, obs_norm, local, hp, key, dp_axis_name, whole, local_metrics=True
+            )
             return (params, opt_state), metrics
 
         def epoch(carry, key):
@@ -474,4 +480,5 @@ class PPOLearner:
 
         keys = jax.random.split(key, self.num_epochs)
         (params, opt_state), metrics = jax.lax.scan(epoch, (params, opt_state), keys)
-        return params, opt_state, jax.tree.map(jnp.mean, metrics)
+        # Equal slices: the mean of the devices' means is the global mean.
+        return params, opt_state, dist.pmean(jax.tree.map(jnp.mean, metrics), dp_axis_name)
