@@ -1,6 +1,7 @@
 """The distributed API against NumPy and unsharded references on 1-8 devices."""
 
 import inspect
+import re
 
 import jax
 import jax.numpy as jnp
@@ -101,6 +102,46 @@ def test_reductions_against_numpy(n):
     )
     np.testing.assert_allclose(_sharded_reduce(dist.pmin, x, n), blocks.min(0), rtol=1e-6)
     np.testing.assert_allclose(_sharded_reduce(dist.pmax, x, n), blocks.max(0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("fn", [dist.pmean, dist.psum, dist.pmin, dist.pmax])
+def test_pytree_reductions_leaf_by_leaf_in_one_collective_per_dtype(fn, n):
+    """A pytree's leaves (shapes, dtypes, a Python number, an invariant leaf) reduce
+    as each alone would, keep their types, and take one all-reduce per dtype."""
+    rng = np.random.default_rng(n)
+    kernel = rng.normal(size=(n, 3, 2)).astype(np.float32)
+    bias = rng.normal(size=(n, 2)).astype(np.float32)
+    count = rng.integers(0, 9, size=(n,)).astype(np.int32)
+    steps = rng.integers(0, 9, size=(n, 4)).astype(np.int32)
+    mesh = make_mesh(n)
+
+    def local(kernel, bias, count, steps):
+        tree = {"kernel": kernel[0], "bias": bias[0], "scalar": 2.5,
+                "counts": (count[0], steps[0]), "shared": jnp.arange(3.0)}  # fmt: skip
+        alone = jax.tree.map(lambda leaf: getattr(jax.lax, fn.__name__)(leaf, "POP"), tree)
+        return fn(tree, "POP"), alone
+
+    run = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=P("POP"), out_specs=P()))
+    got, alone = run(kernel, bias, count, steps)
+    assert jax.tree.structure(got) == jax.tree.structure(alone)
+    for g, a in zip(jax.tree.leaves(got), jax.tree.leaves(alone), strict=True):
+        assert g.dtype == a.dtype and g.shape == a.shape and g.weak_type == a.weak_type
+        np.testing.assert_allclose(g, a, rtol=1e-6)
+    reference = {"pmean": np.mean, "psum": np.sum, "pmin": np.min, "pmax": np.max}[fn.__name__]
+    np.testing.assert_allclose(got["kernel"], reference(kernel, axis=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["counts"][1], reference(steps, axis=0), rtol=1e-6)
+    # One operand for the float32 leaves (the invariant one among them), one for
+    # the int32 ones, and the weakly typed number alone: 3 of the tree's 7 leaves.
+    bucketed = jax.jit(jax.shard_map(lambda *a: local(*a)[0], mesh=mesh, in_specs=P("POP"),
+                                     out_specs=P()))  # fmt: skip
+    hlo = bucketed.lower(kernel, bias, count, steps).compile().as_text()
+    operands = [
+        len(re.findall(r"%[\w.-]+", line.split(" all-reduce(", 1)[1].split(")", 1)[0]))
+        for line in hlo.splitlines()
+        if " all-reduce(" in line
+    ]
+    assert sum(operands) == 3, operands
 
 
 @pytest.mark.parametrize("n", DEVICE_COUNTS)

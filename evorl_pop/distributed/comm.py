@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def _collective(op: Callable, name: str, x, axis_name, **kwargs):
@@ -22,12 +23,49 @@ def _collective(op: Callable, name: str, x, axis_name, **kwargs):
     try:
         return op(x, axis_name, **kwargs)
     except NameError as err:  # jax raises NameError for an unbound axis name
-        raise ValueError(
-            f"{name}(axis_name={axis_name!r}) was called where no mesh axis named "
-            f"{axis_name!r} is mapped. Call it inside jax.shard_map / shmap_map / "
-            f"shmap_vmap over a mesh that has the axis {axis_name!r}, or pass "
-            "axis_name=None to run without a collective."
-        ) from err
+        raise _unbound(name, axis_name) from err
+
+
+def _unbound(name: str, axis_name) -> ValueError:
+    return ValueError(
+        f"{name}(axis_name={axis_name!r}) was called where no mesh axis named "
+        f"{axis_name!r} is mapped. Call it inside jax.shard_map / shmap_map / "
+        f"shmap_vmap over a mesh that has the axis {axis_name!r}, or pass "
+        "axis_name=None to run without a collective."
+    )
+
+
+def _bucketed(op: Callable, name: str, x, axis_name):
+    """An element-wise reduction of a pytree in one collective per dtype.
+
+    The leaves of one dtype are concatenated, reduced together and split again:
+    XLA:CPU meets every operand of an all-reduce at a rendezvous of its own,
+    so a gradient of 18 arrays took 0.73 ms a step on two CPU devices, and
+    0.03 ms as one array. Weakly typed leaves (Python numbers) are reduced
+    alone, so that every leaf keeps its type.
+    """
+    if axis_name is None:
+        return x
+    leaves, treedef = jax.tree.flatten(x)
+    leaves = [jnp.asarray(leaf) for leaf in leaves]
+    buckets: dict = {}
+    for i, leaf in enumerate(leaves):
+        weak = jax.typeof(leaf).weak_type
+        buckets.setdefault((leaf.dtype, i if weak else None), []).append(i)
+    out = list(leaves)
+    try:
+        for members in buckets.values():
+            if len(members) == 1:
+                out[members[0]] = op(leaves[members[0]], axis_name)
+                continue
+            parts = [leaves[i] for i in members]
+            flat = op(jnp.concatenate([jnp.ravel(p) for p in parts]), axis_name)
+            ends = np.cumsum([p.size for p in parts])
+            for i, part, end in zip(members, parts, ends, strict=True):
+                out[i] = flat[end - part.size : end].reshape(part.shape)
+    except NameError as err:  # jax raises NameError for an unbound axis name
+        raise _unbound(name, axis_name) from err
+    return jax.tree.unflatten(treedef, out)
 
 
 def pmean(x, axis_name: str | None = None):
@@ -36,7 +74,7 @@ def pmean(x, axis_name: str | None = None):
     The same on every device; with ``axis_name=None``, ``x`` itself. The
     data-parallel gradient step averages its per-device gradients with it.
     """
-    return _collective(jax.lax.pmean, "pmean", x, axis_name)
+    return _bucketed(jax.lax.pmean, "pmean", x, axis_name)
 
 
 def psum(x, axis_name: str | None = None):
@@ -45,13 +83,13 @@ def psum(x, axis_name: str | None = None):
     Counts and totals of a sharded population (candidates, steps, episodes)
     come from it, each counted once.
     """
-    return _collective(jax.lax.psum, "psum", x, axis_name)
+    return _bucketed(jax.lax.psum, "psum", x, axis_name)
 
 
 def pmin(x, axis_name: str | None = None):
     """Element-wise minimum of ``x`` over the devices of a mesh axis (``None``: ``x``);
     the best of a sharded population's losses, once each device has its own."""
-    return _collective(jax.lax.pmin, "pmin", x, axis_name)
+    return _bucketed(jax.lax.pmin, "pmin", x, axis_name)
 
 
 def pmax(x, axis_name: str | None = None):
@@ -64,7 +102,7 @@ def pmax(x, axis_name: str | None = None):
     Returns:
       The maximum, the same on every device.
     """
-    return _collective(jax.lax.pmax, "pmax", x, axis_name)
+    return _bucketed(jax.lax.pmax, "pmax", x, axis_name)
 
 
 def all_gather(x, axis_name: str | None = None, **kwargs):
