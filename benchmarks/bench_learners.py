@@ -31,12 +31,13 @@ the table shows medians over seeds.
 **return** is the deterministic policy's mean return over ``--eval-episodes``
 episodes of the same evaluator (:func:`evorl_pop.tasks.rollout.evaluate_episodes` on
 ``brax/<task>``) for both; the table shows the mean and std over seeds.
-Goals: evorl_pop's return at least brax's, and at least 0.9 of its steps/s on
-one device. The run is pinned to ``--cores`` cores (default 1: one device's
-share of this 2-core machine) and simulates ``--devices`` CPU devices (default
-1); both implementations use all of them (evorl_pop: a ``DP`` mesh of that
-size; brax: its ``pmap`` over the local devices), so ``--cores 2 --devices 2``
-measures each on every core of this machine.
+Goals: evorl_pop's return at least brax's, at least 0.9 of its steps/s on
+one device, and more on all cores. The run is pinned to ``--cores`` cores
+(default 1: one device's share of this 2-core machine; 0: all) and simulates
+``--devices`` CPU devices (default 1); both implementations use all of them
+(evorl_pop: a ``DP`` mesh of that size; brax: its ``pmap`` over the local
+devices), so ``--cores 0 --devices 2`` measures each on every core of this
+machine.
 
 Every seed draws its own initial networks and training keys. PPO uses brax's
 order of the observation statistics (``--ppo-obs-norm-update before``) with
@@ -45,16 +46,17 @@ brax's other settings. Measured on the 2-core CPU, one core (``--only ppo
 error)::
 
     learner  impl        steps/CPU s    steps/s             return
-    ppo      evorl_pop        43,537     43,238      299.3 +-  48.9
-    ppo      brax             44,523     44,237      313.9 +-  44.8
-    ppo      ours/brax          0.98       0.98      -14.6 +-  17.1 (diff)
+    ppo      evorl_pop        97,526     97,518      296.4 +-  45.9
+    ppo      brax            102,615    103,028      300.9 +-  44.0
+    ppo      ours/brax          0.95       0.95       -4.6 +-  16.4 (diff)
 
-SAC ran at 0.95 of brax's steps per CPU second (``--only sac --seeds 8``: 241
-against 254). Its return, from ``--curves --seeds 16 --chunks 8``: over the last
-four chunks (10k-16k steps) evorl_pop averages 242.3 +- 38.0, brax 267.9 +- 36.0
-(-25.6 +- 13.5); 9 of the 16 seeds average below brax's. ``--restarts first`` (each
-lane back to its own first state, as brax's) does not close it: 214.1 against
-226.5 over seeds 0-7. docs/guides/learners.md has the tables.
+On both cores with two devices (``--only ppo --seeds 3 --cores 0 --devices 2``),
+evorl_pop ran 142,738 steps/s against brax's 84,452 (1.69); with one device,
+97,461 against 99,552 (0.98). SAC ran at 0.94 of brax's steps per CPU second
+(``--only sac --seeds 2``: 662 against 700). Its return, from ``--curves --seeds
+16 --chunks 8``: over the last four chunks (10k-16k steps) evorl_pop averages
+242.3 +- 38.0, brax 267.9 +- 36.0 (-25.6 +- 13.5), and over seeds 16-31 236.6 +-
+44.9 against 242.6 +- 40.7 (-5.9 +- 15.7). docs/guides/learners.md has the tables.
 """
 
 import argparse

@@ -72,7 +72,9 @@ def pmean(x, axis_name: str | None = None):
     """Mean of ``x`` (an array or pytree) over the devices of a mesh axis.
 
     The same on every device; with ``axis_name=None``, ``x`` itself. The
-    data-parallel gradient step averages its per-device gradients with it.
+    data-parallel gradient step averages its per-device gradients with it. The
+    leaves of a pytree are reduced in one collective per dtype (as are
+    :func:`psum`'s, :func:`pmin`'s and :func:`pmax`'s).
     """
     return _bucketed(jax.lax.pmean, "pmean", x, axis_name)
 
