@@ -118,7 +118,8 @@ def test_pytree_reductions_leaf_by_leaf_in_one_collective_per_dtype(fn, n):
 
     def local(kernel, bias, count, steps):
         tree = {"kernel": kernel[0], "bias": bias[0], "scalar": 2.5,
-                "counts": (count[0], steps[0]), "shared": jnp.arange(3.0)}  # fmt: skip
+                "counts": (count[0], steps[0]), "shared": jnp.arange(3.0),
+                "big": jnp.full(dist.comm.BUCKET_LEAF_SIZE + 1, bias[0, 0])}  # fmt: skip
         alone = jax.tree.map(lambda leaf: getattr(jax.lax, fn.__name__)(leaf, "POP"), tree)
         return fn(tree, "POP"), alone
 
@@ -131,8 +132,8 @@ def test_pytree_reductions_leaf_by_leaf_in_one_collective_per_dtype(fn, n):
     reference = {"pmean": np.mean, "psum": np.sum, "pmin": np.min, "pmax": np.max}[fn.__name__]
     np.testing.assert_allclose(got["kernel"], reference(kernel, axis=0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got["counts"][1], reference(steps, axis=0), rtol=1e-6)
-    # One operand for the float32 leaves (the invariant one among them), one for
-    # the int32 ones, and the weakly typed number alone: 3 of the tree's 7 leaves.
+    # One operand for the small float32 leaves (the invariant one among them), one
+    # for the int32 ones, the weakly typed number and the big leaf alone: 4 of 8.
     bucketed = jax.jit(jax.shard_map(lambda *a: local(*a)[0], mesh=mesh, in_specs=P("POP"),
                                      out_specs=P()))  # fmt: skip
     hlo = bucketed.lower(kernel, bias, count, steps).compile().as_text()
@@ -141,7 +142,7 @@ def test_pytree_reductions_leaf_by_leaf_in_one_collective_per_dtype(fn, n):
         for line in hlo.splitlines()
         if " all-reduce(" in line
     ]
-    assert sum(operands) == 3, operands
+    assert sum(operands) == 4, operands
 
 
 @pytest.mark.parametrize("n", DEVICE_COUNTS)
