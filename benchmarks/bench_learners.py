@@ -53,7 +53,8 @@ error)::
 On both cores with two devices (``--only ppo --seeds 3 --cores 0 --devices 2``),
 evorl_pop ran 142,738 steps/s against brax's 84,452 (1.69); with one device,
 97,461 against 99,552 (0.98). SAC ran at 0.94 of brax's steps per CPU second
-(``--only sac --seeds 2``: 662 against 700). Its return, from ``--curves --seeds
+on one core (``--only sac --seeds 2``: 662 against 700), and at 963 against 792
+steps/s on both cores with two devices. Its return, from ``--curves --seeds
 16 --chunks 8``: over the last four chunks (10k-16k steps) evorl_pop averages
 242.3 +- 38.0, brax 267.9 +- 36.0 (-25.6 +- 13.5), and over seeds 16-31 236.6 +-
 44.9 against 242.6 +- 40.7 (-5.9 +- 15.7). docs/guides/learners.md has the tables.
