@@ -71,11 +71,9 @@ class Categorical:
     def log_prob_and_entropy(
         self, params: jax.Array, raw: jax.Array, key: jax.Array | None = None
     ) -> tuple[jax.Array, jax.Array]:
-        """``(log_prob(params, raw), entropy(params))`` from one softmax."""
-        del key
-        logp = jax.nn.log_softmax(params, axis=-1)
-        log_prob = jnp.take_along_axis(logp, raw[..., None].astype(jnp.int32), axis=-1)[..., 0]
-        return log_prob, -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+        """``(log_prob(params, raw), entropy(params))``; the logits are one array, read
+        whole by both (XLA computes their shared softmax once)."""
+        return self.log_prob(params, raw), self.entropy(params, key)
 
     def to_action(self, raw: jax.Array) -> jax.Array:
         """The action the environment takes: the index itself."""
