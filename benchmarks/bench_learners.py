@@ -64,6 +64,7 @@ import argparse
 import functools
 import os
 import time
+from unittest import mock
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -299,18 +300,20 @@ def _brax_sac_train(seed, **kwargs):
     )  # fmt: skip
 
 
+def brax_policy(make_policy):
+    """brax's deterministic policy as ``(params, obs) -> action``, for :func:`evaluate`."""
+    return lambda params, obs: make_policy(params, deterministic=True)(obs, jax.random.key(0))[0]
+
+
 def brax_sac(seed):
     progress = BraxProgress()
     make_policy, params, _ = _brax_sac_train(seed, num_eval_envs=1, progress_fn=progress)
-    policy = make_policy(params, deterministic=True)
-    return progress.rates(), evaluate(
-        lambda p, obs: policy(obs, jax.random.key(0))[0], params, seed
-    )
+    return progress.rates(), evaluate(brax_policy(make_policy), params, seed)
 
 
 def our_sac_curve(seed):
     """evorl_pop's SAC: its deterministic policy's return (:func:`evaluate`) after each of
-    ``--chunks`` pieces of the run; ``(steps, returns)``."""
+    ``--chunks`` pieces of the run; ``{"evorl_pop": (steps, returns)}``."""
     algo, run, steps = _our_sac_chunks()
     init_key, chunk_key = seed_keys(seed)
     state, returns = algo.init(init_key), []
@@ -318,18 +321,52 @@ def our_sac_curve(seed):
         state = run(state, chunk_key(i))
         returns.append(evaluate(algo.learner.deterministic_policy, state.learner.actor.params,
                                 seed))  # fmt: skip
-    return [steps * (i + 1) for i in range(ARGS.chunks)], returns
+    return {"evorl_pop": ([steps * (i + 1) for i in range(ARGS.chunks)], returns)}
 
 
 def brax_sac_curve(seed):
     """brax's SAC: its deterministic policy's return after each of its ``--chunks``
-    epochs, from brax's own evaluator (as many episodes); ``(steps, returns)``."""
-    curve = []
-    _brax_sac_train(
-        seed, num_eval_envs=ARGS.eval_episodes, deterministic_eval=True,
-        progress_fn=lambda step, m: curve.append((step, float(m["eval/episode_reward"]))),
-    )  # fmt: skip
-    return [c[0] for c in curve[1:]], [c[1] for c in curve[1:]]  # after the initial evaluation
+    epochs, from the benchmark's evaluator (:func:`evaluate`, as for evorl_pop: ``brax``)
+    and from brax's own (as many episodes: ``brax-own-eval``);
+    ``{label: (steps, returns)}``."""
+    from brax.training import acting
+
+    own, params = [], []
+    run_evaluation = acting.Evaluator.run_evaluation
+
+    def keep_params(evaluator, policy_params, *args, **kwargs):
+        params.append(policy_params)
+        return run_evaluation(evaluator, policy_params, *args, **kwargs)
+
+    with mock.patch.object(acting.Evaluator, "run_evaluation", keep_params):
+        make_policy, _, _ = _brax_sac_train(
+            seed, num_eval_envs=ARGS.eval_episodes, deterministic_eval=True,
+            progress_fn=lambda step, m: own.append((step, float(m["eval/episode_reward"]))),
+        )  # fmt: skip
+    steps = [step for step, _ in own[1:]]  # after the initial evaluation
+    ours = [evaluate(brax_policy(make_policy), p, seed) for p in params[1:]]
+    return {"brax": (steps, ours), "brax-own-eval": (steps, [r for _, r in own[1:]])}
+
+
+def curve_summary(curves):
+    """The mean curve of every label over seeds, and each label's mean over the last
+    half of its points, against evorl_pop's (paired by seed: difference +- its
+    standard error)."""
+    labels = list(curves)
+    late = ARGS.chunks - ARGS.chunks // 2
+    print(f"\nSAC on brax/{ARGS.task} ({ARGS.backend}), seeds {ARGS.first_seed}-"
+          f"{ARGS.first_seed + ARGS.seeds - 1}: mean return over seeds after each chunk; "
+          f"'late': the mean of the last {ARGS.chunks // 2} points")  # fmt: skip
+    for label in labels:
+        r = np.asarray(curves[label])
+        points = " ".join(f"{m:6.1f}" for m in r.mean(0))
+        tail = r[:, late:].mean(1)
+        line = f"{label:14s} {points}   late {tail.mean():6.1f} +- {tail.std():5.1f}"
+        if label != "evorl_pop" and "evorl_pop" in curves:
+            diff = np.asarray(curves["evorl_pop"])[:, late:].mean(1) - tail
+            error = diff.std(ddof=1) / np.sqrt(len(diff)) if len(diff) > 1 else np.nan
+            line += f"   evorl_pop - {label}: {diff.mean():+6.1f} +- {error:5.1f}"
+        print(line)
 
 
 def _make_brax_env():
@@ -352,12 +389,16 @@ def main():
     if ARGS.restarts == "first":
         keep_first_starts()
     if ARGS.curves:
-        curves = {"evorl_pop": our_sac_curve, "brax": brax_sac_curve}
+        train = {"evorl_pop": our_sac_curve, "brax": brax_sac_curve}
+        curves = {}
         for seed in range(ARGS.first_seed, ARGS.first_seed + ARGS.seeds):
             for impl in ARGS.curve_impls.split(","):
-                pairs = zip(*curves[impl](seed), strict=True)
-                points = "  ".join(f"{n // 1000:>2d}k {r:6.1f}" for n, r in pairs)
-                print(f"sac seed {seed:2d} {impl:9s}  {points}", flush=True)
+                for label, (steps, returns) in train[impl](seed).items():
+                    curves.setdefault(label, []).append(returns)
+                    pairs = zip(steps, returns, strict=True)
+                    points = "  ".join(f"{n // 1000:>2d}k {r:6.1f}" for n, r in pairs)
+                    print(f"sac seed {seed:2d} {label:13s}  {points}", flush=True)
+        curve_summary(curves)
         return
     rows = []
     for name in ARGS.only.split(","):

@@ -1,8 +1,9 @@
 """SAC against references: the temperature loss and step, the critics' target
-computed sample by sample, the single-device update and step, an
-uninterrupted run, and (slow) Pendulum-v1's -200.
+computed sample by sample, brax's own SAC updates, the single-device update and
+step, an uninterrupted run, and (slow) Pendulum-v1's -200.
 """
 
+import functools
 import math
 import os
 import time
@@ -49,12 +50,12 @@ def learner():
     return learner, learner.init(jax.random.key(0), HP)
 
 
-def _batch(n, key):
+def _batch(n, key, obs_dim=3, action_dim=1, bound=2.0):
     k = jax.random.split(key, 5)
-    obs = jax.random.normal(k[0], (n, 3))
+    obs = jax.random.normal(k[0], (n, obs_dim))
     return Transition(
         obs=obs,
-        action=jax.random.uniform(k[1], (n, 1), minval=-2.0, maxval=2.0),
+        action=jax.random.uniform(k[1], (n, action_dim), minval=-bound, maxval=bound),
         reward=jax.random.normal(k[2], (n,)),
         next_obs=obs + 0.1 * jax.random.normal(k[3], obs.shape),
         terminal=(jax.random.uniform(k[4], (n,)) < 0.3).astype(jnp.float32),
@@ -134,6 +135,105 @@ def test_actor_loss_matches_direct_computation(learner):
         terms.append(0.5 * logp - q)  # Eq. (7)
     loss = learner.actor_loss(state.actor.params, state, batch, key, jnp.arange(8))
     np.testing.assert_allclose(loss, np.mean(terms), rtol=1e-4)
+
+
+def _brax_layout(actor_params, critic_params):
+    """evorl_pop's actor and stacked twin critics in brax's SAC networks' layout."""
+    actor = {f"hidden_{i}": layer for i, layer in enumerate(actor_params["params"].values())}
+    critics = {
+        f"MLP_{j}": {f"hidden_{i}": jax.tree.map(lambda p, j=j: p[j], layer)
+                     for i, layer in enumerate(critic_params["params"]["MLP_0"].values())}
+        for j in range(2)
+    }  # fmt: skip
+    return {"params": actor}, {"params": critics}
+
+
+def test_updates_equal_brax_sac_on_the_same_networks_batches_and_noise():
+    """Three updates against brax's own SAC (``brax.training.agents.sac``): its losses,
+    networks and update order, fed the same minibatches and the same Gaussian noise
+    (brax draws ``normal(key, (batch, action_dim))``, evorl_pop sample ``i`` from
+    ``fold_in(key, i)``; here brax's distribution takes evorl_pop's noise in place of
+    its key)."""
+    pytest.importorskip("brax")
+    import optax
+    from brax.training import distribution, gradients
+    from brax.training import types as brax_types
+    from brax.training.agents.sac import losses as brax_losses
+    from brax.training.agents.sac import networks as brax_networks
+
+    from evorl_pop.base import EnvSpec
+
+    class GivenNoise(distribution.NormalTanhDistribution):
+        def sample_no_postprocessing(self, parameters, noise):
+            dist = self.create_dist(parameters)
+            return dist.loc + dist.scale * noise
+
+    obs_dim, action_dim, n, reward_scaling, tau = 5, 3, 32, 2.0, 0.05
+    spec = EnvSpec("brax-like", (obs_dim,), False, action_dim, (-1.0,) * 3, (1.0,) * 3, 100)
+    ours = sac.SACLearner(spec, (16, 16), (16, 16), tau=tau, reward_scaling=reward_scaling)
+    hp = sac.Hyperparameters.create(actor_lr=1e-3, critic_lr=2e-3, alpha_lr=5e-3,
+                                    target_entropy_scale=0.5, discount=0.9)  # fmt: skip
+    networks = brax_networks.make_sac_networks(obs_dim, action_dim, hidden_layer_sizes=(16, 16))
+    networks = networks.replace(parametric_action_distribution=GivenNoise(action_dim))
+    # brax's target entropy is -0.5 * action_dim: target_entropy_scale=0.5
+    alpha_loss, critic_loss, actor_loss = brax_losses.make_losses(
+        networks, reward_scaling=reward_scaling, discounting=0.9, action_size=action_dim
+    )
+    normalizer = None  # brax's networks here preprocess nothing
+
+    def noise(key):  # the draws of evorl_pop's samples 0..n-1 from `key`
+        return jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(key, i), (action_dim,)))(
+            jnp.arange(n)
+        )
+
+    @jax.jit
+    def brax_update(theirs, opt_states, batch, key):
+        """brax's ``sgd_step`` (sac/train.py): temperature, critics, actor, then targets."""
+        policy, q, target_q, log_alpha = theirs
+        alpha_key, critic_key, actor_key = (noise(k) for k in jax.random.split(key, 3))
+        transitions = brax_types.Transition(
+            batch.obs, batch.action, batch.reward, 1.0 - batch.terminal, batch.next_obs,
+            {"state_extras": {"truncation": jnp.zeros(n)}},
+        )  # fmt: skip
+        a_loss, log_alpha_new, alpha_opt = gradients.gradient_update_fn(
+            alpha_loss, optax.adam(5e-3), None
+        )(log_alpha, policy, normalizer, transitions, alpha_key, optimizer_state=opt_states[0])
+        alpha = jnp.exp(log_alpha)
+        c_loss, q_new, q_opt = gradients.gradient_update_fn(critic_loss, optax.adam(2e-3), None)(
+            q, policy, normalizer, target_q, alpha, transitions, critic_key,
+            optimizer_state=opt_states[1],
+        )  # fmt: skip
+        p_loss, policy_new, policy_opt = gradients.gradient_update_fn(
+            actor_loss, optax.adam(1e-3), None
+        )(policy, normalizer, q, alpha, transitions, actor_key, optimizer_state=opt_states[2])
+        target_q = jax.tree.map(lambda x, y: x * (1 - tau) + y * tau, target_q, q_new)
+        losses = {"alpha_loss": a_loss, "critic_loss": c_loss, "actor_loss": p_loss}
+        return (policy_new, q_new, target_q, log_alpha_new), (alpha_opt, q_opt, policy_opt), losses
+
+    state = ours.init(jax.random.key(20), hp)
+    # the targets a step apart from the critics, so that mixing them up shows
+    state = state.replace(critic=state.critic.replace(
+        target_params=jax.tree.map(lambda p: 0.9 * p, state.critic.params)))  # fmt: skip
+    policy, q = _brax_layout(state.actor.params, state.critic.params)
+    theirs = (policy, q, _brax_layout(state.actor.params, state.critic.target_params)[1],
+              state.log_alpha)  # fmt: skip
+    opt_states = (optax.adam(5e-3).init(theirs[3]), optax.adam(2e-3).init(q),
+                  optax.adam(1e-3).init(policy))  # fmt: skip
+    update = jax.jit(functools.partial(ours.update, hp=hp))
+    for step in range(3):
+        batch = _batch(n, jax.random.key(30 + step), obs_dim, action_dim, bound=1.0)
+        key = jax.random.key(step)
+        state, metrics = update(state, batch, key=key)
+        theirs, opt_states, losses = brax_update(theirs, opt_states, batch, key)
+        # evorl_pop's critic loss sums the twin critics' errors where brax averages
+        # them: twice brax's, the same Adam step
+        np.testing.assert_allclose(metrics["critic_loss"], 2 * losses["critic_loss"], rtol=1e-5)
+        for name in ("alpha_loss", "actor_loss"):
+            np.testing.assert_allclose(metrics[name], losses[name], rtol=1e-5, atol=1e-6)
+        policy, q = _brax_layout(state.actor.params, state.critic.params)
+        target = _brax_layout(state.actor.params, state.critic.target_params)[1]
+        leaves_close((policy, q, target, state.log_alpha), theirs, rtol=1e-4, atol=1e-6)
+    assert not np.allclose(state.log_alpha, 0.0)  # the updates moved the temperature
 
 
 @pytest.mark.parametrize("n", [1, 2, 4])
