@@ -311,17 +311,34 @@ def brax_sac(seed):
     return progress.rates(), evaluate(brax_policy(make_policy), params, seed)
 
 
+def brax_sac_epochs():
+    """The environment steps (per lane) at which brax's SAC evaluates: ``(first, then)``,
+    the steps to its first evaluation after its prefill and between the later ones
+    (``num_evals = chunks + 1``; sac/train.py's ``num_training_steps_per_epoch``)."""
+    prefill = -(-SAC_SETTINGS["learning_starts"] // ARGS.sac_envs)
+    per_epoch = -(-(ARGS.sac_steps - prefill * ARGS.sac_envs) // (ARGS.chunks * ARGS.sac_envs))
+    return prefill + per_epoch, per_epoch
+
+
 def our_sac_curve(seed):
-    """evorl_pop's SAC: its deterministic policy's return (:func:`evaluate`) after each of
-    ``--chunks`` pieces of the run; ``{"evorl_pop": (steps, returns)}``."""
-    algo, run, steps = _our_sac_chunks()
+    """evorl_pop's SAC: its deterministic policy's return (:func:`evaluate`) at the same
+    environment steps as brax's evaluations (:func:`brax_sac_epochs`);
+    ``{"evorl_pop": (steps, returns)}``."""
+    algo = _our_sac()
+
+    @functools.partial(jax.jit, static_argnums=2)
+    def run(state, key, n):
+        return jax.lax.scan(algo.step, state, jax.random.split(key, n))[0]
+
     init_key, chunk_key = seed_keys(seed)
-    state, returns = algo.init(init_key), []
+    first, then = brax_sac_epochs()
+    state, steps, returns = algo.init(init_key), [], []
     for i in range(ARGS.chunks):
-        state = run(state, chunk_key(i))
+        state = run(state, chunk_key(i), first if i == 0 else then)
+        steps.append(ARGS.sac_envs * (first + i * then))
         returns.append(evaluate(algo.learner.deterministic_policy, state.learner.actor.params,
                                 seed))  # fmt: skip
-    return {"evorl_pop": ([steps * (i + 1) for i in range(ARGS.chunks)], returns)}
+    return {"evorl_pop": (steps, returns)}
 
 
 def brax_sac_curve(seed):
