@@ -50,6 +50,9 @@ error)::
     ppo      brax            102,615    103,028      300.9 +-  44.0
     ppo      ours/brax          0.95       0.95       -4.6 +-  16.4 (diff)
 
+Over 48 seeds (16-47 from two runs side by side, one per core) the return
+difference is -3.9 +- 9.3.
+
 On both cores with two devices (``--only ppo --seeds 3 --cores 0 --devices 2``),
 evorl_pop ran 142,738 steps/s against brax's 84,452 (1.69); with one device,
 97,461 against 99,552 (0.98). SAC ran at 0.94 of brax's steps per CPU second
