@@ -143,11 +143,16 @@ SAC_SETTINGS = dict(
 )  # fmt: skip
 
 
+@functools.cache
+def _evaluator(policy):
+    """``(params, key) -> Episode``, jitted once per policy function."""
+    env = make_env(f"brax/{ARGS.task}", backend=ARGS.backend, episode_length=EPISODE_LENGTH)
+    return jax.jit(lambda p, k: evaluate_episodes(env, policy, p, k, ARGS.eval_episodes))
+
+
 def evaluate(policy, params, seed):
     """The deterministic policy's mean return, the same evaluator for both implementations."""
-    env = make_env(f"brax/{ARGS.task}", backend=ARGS.backend, episode_length=EPISODE_LENGTH)
-    run = jax.jit(lambda p, k: evaluate_episodes(env, policy, p, k, ARGS.eval_episodes))
-    return float(run(params, jax.random.key(10_000 + seed)).episode_return)
+    return float(_evaluator(policy)(params, jax.random.key(10_000 + seed)).episode_return)
 
 
 def seed_keys(seed):
@@ -156,6 +161,17 @@ def seed_keys(seed):
     (actions, minibatches), not only in their initial networks."""
     init_key, run_key = jax.random.split(jax.random.key(seed))
     return init_key, lambda i: jax.random.fold_in(run_key, i)
+
+
+def compiled_steps(algo):
+    """``run(state, key, n=...)``: ``n`` steps of ``algo`` in one compiled scan (compiled
+    once per ``n``)."""
+
+    @functools.partial(jax.jit, static_argnames="n")
+    def run(state, key, n):
+        return jax.lax.scan(algo.step, state, jax.random.split(key, n))[0]
+
+    return run
 
 
 def timed_chunks(run, state, chunks, steps_per_chunk, chunk_key):
@@ -203,10 +219,7 @@ def ours_ppo(seed):
     )  # fmt: skip
     algo = ppo.PPO(config, make_mesh(ARGS.devices))
     per_chunk = ARGS.ppo_iterations // ARGS.chunks
-
-    @jax.jit
-    def run(state, key):
-        return jax.lax.scan(algo.step, state, jax.random.split(key, per_chunk))[0]
+    run = functools.partial(compiled_steps(algo), n=per_chunk)
 
     init_key, chunk_key = seed_keys(seed)
     steps = per_chunk * ARGS.num_envs * ARGS.unroll_length
@@ -263,21 +276,12 @@ def _our_sac():
     return sac.SAC(config, make_mesh(ARGS.devices))
 
 
-def _our_sac_chunks():
-    """``(algo, run, steps_per_chunk)``: evorl_pop's SAC and one compiled chunk of its run."""
+def ours_sac(seed):
     algo = _our_sac()
     per_chunk = ARGS.sac_steps // ARGS.sac_envs // ARGS.chunks
-
-    @jax.jit
-    def run(state, key):
-        return jax.lax.scan(algo.step, state, jax.random.split(key, per_chunk))[0]
-
-    return algo, run, per_chunk * ARGS.sac_envs
-
-
-def ours_sac(seed):
-    algo, run, steps = _our_sac_chunks()
+    run = functools.partial(compiled_steps(algo), n=per_chunk)
     init_key, chunk_key = seed_keys(seed)
+    steps = per_chunk * ARGS.sac_envs
     state, rate = timed_chunks(run, algo.init(init_key), ARGS.chunks, steps, chunk_key)
     return rate, evaluate(algo.learner.deterministic_policy, state.learner.actor.params, seed)
 
@@ -328,16 +332,12 @@ def our_sac_curve(seed):
     environment steps as brax's evaluations (:func:`brax_sac_epochs`);
     ``{"evorl_pop": (steps, returns)}``."""
     algo = _our_sac()
-
-    @functools.partial(jax.jit, static_argnums=2)
-    def run(state, key, n):
-        return jax.lax.scan(algo.step, state, jax.random.split(key, n))[0]
-
+    run = compiled_steps(algo)
     init_key, chunk_key = seed_keys(seed)
     first, then = brax_sac_epochs()
     state, steps, returns = algo.init(init_key), [], []
     for i in range(ARGS.chunks):
-        state = run(state, chunk_key(i), first if i == 0 else then)
+        state = run(state, chunk_key(i), n=first if i == 0 else then)
         steps.append(ARGS.sac_envs * (first + i * then))
         returns.append(evaluate(algo.learner.deterministic_policy, state.learner.actor.params,
                                 seed))  # fmt: skip
@@ -364,7 +364,8 @@ def brax_sac_curve(seed):
             progress_fn=lambda step, m: own.append((step, float(m["eval/episode_reward"]))),
         )  # fmt: skip
     steps = [step for step, _ in own[1:]]  # after the initial evaluation
-    ours = [evaluate(brax_policy(make_policy), p, seed) for p in params[1:]]
+    policy = brax_policy(make_policy)
+    ours = [evaluate(policy, p, seed) for p in params[1:]]
     return {"brax": (steps, ours), "brax-own-eval": (steps, [r for _, r in own[1:]])}
 
 

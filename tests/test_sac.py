@@ -168,16 +168,17 @@ def test_updates_equal_brax_sac_on_the_same_networks_batches_and_noise():
             dist = self.create_dist(parameters)
             return dist.loc + dist.scale * noise
 
-    obs_dim, action_dim, n, reward_scaling, tau = 5, 3, 32, 2.0, 0.05
+    obs_dim, action_dim, n, reward_scaling, tau, discount = 5, 3, 32, 2.0, 0.05, 0.9
+    rates = dict(actor_lr=1e-3, critic_lr=2e-3, alpha_lr=5e-3)
     spec = EnvSpec("brax-like", (obs_dim,), False, action_dim, (-1.0,) * 3, (1.0,) * 3, 100)
     ours = sac.SACLearner(spec, (16, 16), (16, 16), tau=tau, reward_scaling=reward_scaling)
-    hp = sac.Hyperparameters.create(actor_lr=1e-3, critic_lr=2e-3, alpha_lr=5e-3,
-                                    target_entropy_scale=0.5, discount=0.9)  # fmt: skip
+    # brax's target entropy is -0.5 * action_dim: target_entropy_scale=0.5
+    hp = sac.Hyperparameters.create(**rates, target_entropy_scale=0.5, discount=discount)
+    actor_opt, critic_opt, alpha_opt = (optax.adam(rates[k]) for k in rates)
     networks = brax_networks.make_sac_networks(obs_dim, action_dim, hidden_layer_sizes=(16, 16))
     networks = networks.replace(parametric_action_distribution=GivenNoise(action_dim))
-    # brax's target entropy is -0.5 * action_dim: target_entropy_scale=0.5
     alpha_loss, critic_loss, actor_loss = brax_losses.make_losses(
-        networks, reward_scaling=reward_scaling, discounting=0.9, action_size=action_dim
+        networks, reward_scaling=reward_scaling, discounting=discount, action_size=action_dim
     )
     normalizer = None  # brax's networks here preprocess nothing
 
@@ -195,20 +196,21 @@ def test_updates_equal_brax_sac_on_the_same_networks_batches_and_noise():
             batch.obs, batch.action, batch.reward, 1.0 - batch.terminal, batch.next_obs,
             {"state_extras": {"truncation": jnp.zeros(n)}},
         )  # fmt: skip
-        a_loss, log_alpha_new, alpha_opt = gradients.gradient_update_fn(
-            alpha_loss, optax.adam(5e-3), None
+        a_loss, log_alpha_new, alpha_state = gradients.gradient_update_fn(
+            alpha_loss, alpha_opt, None
         )(log_alpha, policy, normalizer, transitions, alpha_key, optimizer_state=opt_states[0])
         alpha = jnp.exp(log_alpha)
-        c_loss, q_new, q_opt = gradients.gradient_update_fn(critic_loss, optax.adam(2e-3), None)(
+        c_loss, q_new, q_state = gradients.gradient_update_fn(critic_loss, critic_opt, None)(
             q, policy, normalizer, target_q, alpha, transitions, critic_key,
             optimizer_state=opt_states[1],
         )  # fmt: skip
-        p_loss, policy_new, policy_opt = gradients.gradient_update_fn(
-            actor_loss, optax.adam(1e-3), None
+        p_loss, policy_new, policy_state = gradients.gradient_update_fn(
+            actor_loss, actor_opt, None
         )(policy, normalizer, q, alpha, transitions, actor_key, optimizer_state=opt_states[2])
         target_q = jax.tree.map(lambda x, y: x * (1 - tau) + y * tau, target_q, q_new)
         losses = {"alpha_loss": a_loss, "critic_loss": c_loss, "actor_loss": p_loss}
-        return (policy_new, q_new, target_q, log_alpha_new), (alpha_opt, q_opt, policy_opt), losses
+        new = (policy_new, q_new, target_q, log_alpha_new)
+        return new, (alpha_state, q_state, policy_state), losses
 
     state = ours.init(jax.random.key(20), hp)
     # the targets a step apart from the critics, so that mixing them up shows
@@ -217,8 +219,7 @@ def test_updates_equal_brax_sac_on_the_same_networks_batches_and_noise():
     policy, q = _brax_layout(state.actor.params, state.critic.params)
     theirs = (policy, q, _brax_layout(state.actor.params, state.critic.target_params)[1],
               state.log_alpha)  # fmt: skip
-    opt_states = (optax.adam(5e-3).init(theirs[3]), optax.adam(2e-3).init(q),
-                  optax.adam(1e-3).init(policy))  # fmt: skip
+    opt_states = (alpha_opt.init(theirs[3]), critic_opt.init(q), actor_opt.init(policy))
     update = jax.jit(functools.partial(ours.update, hp=hp))
     for step in range(3):
         batch = _batch(n, jax.random.key(30 + step), obs_dim, action_dim, bound=1.0)
