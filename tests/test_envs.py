@@ -1,10 +1,12 @@
 """Environments and policies: every listed environment trains, brax tasks,
 image observations, episode ends, and the errors for bad input."""
 
+import functools
 import subprocess
 import sys
 
 import _loop
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,6 +21,7 @@ from evorl_pop.tasks.envs import (
     CNN,
     MLP,
     UNLISTED_GYMNAX,
+    Conv3x3,
     Keypoints,
     Policy,
     env_names,
@@ -121,6 +124,72 @@ def test_keypoints_are_where_lone_pixels_are():
     assert convolved.apply(conv_params, jnp.asarray(image)).shape == (2, 2)
     with pytest.raises(ValueError, match=r"policy='keypoints' needs image observations"):
         ESConfig(task="CartPole-v1", policy="keypoints").make_task()
+
+
+class _FlaxCNN(nn.Module):
+    """The reference: the CNN and keypoint convolutions with flax's own ``nn.Conv``."""
+
+    channels: tuple
+    padding: str
+
+    @nn.compact
+    def __call__(self, x):
+        for width in self.channels:
+            x = jnp.tanh(nn.Conv(width, (3, 3), padding=self.padding)(x))
+        return x
+
+
+class _ProjectCNN(nn.Module):
+    channels: tuple
+    padding: str
+    method: str
+
+    @nn.compact
+    def __call__(self, x):
+        for i, width in enumerate(self.channels):
+            x = jnp.tanh(Conv3x3(width, self.padding, self.method, name=f"Conv_{i}")(x))
+        return x
+
+
+@pytest.mark.parametrize("padding", ["VALID", "SAME"])
+@pytest.mark.parametrize("method", ["patches", "xla"])
+def test_conv3x3_is_flax_conv(padding, method):
+    """Same parameters and initial values as ``nn.Conv``, same outputs and gradients,
+    also inside a ``scan`` of gradient steps (where the patches are the fast CPU path)."""
+    x = jax.random.uniform(jax.random.key(0), (4, 5, 10, 10, 3))  # 4 minibatches of 5 images
+    ref, ours = _FlaxCNN((6, 4), padding), _ProjectCNN((6, 4), padding, method)
+    params = ref.init(jax.random.key(1), x[0])
+    ours_params = ours.init(jax.random.key(1), x[0])
+    assert jax.tree.structure(ours_params) == jax.tree.structure(params)
+    jax.tree.map(np.testing.assert_array_equal, ours_params, params)  # bit for bit
+    np.testing.assert_allclose(ours.apply(params, x[0]), ref.apply(params, x[0]), atol=1e-6)
+
+    def descend(module):
+        def step(p, xb):
+            grad = jax.grad(lambda p: jnp.sum(module.apply(p, xb) ** 2))(p)
+            return jax.tree.map(lambda a, g: a - 0.01 * g, p, grad), None
+
+        return jax.jit(lambda p: jax.lax.scan(step, p, x)[0])(params)
+
+    jax.tree.map(functools.partial(np.testing.assert_allclose, atol=2e-5),
+                 descend(ours), descend(ref))  # fmt: skip
+    with pytest.raises(ValueError, match=r"Unknown conv method 'fft'"):
+        _ProjectCNN((2,), padding, "fft").init(jax.random.key(1), x[0])
+
+
+def test_cnn_initialises_and_computes_as_with_flax_conv():
+    """The policy CNN's parameters, and so its checkpoints, are those it had with ``nn.Conv``."""
+    image = jax.random.uniform(jax.random.key(0), (7, 10, 10, 4))
+    flax_params = _FlaxCNN((16,), "VALID").init(jax.random.key(2), image)["params"]["Conv_0"]
+    for conv in ("auto", "patches", "xla"):
+        module = CNN((8,), 3, conv=conv)
+        params = module.init(jax.random.key(2), image)["params"]
+        jax.tree.map(np.testing.assert_array_equal, params["Conv_0"], flax_params)
+        features = nn.Conv(16, (3, 3), padding="VALID").apply({"params": flax_params}, image)
+        expected = MLP((8,), 3, "relu", obs_rank=3).apply(
+            {"params": params["MLP_0"]}, nn.relu(features)
+        )
+        np.testing.assert_allclose(module.apply({"params": params}, image), expected, atol=1e-5)
 
 
 def test_keypoint_policy_that_follows_the_ball_clears_breakout_bricks():

@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -30,10 +29,12 @@ from evorl_pop.tasks.envs import (
     ACTIVATIONS,
     CNN,
     MLP,
+    Conv3x3,
     Env,
     Policy,
     make_env,
     make_policy,
+    patches3x3,
     random_observations,
 )
 from evorl_pop.tasks.rollout import (
@@ -68,9 +69,8 @@ def vbn_reference(policy: Policy, observations: jax.Array) -> VBNReference:
     """
     x = jnp.asarray(observations, jnp.float32)
     if _has_conv(policy.module):
-        shape = (x.shape[0], x.shape[1] - 2, x.shape[2] - 2)  # 3x3, VALID, as CNN's
-        patches = [x[:, i : i + shape[1], j : j + shape[2]] for i in range(3) for j in range(3)]
-        rows = jnp.stack(patches, 3).reshape(-1, 9 * x.shape[-1])  # (kernel row, col, channel)
+        patches = patches3x3(x)  # 3x3, VALID, as CNN's first convolution
+        shape, rows = patches.shape[:3], patches.reshape(-1, patches.shape[-1])
     else:
         shape, rows = x.shape[:1], jnp.reshape(x, (x.shape[0], -1))
     mean = rows.mean(0)
@@ -177,7 +177,7 @@ def _fold(module, params, reference: VBNReference, eps):
     x = act(rows @ first["kernel"].reshape(kernel.shape) + first["bias"]).reshape(*shape, -1)
     for i, width in enumerate(module.channels[1:] if conv else (), 1):
         layer = layers[f"Conv_{i}"]
-        pre = nn.Conv(width, (3, 3), padding="VALID").apply({"params": layer}, x)
+        pre = Conv3x3(width, "VALID", module.conv).apply({"params": layer}, x)
         x = standardise(layer, pre, (0, 1, 2))
     x = jnp.reshape(x, (x.shape[0], -1))
     for j in range(0 if conv else 1, n):

@@ -202,24 +202,80 @@ class MLP(nn.Module):
         return nn.Dense(self.out_dim)(x)
 
 
+#: How :class:`Conv3x3` computes: ``'patches'`` (a matrix product of the image's 3x3
+#: patches), ``'xla'`` (``lax.conv_general_dilated``), or ``'auto'``: patches on a
+#: CPU, where XLA's convolution gradient inside a ``scan`` is an order of magnitude
+#: slower (``benchmarks/bench_conv.py``), XLA's convolution on an accelerator.
+CONV_METHODS = ("auto", "patches", "xla")
+
+
+def patches3x3(x: jax.Array, padding: str = "VALID") -> jax.Array:
+    """The 3x3 patches of ``(n, height, width, channels)`` images, one per output pixel.
+
+    Returns ``(n, height', width', 9 * channels)``, ordered (kernel row, kernel
+    column, channel) as a flax ``(3, 3, in, out)`` kernel reshaped to
+    ``(9 * in, out)``; ``'SAME'`` pads one zero pixel on every side first.
+    """
+    if padding == "SAME":
+        x = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    elif padding != "VALID":
+        raise ValueError(f"padding must be 'VALID' or 'SAME', not {padding!r}")
+    h, w = x.shape[1] - 2, x.shape[2] - 2
+    return jnp.concatenate([x[:, i : i + h, j : j + w] for i in range(3) for j in range(3)], -1)
+
+
+class Conv3x3(nn.Module):
+    """A 3x3 convolution, stride 1, with ``nn.Conv``'s parameters and initialisation.
+
+    Its parameters (``kernel`` of shape ``(3, 3, in, features)``, ``bias``) and
+    their initial values are those of ``nn.Conv(features, (3, 3), padding)`` at
+    the same place in a module, so checkpoints and :mod:`evorl_pop.tasks.control`
+    read either. ``method`` is one of :data:`CONV_METHODS`.
+    """
+
+    features: int
+    padding: str = "VALID"
+    method: str = "auto"
+
+    @nn.compact
+    def __call__(self, x):
+        kernel = self.param(
+            "kernel", nn.linear.default_kernel_init, (3, 3, x.shape[-1], self.features)
+        )
+        bias = self.param("bias", nn.initializers.zeros_init(), (self.features,))
+        method = self.method
+        if method not in CONV_METHODS:
+            raise ValueError(f"Unknown conv method {method!r}; use one of {CONV_METHODS}.")
+        if method == "auto":
+            method = "patches" if jax.default_backend() == "cpu" else "xla"
+        if method == "patches":
+            return patches3x3(x, self.padding) @ kernel.reshape(-1, self.features) + bias
+        out = jax.lax.conv_general_dilated(
+            x, kernel, (1, 1), self.padding, dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+        return out + bias
+
+
 class CNN(nn.Module):
     """The MinAtar torso (Young & Tian 2019): 3x3 convolutions, then an MLP.
 
     Takes ``(..., height, width, channels)`` images; leading axes are batch axes.
+    ``conv`` is how the convolutions compute (:data:`CONV_METHODS`).
     """
 
     hidden_sizes: Sequence[int]
     out_dim: int
     activation: str = "relu"
     channels: Sequence[int] = (16,)
+    conv: str = "auto"
 
     @nn.compact
     def __call__(self, x):
         act = ACTIVATIONS[self.activation]
         batch = x.shape[:-3]
         x = jnp.reshape(x, (-1, *x.shape[-3:])).astype(jnp.float32)
-        for width in self.channels:
-            x = act(nn.Conv(width, (3, 3), padding="VALID")(x))
+        for i, width in enumerate(self.channels):
+            x = act(Conv3x3(width, "VALID", self.conv, name=f"Conv_{i}")(x))
         x = MLP(self.hidden_sizes, self.out_dim, self.activation, obs_rank=3)(x)
         return jnp.reshape(x, (*batch, self.out_dim))
 
@@ -237,12 +293,14 @@ class Keypoints(nn.Module):
     its channel, whatever the weights' scale; an empty channel sits at the centre.
 
     Takes ``(..., height, width, channels)`` images; leading axes are batch axes.
+    ``conv`` is how the convolutions compute (:data:`CONV_METHODS`).
     """
 
     hidden_sizes: Sequence[int]
     out_dim: int
     activation: str = "tanh"
     channels: Sequence[int] = ()
+    conv: str = "auto"
 
     @nn.compact
     def __call__(self, x):
@@ -251,7 +309,7 @@ class Keypoints(nn.Module):
         x = jnp.reshape(x, (-1, *x.shape[-3:])).astype(jnp.float32)
         image = x
         for i, width in enumerate(self.channels):
-            x = nn.Conv(width, (3, 3), padding="SAME")(x if i == 0 else act(x))
+            x = Conv3x3(width, "SAME", self.conv, name=f"Conv_{i}")(x if i == 0 else act(x))
         x = jnp.concatenate([image, x], -1) if self.channels else image
         z = (x - x.mean((1, 2), keepdims=True)) / (x.std((1, 2), keepdims=True) + 1e-6)
         p = jax.nn.softmax(z.reshape(z.shape[0], -1, z.shape[-1]), axis=1).reshape(z.shape)
