@@ -50,8 +50,8 @@ error)::
     ppo      brax            102,615    103,028      300.9 +-  44.0
     ppo      ours/brax          0.95       0.95       -4.6 +-  16.4 (diff)
 
-Over 48 seeds (16-47 from two runs side by side, one per core) the return
-difference is -3.9 +- 9.3.
+Over 80 seeds (16-79 from runs of 16 seeds side by side, one per core) the
+return difference is -4.8 +- 6.7 (evorl_pop 301.9 +- 42.7, brax 306.7 +- 43.0).
 
 On both cores with two devices (``--only ppo --seeds 3 --cores 0 --devices 2``),
 evorl_pop ran 142,738 steps/s against brax's 84,452 (1.69); with one device,
