@@ -78,9 +78,10 @@ class Config:
         (brax's PPO; ``num_envs`` must then split into the minibatches).
       normalize_observations: normalise observations with running statistics.
       obs_norm_update: when those statistics take in an iteration's observations:
-        ``'after'`` its epochs (which then see the observations as the policy
-        did) or ``'before'`` them (brax's order; the probability ratios then
-        start a little off 1).
+        ``'before'`` its epochs (brax's order: the epochs fit the networks to the
+        statistics they will act with next; the probability ratios then start a
+        little off 1) or ``'after'`` them (the epochs see the observations as the
+        policy did; learns more slowly: ``benchmarks/bench_ppo_obs_norm.py``).
       reward_scaling: rewards are multiplied by it for learning (not in the metrics).
       policy_hidden_sizes: hidden widths of the policy network.
       value_hidden_sizes: hidden widths of the value network.
@@ -105,7 +106,7 @@ class Config:
     normalize_advantage: bool = True
     advantages: str = "iteration"
     normalize_observations: bool = True
-    obs_norm_update: str = "after"
+    obs_norm_update: str = "before"
     reward_scaling: float = 1.0
     policy_hidden_sizes: tuple[int, ...] = (64, 64)
     value_hidden_sizes: tuple[int, ...] = (64, 64)
@@ -138,7 +139,7 @@ class Config:
         check_config(self, {"task": env_names(), "activation": ("tanh", "relu", "elu"),
                             "network": ("auto", "mlp", "cnn"),
                             "advantages": ("iteration", "minibatch"),
-                            "obs_norm_update": ("after", "before")})  # fmt: skip
+                            "obs_norm_update": ("before", "after")})  # fmt: skip
         if self.advantages == "minibatch" and self.num_envs % self.num_minibatches:
             raise ConfigError(
                 f"advantages='minibatch' takes minibatches of whole environments, but "

@@ -17,12 +17,12 @@ populations' returns and the members' learning-rate trajectories.
 environments x 128 steps per iteration, 4 epochs of 4 minibatches) whose
 learning rate, clip range, entropy cost, GAE lambda and discount are drawn
 from PBT's default ranges for PPO (``figures/pbt_ppo_vs_fixed.png``; target 475).
-Measured on the shared 2-core CPU (``--learner ppo --steps 20480``, seed 0;
-79 s PBT, 63 s fixed, compilation included)::
+Measured on the 2-core CPU, one core (``--learner ppo --steps 20480``, seed 0;
+14.3 s PBT, 9.4 s fixed, compilation included)::
 
              median     best    worst   members
-       PBT    500.0    500.0    441.8   500 500 500 441.8 500 500 500 500
-     fixed    195.1    500.0    119.8   268.4 188.2 126.0 210.1 500 119.8 202.1 143.1
+       PBT    500.0    500.0    498.1   500 500 500 500 500 500 500 498.1
+     fixed    322.2    500.0    168.1   250.9 393.6 173.4 500 500 168.1 175.7 500
 
 PBT's median member equals the best fixed member (500, the maximum): goal met.
 """
