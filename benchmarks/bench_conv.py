@@ -66,8 +66,12 @@ def step_rows(reps):
     return rows
 
 
-def with_conv(module, method):
-    return module.clone(conv=method)
+def generation_time(algo, gens, reps):
+    """``(seconds per generation, metrics)``: ``gens`` generations of ``algo`` in one chunk."""
+    chunk = chunk_fn(algo, gens)
+    run = lambda s: chunk(s, jax.random.key(1))  # noqa: E731
+    t, (_, metrics) = best_time(run, algo.init(jax.random.key(0)), reps=reps)
+    return t / gens, metrics
 
 
 def ppo_row(reps, gens=2):
@@ -79,16 +83,15 @@ def ppo_row(reps, gens=2):
     times, losses = [], []
     for method in METHODS:
         algo = PPO(config, mesh=make_mesh(1))
-        algo.learner.policy_net = with_conv(algo.learner.policy_net, method)
-        algo.learner.value_net = with_conv(algo.learner.value_net, method)
-        chunk = chunk_fn(algo, gens)
-        run = lambda s, c=chunk: c(s, jax.random.key(1))  # noqa: E731
-        t, (_, metrics) = best_time(run, algo.init(jax.random.key(0)), reps=reps)
-        times.append(t / gens)
+        algo.learner.policy_net = algo.learner.policy_net.clone(conv=method)
+        algo.learner.value_net = algo.learner.value_net.clone(conv=method)
+        t, metrics = generation_time(algo, gens, reps)
+        times.append(t)
         losses.append(np.asarray(metrics["loss"]))
     diff = float(np.max(np.abs(losses[0] - losses[1])))
-    steps = 32 * 128
-    return [(f"ppo iteration ({steps:,} steps, 16 gradient steps)", *times,
+    steps = config.num_envs * config.unroll_length
+    updates = config.num_epochs * config.num_minibatches
+    return [(f"ppo iteration ({steps:,} steps, {updates} gradient steps)", *times,
              f"losses differ by {diff:.1e}")]  # fmt: skip
 
 
@@ -101,11 +104,9 @@ def es_row(reps, pop, gens=2):
     for method in METHODS:
         es = ES(config, mesh=make_mesh(1))
         policy = es.task.policy
-        es.task.policy = type(policy)(with_conv(policy.module, method), policy.spec)
-        chunk = chunk_fn(es, gens)
-        run = lambda s, c=chunk: c(s, jax.random.key(1))  # noqa: E731
-        t, (_, metrics) = best_time(run, es.init(jax.random.key(0)), reps=reps)
-        times.append(t / gens)
+        es.task.policy = type(policy)(policy.module.clone(conv=method), policy.spec)
+        t, metrics = generation_time(es, gens, reps)
+        times.append(t)
         steps.append(np.asarray(metrics["env_steps"]))
     same = np.array_equal(*steps)
     return [(f"es generation ({np.sum(steps[0]) / gens:,.0f} steps)", *times,
