@@ -3,7 +3,7 @@
     python benchmarks/bench_learners.py [--only ppo,sac] [--task hopper] [--seeds 3]
         [--first-seed 0] [--ppo-iterations 60] [--num-envs 256] [--unroll-length 20]
         [--num-minibatches 8] [--num-epochs 4] [--ppo-advantages iteration]
-        [--ppo-obs-norm-update before]
+        [--ppo-obs-norm-update before] [--ppo-policy-init-scale 0.01]
         [--sac-steps 16000] [--sac-envs 16] [--sac-updates 8] [--eval-episodes 16]
         [--chunks 4] [--cores 1] [--devices 1] [--curves] [--restarts fresh]
         [--curve-impls evorl_pop,brax]
@@ -41,17 +41,20 @@ machine.
 
 Every seed draws its own initial networks and training keys. PPO uses brax's
 order of the observation statistics (``--ppo-obs-norm-update before``) with
-brax's other settings. Measured on the 2-core CPU, one core (``--only ppo
---seeds 16``; return: mean +- std over seeds, the difference +- its standard
-error)::
+brax's other settings, and its own initial policy (``--ppo-policy-init-scale
+0.01``; brax's initialisation is 1.0). Measured on the 2-core CPU, one core
+(``--only ppo --seeds 16``; return: mean +- std over seeds, the difference +-
+its standard error)::
 
     learner  impl        steps/CPU s    steps/s             return
-    ppo      evorl_pop        97,526     97,518      296.4 +-  45.9
-    ppo      brax            102,615    103,028      300.9 +-  44.0
-    ppo      ours/brax          0.95       0.95       -4.6 +-  16.4 (diff)
+    ppo      evorl_pop        97,874     97,743      340.4 +-  27.9
+    ppo      brax            103,123    103,287      300.9 +-  44.0
+    ppo      ours/brax          0.95       0.95      +39.4 +-  13.5 (diff)
 
-Over 80 seeds (16-79 from runs of 16 seeds side by side, one per core) the
-return difference is -4.8 +- 6.7 (evorl_pop 301.9 +- 42.7, brax 306.7 +- 43.0).
+Over 48 seeds (16-47 from runs of 16 seeds side by side, one per core) the
+return difference is +37.9 +- 6.8 paired by seed (evorl_pop 342.5 +- 22.9,
+brax 304.7 +- 44.5). With ``--ppo-policy-init-scale 1.0`` the two tie: -4.8 +-
+6.7 over 80 seeds.
 
 On both cores with two devices (``--only ppo --seeds 3 --cores 0 --devices 2``),
 evorl_pop ran 142,738 steps/s against brax's 84,452 (1.69); with one device,
@@ -88,6 +91,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-epochs", type=int, default=4)
     p.add_argument("--ppo-advantages", default="iteration", help="iteration or minibatch")
     p.add_argument("--ppo-obs-norm-update", default="before", help="before (brax's) or after")
+    p.add_argument("--ppo-policy-init-scale", type=float, default=0.01,
+                   help="the policy's initial output weights (evorl_pop's default 0.01; "
+                        "brax's: 1.0)")  # fmt: skip
     p.add_argument("--sac-steps", type=int, default=16_000)
     p.add_argument("--sac-envs", type=int, default=16)
     p.add_argument("--sac-updates", type=int, default=8, help="updates per step of the envs")
@@ -216,7 +222,8 @@ def ours_ppo(seed):
         num_envs=ARGS.num_envs, unroll_length=ARGS.unroll_length,
         num_minibatches=ARGS.num_minibatches, num_epochs=ARGS.num_epochs,
         max_grad_norm=None, normalize_observations=True, advantages=ARGS.ppo_advantages,
-        obs_norm_update=ARGS.ppo_obs_norm_update, **s,
+        obs_norm_update=ARGS.ppo_obs_norm_update,
+        policy_init_scale=ARGS.ppo_policy_init_scale, **s,
     )  # fmt: skip
     algo = ppo.PPO(config, make_mesh(ARGS.devices))
     per_chunk = ARGS.ppo_iterations // ARGS.chunks
@@ -457,7 +464,8 @@ def main():
              f"{ARGS.devices} device(s)")  # fmt: skip
     if "ppo" in ARGS.only:
         where += (f", PPO advantages={ARGS.ppo_advantages!r}, "
-                  f"obs_norm_update={ARGS.ppo_obs_norm_update!r}")  # fmt: skip
+                  f"obs_norm_update={ARGS.ppo_obs_norm_update!r}, "
+                  f"policy_init_scale={ARGS.ppo_policy_init_scale}")  # fmt: skip
     print(f"\n{where}, {budget}; medians over seeds")
     print(f"{'learner':8s} {'impl':10s} {'steps/CPU s':>12s} {'steps/s':>10s} {'return':>18s}")
     for name, impl, cpu, wall, mean, std in rows:

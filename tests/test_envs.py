@@ -177,6 +177,26 @@ def test_conv3x3_is_flax_conv(padding, method):
         _ProjectCNN((2,), padding, "fft").init(jax.random.key(1), x[0])
 
 
+def test_mlp_initialises_as_flax_dense_layers():
+    """``MLP``'s layers start as flax's ``nn.Dense`` defaults (LeCun normal, zero
+    bias), its output layer times ``out_scale``: checkpoints of ES policies and
+    learners written before the option stay what they were."""
+
+    class Dense2(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            hidden = jnp.tanh(nn.Dense(8)(x))
+            return nn.Dense(3)(hidden)
+
+    key, x = jax.random.key(2), jnp.ones(5)
+    ref = Dense2().init(key, x)
+    jax.tree.map(np.testing.assert_array_equal, MLP((8,), 3).init(key, x), ref)
+    scaled, ref = MLP((8,), 3, out_scale=0.01).init(key, x)["params"], ref["params"]
+    np.testing.assert_array_equal(scaled["Dense_0"]["kernel"], ref["Dense_0"]["kernel"])
+    out = scaled["Dense_1"]["kernel"]
+    np.testing.assert_allclose(out, 0.01 * ref["Dense_1"]["kernel"], rtol=1e-6)
+
+
 def test_cnn_initialises_and_computes_as_with_flax_conv():
     """The policy CNN's parameters, and so its checkpoints, are those it had with ``nn.Conv``."""
     image = jax.random.uniform(jax.random.key(0), (7, 10, 10, 4))

@@ -204,12 +204,20 @@ class Segments:
     bootstrap_obs: jax.Array  # the observations after the unroll
 
 
-def torso(spec: EnvSpec, hidden_sizes: Sequence[int], out_dim: int, activation: str, kind: str):
+def torso(
+    spec: EnvSpec,
+    hidden_sizes: Sequence[int],
+    out_dim: int,
+    activation: str,
+    kind: str,
+    out_scale: float = 1.0,
+):
     """The project's CNN for images (``kind='cnn'``, or ``'auto'`` and rank-3 observations),
-    else its MLP on the flattened observation."""
+    else its MLP on the flattened observation; ``out_scale`` scales the output layer's
+    initial weights."""
     if kind == "cnn" or (kind == "auto" and len(spec.obs_shape) == 3):
-        return CNN(tuple(hidden_sizes), out_dim, activation)
-    return MLP(tuple(hidden_sizes), out_dim, activation, len(spec.obs_shape))
+        return CNN(tuple(hidden_sizes), out_dim, activation, out_scale=out_scale)
+    return MLP(tuple(hidden_sizes), out_dim, activation, len(spec.obs_shape), out_scale)
 
 
 class PPOLearner:
@@ -227,6 +235,11 @@ class PPOLearner:
       num_minibatches: minibatches per epoch.
       num_epochs: passes over the batch per update.
       reward_scaling: rewards are multiplied by it before the advantages.
+      policy_init_scale: the policy's output layer starts with weights this times
+        the usual: a small one starts every state at nearly the same action
+        distribution (uniform logits; a tanh-Gaussian centred in the action box, its
+        scale ``softplus(0)``), which the first gradients then shape (Andrychowicz
+        et al. 2021, "What Matters for On-Policy Deep Actor-Critic Methods").
     """
 
     def __init__(
@@ -242,11 +255,14 @@ class PPOLearner:
         num_minibatches: int = 4,
         num_epochs: int = 4,
         reward_scaling: float = 1.0,
+        policy_init_scale: float = 0.01,
     ):
         self.spec = spec
         self.distribution = distributions.for_spec(spec)
         size = self.distribution.param_size
-        self.policy_net = torso(spec, policy_hidden_sizes, size, activation, network)
+        self.policy_net = torso(
+            spec, policy_hidden_sizes, size, activation, network, policy_init_scale
+        )
         self.value_net = torso(spec, value_hidden_sizes, 1, activation, network)
         self.vf_coefficient = vf_coefficient
         self.max_grad_norm = max_grad_norm

@@ -186,12 +186,15 @@ class MLP(nn.Module):
     Attributes:
       obs_rank: rank of one input; its axes are flattened (leading axes are
         batch axes), so a 10x5 grid or a scalar index is a vector here.
+      out_scale: the output layer's initial weights are this times LeCun-normal's
+        (every layer's default); a small one starts every input near the same output.
     """
 
     hidden_sizes: Sequence[int]
     out_dim: int
     activation: str = "tanh"
     obs_rank: int = 1
+    out_scale: float = 1.0
 
     @nn.compact
     def __call__(self, x):
@@ -199,7 +202,8 @@ class MLP(nn.Module):
         x = jnp.reshape(x, (*x.shape[: x.ndim - self.obs_rank], -1)).astype(jnp.float32)
         for size in self.hidden_sizes:
             x = act(nn.Dense(size)(x))
-        return nn.Dense(self.out_dim)(x)
+        init = nn.initializers.variance_scaling(self.out_scale**2, "fan_in", "truncated_normal")
+        return nn.Dense(self.out_dim, kernel_init=init)(x)
 
 
 #: How :class:`Conv3x3` computes: ``'patches'`` (a matrix product of the image's 3x3
@@ -260,7 +264,8 @@ class CNN(nn.Module):
     """The MinAtar torso (Young & Tian 2019): 3x3 convolutions, then an MLP.
 
     Takes ``(..., height, width, channels)`` images; leading axes are batch axes.
-    ``conv`` is how the convolutions compute (:data:`CONV_METHODS`).
+    ``conv`` is how the convolutions compute (:data:`CONV_METHODS`); ``out_scale``
+    scales the output layer's initial weights (:class:`MLP`).
     """
 
     hidden_sizes: Sequence[int]
@@ -268,6 +273,7 @@ class CNN(nn.Module):
     activation: str = "relu"
     channels: Sequence[int] = (16,)
     conv: str = "auto"
+    out_scale: float = 1.0
 
     @nn.compact
     def __call__(self, x):
@@ -276,7 +282,7 @@ class CNN(nn.Module):
         x = jnp.reshape(x, (-1, *x.shape[-3:])).astype(jnp.float32)
         for i, width in enumerate(self.channels):
             x = act(Conv3x3(width, "VALID", self.conv, name=f"Conv_{i}")(x))
-        x = MLP(self.hidden_sizes, self.out_dim, self.activation, obs_rank=3)(x)
+        x = MLP(self.hidden_sizes, self.out_dim, self.activation, 3, self.out_scale)(x)
         return jnp.reshape(x, (*batch, self.out_dim))
 
 
