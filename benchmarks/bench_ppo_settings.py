@@ -34,7 +34,8 @@ from evorl_pop.run.shell import train_loop
 
 
 def run(task, setting, seeds, generations):
-    """Per seed: ``(curve, last 5, final)`` of PPO's default config with ``setting``."""
+    """Per seed: ``(curve, last 5, final)`` of PPO's default config with ``setting``
+    (each seed's line printed as it ends)."""
     algo = PPO(Config(task=task, **setting), make_mesh(1))
     out = []
     for seed in seeds:
@@ -44,6 +45,9 @@ def run(task, setting, seeds, generations):
         returns = np.asarray(history["fitness_mean"])
         final = float(algo.evaluate(state, jax.random.key(20_000 + seed), 10))
         out.append((np.nanmean(returns), np.nanmean(returns[-5:]), final))
+        ((name, value),) = setting.items()
+        print(f"seed {seed} {task} {name}={value}: curve {out[-1][0]:.1f}, last 5 "
+              f"{out[-1][1]:.1f}, final {final:.1f}", flush=True)  # fmt: skip
     return np.asarray(out)
 
 

@@ -10,7 +10,7 @@ takes under a minute on a 2-core CPU (the CNN convolves as a matrix product
 of 3x3 patches there: ``benchmarks/bench_conv.py``). Writes
 runs/examples/ppo-breakout and figures/ppo_breakout.png: the best, mean and
 worst return of the environments' last episodes (a random policy scores about
-1; this policy about 6 by 400k steps, where it settles).
+1; this policy 5-6 by 400k steps, where it settles).
 """
 
 from evorl_pop.run import script
