@@ -277,9 +277,8 @@ def _cmd_train(args) -> int:
                 sys.stdout.write(config_lib.dumps(config))
                 return 0
             run_dir = args.out or store.default_run_dir(config, args.runs_root)
-            if not args.quiet and store.is_writer():
-                print(f"run folder: {run_dir}", file=sys.stderr)
-            result = shell.train(config, run_dir, overwrite=args.overwrite, **show)
+            said = () if args.quiet else (_SayRunFolder(),)
+            result = shell.train(config, run_dir, overwrite=args.overwrite, recorders=said, **show)
     finally:
         _exit_with_the_others()
     if not args.quiet and store.is_writer():
@@ -292,6 +291,15 @@ def _cmd_train(args) -> int:
 
 
 _cmd_resume = _cmd_train
+
+
+class _SayRunFolder(store.Recorder):
+    """Names the run folder once the run is built and holds it (a config value that
+    cannot run stops before, and names no folder)."""
+
+    def start(self, run: store.Run, state) -> None:
+        if run.writer:
+            print(f"run folder: {run.run_dir}", file=sys.stderr)
 
 
 def _launch_run_folder(command: list[str]) -> str | None:

@@ -127,6 +127,20 @@ def _flat(tree):
     return {k: np.asarray(v) for k, v in flatten_dict(tree, sep="/").items() if v is not None}
 
 
+def test_train_names_its_run_folder_once_the_run_is_built(tmp_path, capsys):
+    """A value only the built run can check (PPO's num_envs) stops the command before
+    it names a folder; a run that starts names its folder, once."""
+    bad = tmp_path / "bad"
+    assert cli.main(["train", "-a", "ppo", "--set", "num_envs=0", "--out", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "num_envs must be at least 1, got 0" in err
+    assert "run folder" not in err and not bad.exists()
+    good = tmp_path / "good"
+    job = ["--strategy", "CMA_ES", "--task", "sphere", "--pop", "8", "--set", "num_dims=3"]
+    assert cli.main(["train", *job, "--generations", "2", "--no-figure", "--out", str(good)]) == 0
+    assert capsys.readouterr().err.count(f"run folder: {good}") == 1
+
+
 # --- in-process commands (the 8 simulated devices of conftest) -------------------------
 
 SMALL = [
