@@ -22,21 +22,28 @@ measured so far:
 """
 
 import argparse
-import dataclasses
 
 import jax
 import numpy as np
-import yaml
 
 from evorl_pop import make_mesh
-from evorl_pop.algorithms.ppo import PPO, Config
+from evorl_pop.algorithms.ppo import PPO
+from evorl_pop.base import ConfigError
+from evorl_pop.run import config as config_lib
 from evorl_pop.run.shell import train_loop
 
 
-def run(task, setting, seeds, generations):
-    """Per seed: ``(curve, last 5, final)`` of PPO's default config with ``setting``
-    (each seed's line printed as it ends)."""
-    algo = PPO(Config(task=task, **setting), make_mesh(1))
+def ppo_config(task, name, value):
+    """PPO's default config on ``task`` with ``name=value``, read and checked as the
+    command line's ``--set`` is (a misspelt name or a wrong value says what to change)."""
+    overrides = ["algorithm=ppo", f"task={task}", f"{name}={value}"]
+    return config_lib.resolve_config([], overrides).algorithm_config
+
+
+def run(config, label, seeds, generations):
+    """Per seed: ``(curve, last 5, final)`` of ``config`` (each seed's line, headed by
+    ``label``, printed as it ends)."""
+    algo = PPO(config, make_mesh(1))
     out = []
     for seed in seeds:
         state, history = train_loop(algo, algo.init(jax.random.key(seed)),
@@ -45,23 +52,9 @@ def run(task, setting, seeds, generations):
         returns = np.asarray(history["fitness_mean"])
         final = float(algo.evaluate(state, jax.random.key(20_000 + seed), 10))
         out.append((np.nanmean(returns), np.nanmean(returns[-5:]), final))
-        ((name, value),) = setting.items()
-        print(f"seed {seed} {task} {name}={value}: curve {out[-1][0]:.1f}, last 5 "
+        print(f"seed {seed} {config.task} {label}: curve {out[-1][0]:.1f}, last 5 "
               f"{out[-1][1]:.1f}, final {final:.1f}", flush=True)  # fmt: skip
     return np.asarray(out)
-
-
-def parse_setting(parser, text):
-    """``NAME=A,B`` as ``(name, [a, b])``, the values parsed as YAML (``1.0``, ``after``)."""
-    name, _, values = text.partition("=")
-    fields = {f.name for f in dataclasses.fields(Config)}
-    if name not in fields:
-        parser.error(f"--setting: {name!r} is not a field of PPO's config; one of "
-                     f"{', '.join(sorted(fields))}")  # fmt: skip
-    values = [yaml.safe_load(v) for v in values.split(",")]
-    if len(values) != 2:
-        parser.error(f"--setting: give NAME=A,B, two values; got {text!r}")
-    return name, values
 
 
 def main():
@@ -72,7 +65,16 @@ def main():
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--generations", type=int, default=25)
     args = parser.parse_args()
-    name, (a, b) = parse_setting(parser, args.setting)
+    name, _, values = args.setting.partition("=")
+    values = values.split(",")
+    if len(values) != 2:
+        parser.error(f"--setting: give NAME=A,B, two values; got {args.setting!r}")
+    tasks = args.tasks.split(",")
+    try:  # every config checked before the first run
+        configs = {(t, v): ppo_config(t, name, v) for t in tasks for v in values}
+    except ConfigError as err:
+        parser.error(f"--setting {args.setting}: {err}")
+    a, b = values
     seeds = range(args.first_seed, args.first_seed + args.seeds)
 
     where = f"jax {jax.__version__}, {jax.devices()[0].platform}, one device"
@@ -80,8 +82,9 @@ def main():
           f"seeds {seeds.start}-{seeds.stop - 1}")  # fmt: skip
     print(f"| task | measure | {name}={a} | {name}={b} | difference |")
     print("|---|---|---|---|---|")
-    for task in args.tasks.split(","):
-        first, second = (run(task, {name: v}, seeds, args.generations) for v in (a, b))
+    for task in tasks:
+        first, second = (run(configs[task, v], f"{name}={v}", seeds, args.generations)
+                         for v in values)  # fmt: skip
         diff = second - first
         error = diff.std(0, ddof=1) / np.sqrt(len(seeds))
         for i, measure in enumerate(("curve", "last 5", "final")):
