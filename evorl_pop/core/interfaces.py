@@ -1,0 +1,238 @@
+"""The interfaces a plug-in meets: each method documented once, here.
+
+The engine, the run shell and the algorithms call only what these declare::
+
+    Strategy    init / ask / tell            (evosax's; any evosax strategy is one)
+    Task        evaluate a flat candidate    (black-box functions, environments)
+    Learner     step / observe beside a population (CEM-RL's, ERL's RL part)
+    Algorithm   init(key) -> state, step(state, key) -> (state, metrics)
+    Recorder    what a run records (metrics.csv, TensorBoard, W&B, yours)
+    Env         reset / step in JAX; EnvFamily builds them by name
+
+A capability that only some implementations have is a protocol of its own
+(``BatchTask``, ``EpisodicTask``, ...), checked with ``isinstance`` where it
+is used; a class meets a protocol by having its members, no base class
+needed. Register a plug-in with :mod:`evorl_pop.registry`.
+
+Key streams: the engine derives the keys of a generation's parts from its
+key with the named constants below, so a plug-in that draws keys of its own
+never collides with them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+
+from evorl_pop.base import EnvSpec, EvalInfo
+
+#: ``fold_in(key, LEARNER_STREAM)``: the learner's key, at ``init`` and in every generation.
+LEARNER_STREAM = 4
+
+
+# --- strategies ------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Strategy(Protocol):
+    """An evolution strategy with evosax's interface, on flat ``num_dims`` vectors.
+
+    Every evosax strategy is one, and so are the CEM and GA of the hybrids.
+    evosax minimises: ``fitness`` is lower-is-better (the engine converts a
+    task's scores once, :func:`~evorl_pop.core.engine.to_minimization`).
+    """
+
+    population_size: int
+    num_dims: int
+
+    @property
+    def default_params(self) -> Any:
+        """The strategy's hyperparameters (a pytree), unless the caller gives its own."""
+
+    def init(self, key: jax.Array, solution_or_population: jax.Array, *args) -> Any:
+        """The first state: ``init(key, solution, params)`` for a distribution-based
+        strategy, ``init(key, population, fitness, params)`` for a population-based one."""
+
+    def ask(self, key: jax.Array, state: Any, params: Any) -> tuple[jax.Array, Any]:
+        """``(population, state)``: ``population_size`` candidates, shape ``(pop, num_dims)``."""
+
+    def tell(
+        self, key: jax.Array, population: jax.Array, fitness: jax.Array, state: Any, params: Any
+    ) -> tuple[Any, Any]:
+        """``(state, metrics)`` after the population's ``fitness`` (minimised, finite)."""
+
+    def get_mean(self, state: Any) -> jax.Array:
+        """The distribution's mean: the solution a generation reports."""
+
+
+@runtime_checkable
+class SeedsPopulation(Protocol):
+    """A population-based strategy that draws its own initial population."""
+
+    def initial_population(self, key: jax.Array) -> jax.Array:
+        """``(pop, num_dims)`` candidates to evaluate before ``init``."""
+
+
+@runtime_checkable
+class ReadsDirections(Protocol):
+    """A Gaussian strategy whose noise rows can be read one by one (a noise table)."""
+
+    def directions(self, key: jax.Array, rows: jax.Array) -> jax.Array:
+        """The standard-normal directions ``rows`` of the generation whose ask key is ``key``."""
+
+
+@runtime_checkable
+class HasSearchWidth(Protocol):
+    """A strategy state with a search width, reported as the ``sigma`` metric (its mean)."""
+
+    std: jax.Array
+
+
+# --- tasks -------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What a flat candidate vector is scored on.
+
+    Scores stay in the task's own units (``maximize`` says which way is better).
+    """
+
+    name: str
+    num_dims: int
+    maximize: bool
+
+    def init_solution(self, key: jax.Array) -> jax.Array:
+        """The starting point of the search, shape ``(num_dims,)``."""
+
+    def init_state(self) -> Any:
+        """State every candidate shares (a running observation normaliser, a BBOB instance)."""
+
+    def update_state(self, task_state: Any, info: EvalInfo) -> Any:
+        """``task_state`` after a generation whose :class:`~evorl_pop.base.EvalInfo`,
+        summed over the whole population, is ``info``."""
+
+    def evaluate(self, solution: jax.Array, key: jax.Array, task_state: Any, **kwargs) -> Any:
+        """``(score, info)`` of one candidate; with ``collect=True`` (tasks with episodes,
+        for a learner that collects) ``(score, info, episodes)``."""
+
+
+@runtime_checkable
+class BatchTask(Protocol):
+    """A task that evaluates a device's whole slice at once, faster than a vmap of
+    :meth:`Task.evaluate` (its episodes are traced once)."""
+
+    def evaluate_batch(self, solutions: jax.Array, keys: jax.Array, task_state: Any) -> Any:
+        """``(scores, info)`` of a slice of candidates with their keys."""
+
+
+@runtime_checkable
+class EpisodicTask(Protocol):
+    """A task whose solution can be evaluated over several episodes (``eval_return``)."""
+
+    def evaluate_return(
+        self, solution: jax.Array, key: jax.Array, task_state: Any, episodes: int
+    ) -> jax.Array:
+        """The mean return of ``solution`` over ``episodes`` noise-free episodes."""
+
+
+@runtime_checkable
+class KnowsOptimum(Protocol):
+    """A benchmark function with a known optimal value (``f_minus_fopt``)."""
+
+    def optimal_value(self, task_state: Any) -> jax.Array:
+        """The optimal value, in the task's units."""
+
+
+# --- learners beside a population ------------------------------------------------------
+
+
+@runtime_checkable
+class Learner(Protocol):
+    """A learner that takes a step between ask and evaluate and observes each evaluation
+    (CEM-RL's and ERL's RL part). Its ``env_steps`` and ``episodes`` metrics add to
+    the evaluation's."""
+
+    #: Whether the population's evaluations return their episodes' transitions.
+    collect: bool
+
+    def init(self, key: jax.Array) -> Any:
+        """The learner's first state (networks, optimiser states, replay buffer)."""
+
+    def step(
+        self, key: jax.Array, learner_state: Any, population: jax.Array, strategy_state: Any
+    ) -> tuple[jax.Array, Any, dict]:
+        """``(population, learner_state, metrics)``: the asked population, changed as the
+        learner sees fit (trained actors, an injected member), before it is evaluated."""
+
+    def observe(self, learner_state: Any, summary: Any, episodes: Any) -> tuple[Any, dict]:
+        """``(learner_state, metrics)`` after the evaluation (its
+        :class:`~evorl_pop.core.engine.Summary` and, when collecting, its episodes)."""
+
+
+@runtime_checkable
+class ReportsSolution(Protocol):
+    """A learner whose own solution ``eval_return`` reports, instead of the strategy's."""
+
+    def eval_solution(self, learner_state: Any) -> jax.Array:
+        """The flat solution to evaluate."""
+
+
+# --- algorithms and what records them ----------------------------------------------------
+
+
+@runtime_checkable
+class Algorithm(Protocol):
+    """What the run shell runs: built as ``cls(config, mesh=None)`` from a registered config."""
+
+    def init(self, key: jax.Array) -> Any:
+        """The first state: a pytree with an integer ``generation`` field."""
+
+    def step(self, state: Any, key: jax.Array) -> tuple[Any, dict]:
+        """One generation, pure and jittable: ``(state, metrics)``, metrics scalars."""
+
+
+@runtime_checkable
+class Recorder(Protocol):
+    """What a run records, one method per moment (:class:`evorl_pop.run.store.Recorder`
+    implements each as doing nothing: subclass it and override the ones you need).
+
+    The run shell calls, on every process (only ``run.writer`` should write
+    files): ``start`` once, ``row`` for each generation, ``flush`` after each
+    chunk, ``image`` for each figure and ``finish`` at the end, in that order.
+    """
+
+    def start(self, run: Any, state: Any) -> None:
+        """The run starts (``run.generation``: 0) or resumes (from a checkpoint) at ``state``."""
+
+    def row(self, row: dict[str, Any]) -> None:
+        """One generation's metrics: the columns of ``metrics.csv`` (NumPy scalars)."""
+
+    def flush(self, run: Any, state: Any) -> None:
+        """A chunk's rows are all in; ``state`` is the run's state after it."""
+
+    def image(self, name: str, path: Path) -> None:
+        """A figure the run drew (``fitness`` at the end)."""
+
+    def finish(self, run: Any, completed: bool) -> None:
+        """The run ends: ``completed``, or interrupted (Ctrl-C, a signal, an error)."""
+
+
+# --- environments ------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Env(Protocol):
+    """An environment stepped in JAX, one episode at a time (vmapped for many)."""
+
+    spec: EnvSpec
+
+    def reset(self, key: jax.Array) -> tuple[jax.Array, Any]:
+        """``(observation, state)`` of a new episode."""
+
+    def step(
+        self, key: jax.Array, state: Any, action: jax.Array
+    ) -> tuple[jax.Array, Any, jax.Array, jax.Array]:
+        """``(observation, state, reward, done)`` after ``action``; the caller resets."""

@@ -1,0 +1,306 @@
+"""Plug-ins: algorithms, strategies, learners and environment families by name.
+
+Every plug-in registers itself in the file that defines it, at import::
+
+    # my_package/my_algorithm.py
+    from evorl_pop import registry
+
+    registry.register_algorithm("my_es", config=Config, algorithm=MyES,
+                                description="my ES on a sharded population")
+
+A registry finds an entry in three places, in this order, and only as far as
+it must: the project's own plug-in modules (:data:`BUILTIN`, imported lazily:
+a module whose last name part is the one asked for first, so ``-a cemrl``
+imports ``evorl_pop.algorithms.cemrl`` and nothing else), the modules of the
+``evorl_pop.plugins`` entry point group (a user's installed package), and the
+modules named with :func:`load_plugins` (``evorl-pop --plugin MODULE``, a
+config's ``plugins:``). A built-in module that needs a third-party package
+that is not installed makes its entries unavailable, with the package named;
+an import error inside the project's own code is raised.
+
+This module imports nothing of evorl_pop but :mod:`evorl_pop.base`, so any
+layer may register into it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, TypeVar
+
+from evorl_pop.base import did_you_mean
+
+T = TypeVar("T")
+
+#: The entry point group whose modules are plug-ins (``pyproject.toml``:
+#: ``[project.entry-points."evorl_pop.plugins"]`` ``my_plugin = "my_package.my_module"``).
+ENTRY_POINT_GROUP = "evorl_pop.plugins"
+
+#: The project's own plug-in modules, by kind: adding one is one line here.
+BUILTIN: dict[str, tuple[str, ...]] = {
+    "algorithm": (
+        "evorl_pop.algorithms.es",
+        "evorl_pop.algorithms.cemrl",
+        "evorl_pop.algorithms.erl",
+        "evorl_pop.algorithms.pbt",
+        "evorl_pop.algorithms.ppo",
+        "evorl_pop.algorithms.sac",
+    ),
+    "strategy": ("evorl_pop.algorithms.es", "evorl_pop.algorithms.cma_es"),
+    "learner": (),
+    "environment family": (),
+}
+
+
+def _third_party(err: ImportError) -> bool:
+    """Whether an import failed for a missing package outside this project."""
+    return (
+        isinstance(err, ModuleNotFoundError)
+        and bool(err.name)
+        and err.name.split(".")[0] not in ("evorl_pop", "algorithms")
+    )
+
+
+class PluginError(ValueError):
+    """A plug-in module that cannot be imported, or an unknown or unavailable name."""
+
+
+_loaded_entry_points = False
+#: Modules imported as plug-ins, in order (``--plugin``, configs, entry points).
+_plugin_modules: list[str] = []
+#: Built-in modules that could not be imported: module name to the missing package.
+_unavailable: dict[str, str] = {}
+
+
+def import_plugin(module: str) -> Any:
+    """Imports a plug-in module (it registers what it defines).
+
+    Raises:
+      PluginError: the module is not found, naming it; errors raised inside
+        the module itself propagate unchanged.
+    """
+    try:
+        imported = importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name and module.startswith(err.name):
+            raise PluginError(
+                f"Cannot import the plug-in module {module!r}: no module named {err.name!r}. "
+                "Name an importable module (installed, or on PYTHONPATH)."
+            ) from None
+        raise
+    if module not in _plugin_modules:
+        _plugin_modules.append(module)
+    return imported
+
+
+def load_plugins(modules: Iterable[str]) -> None:
+    """Imports each plug-in module of ``modules`` (once; see :func:`import_plugin`)."""
+    for module in modules:
+        import_plugin(module)
+
+
+def loaded_plugins() -> tuple[str, ...]:
+    """The plug-in modules imported so far, in order."""
+    return tuple(_plugin_modules)
+
+
+def entry_point_modules() -> tuple[str, ...]:
+    """The modules of the installed ``evorl_pop.plugins`` entry points."""
+    return tuple(
+        ep.value.split(":")[0] for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    )
+
+
+def load_entry_points() -> None:
+    """Imports the modules of the ``evorl_pop.plugins`` entry points (once)."""
+    global _loaded_entry_points
+    if _loaded_entry_points:
+        return
+    _loaded_entry_points = True
+    load_plugins(entry_point_modules())
+
+
+def _import_builtin(module: str) -> None:
+    if module in _unavailable:
+        return
+    try:
+        importlib.import_module(module)
+    except ImportError as err:
+        if not _third_party(err):
+            raise
+        _unavailable[module] = err.name
+
+
+def unavailable(kind: str) -> dict[str, str]:
+    """Built-in modules of ``kind`` that need a package that is not installed: module to package."""
+    for module in BUILTIN[kind]:
+        _import_builtin(module)
+    return {m: p for m, p in _unavailable.items() if m in BUILTIN[kind]}
+
+
+class Registry(Generic[T]):
+    """Entries of one kind by name, filled by the modules that define them.
+
+    Args:
+      kind: what the entries are, for messages (``'algorithm'``, ``'strategy'``, ...).
+      builtin: the project's own modules that register entries of this kind.
+    """
+
+    def __init__(self, kind: str, builtin: tuple[str, ...] = ()):
+        self.kind = kind
+        self.builtin = builtin
+        self._entries: dict[str, T] = {}
+        self._complete = False
+
+    def register(self, name: str, entry: T) -> T:
+        """Registers ``entry`` under ``name`` (replacing an earlier one) and returns it."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"A {self.kind} is registered under a non-empty name, got {name!r}.")
+        self._entries[name] = entry
+        return entry
+
+    def _load_all(self) -> None:
+        if self._complete:
+            return
+        for module in self.builtin:
+            _import_builtin(module)
+        load_entry_points()
+        self._complete = True
+
+    def find(self, name: str) -> T | None:
+        """The entry ``name``, importing only as many plug-in modules as it takes; ``None``
+        when no module registers it."""
+        if name in self._entries:
+            return self._entries[name]
+        for module in self.builtin:  # by convention first: evorl_pop.algorithms.<name>
+            if module.rsplit(".", 1)[-1] == name:
+                _import_builtin(module)
+                if name in self._entries:
+                    return self._entries[name]
+        self._load_all()
+        return self._entries.get(name)
+
+    def get(self, name: str) -> T:
+        """The entry ``name``.
+
+        Raises:
+          PluginError: an unknown name (with the nearest ones and every valid
+            name), or one whose module needs a package that is not installed.
+        """
+        entry = self.find(name)
+        if entry is not None:
+            return entry
+        for module, package in _unavailable.items():
+            if module in self.builtin and module.rsplit(".", 1)[-1] == name:
+                raise PluginError(
+                    f"The {self.kind} {name!r} needs the package {package!r}, which is not "
+                    f"installed: pip install {package}"
+                )
+        names = self.names()
+        hint = did_you_mean(name, names, 3)
+        raise PluginError(
+            f"Unknown {self.kind} {name!r}.{hint} Available: {', '.join(names)}. A plug-in "
+            f"of your own: --plugin MODULE (or an {ENTRY_POINT_GROUP!r} entry point)."
+        )
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.find(name) is not None
+
+    def names(self) -> list[str]:
+        """Every registered name, sorted (every plug-in module imported first)."""
+        self._load_all()
+        return sorted(self._entries)
+
+    def items(self) -> list[tuple[str, T]]:
+        """``(name, entry)`` of every registered entry, sorted by name."""
+        return [(name, self._entries[name]) for name in self.names()]
+
+
+# --- algorithms ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmSpec:
+    """One algorithm: what the run shell builds from a config.
+
+    Attributes:
+      name: the registry name (``'es'``, ``'cemrl'``, ...).
+      config_class: its frozen config dataclass, with ``validate()`` raising
+        a :class:`~evorl_pop.base.ConfigError` for settings that cannot run.
+      algorithm_class: ``algorithm_class(config, mesh=None)``, an
+        :class:`~evorl_pop.core.interfaces.Algorithm`.
+      description: one line for ``evorl-pop list``.
+      module: the module that registered it.
+    """
+
+    name: str
+    config_class: type
+    algorithm_class: type
+    description: str = ""
+    module: str = ""
+
+
+ALGORITHMS: Registry[AlgorithmSpec] = Registry("algorithm", BUILTIN["algorithm"])
+
+
+def register_algorithm(
+    name: str, config: type, algorithm: type, description: str = ""
+) -> AlgorithmSpec:
+    """Registers an algorithm: ``algorithm(config_instance, mesh=None)`` builds it.
+
+    Args:
+      name: the name on the command line (``-a NAME``) and in config files.
+      config: its frozen config dataclass (with ``validate()``).
+      algorithm: its class (see :class:`~evorl_pop.core.interfaces.Algorithm`).
+      description: one line for ``evorl-pop list``.
+
+    Returns:
+      The new :class:`AlgorithmSpec`.
+    """
+    spec = AlgorithmSpec(name, config, algorithm, description, algorithm.__module__)
+    return ALGORITHMS.register(name, spec)
+
+
+# --- strategies ------------------------------------------------------------------------
+
+#: Strategy classes with evosax's interface, by name (``ESConfig.strategy``).
+STRATEGIES: Registry[type] = Registry("strategy", BUILTIN["strategy"])
+
+
+def register_strategy(name: str, cls: type) -> type:
+    """Registers a strategy class with evosax's constructor and interface
+    (:class:`~evorl_pop.core.interfaces.Strategy`) under ``name``; returns ``cls``."""
+    return STRATEGIES.register(name, cls)
+
+
+def strategy(name: str | None = None) -> Callable[[type], type]:
+    """Class decorator: registers the strategy under ``name`` (default: the class's name)."""
+
+    def decorate(cls: type) -> type:
+        return register_strategy(name or cls.__name__, cls)
+
+    return decorate
+
+
+# --- learners ----------------------------------------------------------------------------
+
+#: Learners by name (``learner:`` of CEM-RL, ERL and PBT; see :func:`register_learner`).
+LEARNERS: Registry[Any] = Registry("learner", BUILTIN["learner"])
+
+
+def register_learner(name: str, spec: Any) -> Any:
+    """Registers a learner's spec under ``name``; returns it."""
+    return LEARNERS.register(name, spec)
+
+
+# --- environment families ------------------------------------------------------------------
+
+#: Environment families by name (gymnax, brax, Playground, Gymnasium, ...).
+ENV_FAMILIES: Registry[Any] = Registry("environment family", BUILTIN["environment family"])
+
+
+def register_env_family(name: str, family: Any) -> Any:
+    """Registers an environment family under ``name``; returns it."""
+    return ENV_FAMILIES.register(name, family)
