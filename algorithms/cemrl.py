@@ -37,6 +37,7 @@ from evosax.algorithms.distribution_based.base import Params as BaseParams
 from evosax.algorithms.distribution_based.base import State as BaseState
 from jax.sharding import Mesh
 
+from evorl_pop import registry
 from evorl_pop.base import ConfigError
 from evorl_pop.core.engine import Engine, make_mesh
 from evorl_pop.rl.hybrid import EvoRLConfig
@@ -196,3 +197,6 @@ class CEMRL(Engine):
         strategy = CEM(config.population_size, jnp.zeros(task.num_dims), config.num_elites, config)
         learner = CEMRLLearner(task, config, mesh)
         super().__init__(strategy, task, mesh, eval_episodes=config.eval_episodes, learner=learner)
+
+
+registry.register_algorithm("cemrl", Config, CEMRL, "CEM-RL: CEM + TD3 or SAC")

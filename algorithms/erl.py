@@ -38,6 +38,7 @@ from evosax.algorithms.population_based.base import State as BaseState
 from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh
 
+from evorl_pop import registry
 from evorl_pop.base import ConfigError
 from evorl_pop.core.engine import Engine, make_mesh
 from evorl_pop.rl.hybrid import EvoRLConfig
@@ -256,3 +257,6 @@ def _neuron_ids(params: Any) -> np.ndarray:
         ids[path] = np.broadcast_to(ids[layer] + np.arange(width), leaf.shape)
     tree = jax.tree_util.tree_map_with_path(lambda path, _: ids[path], params)
     return np.asarray(ravel_pytree(tree)[0]).astype(np.int32)
+
+
+registry.register_algorithm("erl", Config, ERL, "ERL: a GA population + a TD3 or SAC learner")

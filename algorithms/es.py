@@ -27,6 +27,7 @@ import optax
 from evosax.algorithms import Open_ES
 from evosax.core.fitness_shaping import weights_fitness_shaping_fn
 
+from evorl_pop import registry
 from evorl_pop.base import ConfigError, check_config, did_you_mean, float_dtype
 from evorl_pop.core.engine import Engine
 from evorl_pop.tasks import make_task
@@ -467,3 +468,8 @@ class ES(Engine):
             eval_episodes=config.eval_episodes,
             low_communication=config.low_communication,
         )
+
+
+registry.register_algorithm(
+    "es", ESConfig, ES, "any evosax evolution strategy on a black-box function or an environment"
+)

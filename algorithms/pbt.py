@@ -48,6 +48,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop import distributed as dist
+from evorl_pop import registry
 from evorl_pop.algorithms import ppo, sac
 from evorl_pop.algorithms.pbt_members import SEARCHABLE as LEARNER_SEARCHABLE
 from evorl_pop.algorithms.pbt_members import Member
@@ -513,3 +514,6 @@ class PBT:
             for j, name in enumerate(self.names):
                 metrics[f"member{i}_{name}"] = state.hyperparameters[i, j]
         return self._place(new_state), metrics
+
+
+registry.register_algorithm("pbt", Config, PBT, "PBT: a population of TD3, PPO or SAC learners")

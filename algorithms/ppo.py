@@ -38,6 +38,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from evorl_pop import distributed as dist
+from evorl_pop import registry
 from evorl_pop.base import ConfigError, check_config
 from evorl_pop.rl import data_parallel, replay, vec_env
 from evorl_pop.rl.ppo import Hyperparameters, Params, PPOLearner, Rollout, Samples, Segments
@@ -345,3 +346,6 @@ class PPO(data_parallel.DataParallel):
             num_episodes,
             episode_length=self.config.episode_length,
         ).episode_return
+
+
+registry.register_algorithm("ppo", Config, PPO, "PPO: clipped surrogate, GAE(lambda)")

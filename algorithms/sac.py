@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from evorl_pop import distributed as dist
+from evorl_pop import registry
 from evorl_pop.base import ConfigError, check_config
 from evorl_pop.rl import data_parallel, replay, vec_env
 from evorl_pop.rl.replay import ReplayBuffer
@@ -271,3 +272,6 @@ class SAC(data_parallel.DataParallel):
             self.env, self.learner.deterministic_policy, state.learner.actor.params, key,
             num_episodes, episode_length=self.config.episode_length,
         ).episode_return  # fmt: skip
+
+
+registry.register_algorithm("sac", Config, SAC, "SAC: soft actor-critic, twin critics")

@@ -16,7 +16,7 @@ import textwrap
 
 import jax
 
-from evorl_pop import tasks
+from evorl_pop import registry, tasks
 from evorl_pop.base import CheckpointError, ConfigError, RunError, __version__
 from evorl_pop.run import config as config_lib
 from evorl_pop.run import launcher, processes, restore, shell, store
@@ -364,9 +364,10 @@ def _cmd_render(args) -> int:
 def _cmd_list(args) -> int:
     print("algorithms:")
     for spec in config_lib.specs():
-        missing = spec.missing_package()
-        status = f"  (not installed: pip install {missing})" if missing else ""
-        print(f"  {spec.name:8s} {spec.description}{status}")
+        print(f"  {spec.name:8s} {spec.description}")
+    for module, package in registry.unavailable("algorithm").items():
+        name = module.rsplit(".", 1)[-1]
+        print(f"  {name:8s} (not installed: pip install {package})")
     from evorl_pop.algorithms.es import STRATEGIES  # imports evosax, which starts JAX
 
     for title, names in (

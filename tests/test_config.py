@@ -202,7 +202,7 @@ def test_registry_lists_es_and_names_unknowns():
     with pytest.raises(ValueError, match="Did you mean 'es'"):
         registry.get("ess")
     # every registered algorithm imports; its default config round-trips
-    for name in registry.names(available_only=False):
+    for name in registry.names():
         cls = registry.get(name).config_class
         assert dataclasses.is_dataclass(cls)
         cfg = RunConfig(algorithm=name)
@@ -237,17 +237,25 @@ def test_nested_config_from_a_file_keeps_the_algorithms_defaults(tmp_path):
 
 
 def test_registry_tells_a_missing_package_from_a_broken_module(tmp_path, monkeypatch):
+    from evorl_pop import registry as plugins
+
     (tmp_path / "algo_missing_dep.py").write_text("import package_that_is_not_installed_x\n")
     (tmp_path / "algo_broken.py").write_text("from evorl_pop.run.config import no_such_name\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    missing = registry.AlgorithmSpec("missing", "algo_missing_dep", "Config", "Algo")
-    assert not missing.available()
-    assert missing.missing_package() == "package_that_is_not_installed_x"
-    with pytest.raises(ValueError, match="not installed"):
-        missing.load()
-    broken = registry.AlgorithmSpec("broken", "algo_broken", "Config", "Algo")
+    kinds = {"algorithm": (*plugins.BUILTIN["algorithm"], "algo_missing_dep")}
+    monkeypatch.setattr(plugins, "BUILTIN", {**plugins.BUILTIN, **kinds})
+    algorithms = plugins.Registry("algorithm", kinds["algorithm"])
+    with pytest.raises(plugins.PluginError, match="package_that_is_not_installed_x.*not installed"):
+        algorithms.get("algo_missing_dep")
+    assert plugins.unavailable("algorithm") == {
+        "algo_missing_dep": "package_that_is_not_installed_x"
+    }
+    broken = plugins.Registry("algorithm", ("algo_broken",))
     with pytest.raises(ImportError, match="no_such_name"):
-        broken.available()
+        broken.get("algo_broken")
+    # a plug-in module named by the user that does not exist says so
+    with pytest.raises(ConfigError, match="no_such_plugin_module"):
+        config_lib.resolve_config([], ["plugins=[no_such_plugin_module]"])
 
 
 @pytest.mark.parametrize(

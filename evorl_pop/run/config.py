@@ -7,22 +7,19 @@ defaults, checks types and keys, and writes YAML; on top, a string is never
 taken for a number, keys renamed since are read with a note naming the new
 one, and impossible values are refused, all as :class:`ConfigError`.
 
-The registry maps an algorithm's name to its module, config class and
-algorithm class. Every algorithm follows one interface: a frozen dataclass
+Algorithms are plug-ins (:mod:`evorl_pop.registry`): each registers its
+config class and algorithm class in its own file. Every algorithm follows one
+interface (:class:`~evorl_pop.core.interfaces.Algorithm`): a frozen dataclass
 config with ``validate()``, and a class ``Algorithm(config, mesh=None)`` with
 ``init(key) -> state`` (a pytree with an integer ``generation`` field) and a
-pure ``step(state, key) -> (state, metrics)``. Entries are imported lazily,
-so listing names is cheap; an algorithm that needs an optional third-party
-package that is not installed is unavailable, while an import error inside
-the project's own code is raised. Adding an algorithm is one line::
-
-    register("cemrl", "evorl_pop.algorithms.cemrl", "Config", "CEMRL", "CEM-RL ...")
+pure ``step(state, key) -> (state, metrics)``. A config's ``plugins`` names
+the modules of a user's own plug-ins, imported before its algorithm is looked
+up, so a run folder resumes with them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 import sys
 import tomllib
@@ -36,6 +33,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from evorl_pop import registry
 from evorl_pop.base import ConfigError, did_you_mean, read_text, write_atomic
 
 
@@ -44,6 +42,9 @@ class RunConfig:
     """One run: which algorithm, how to run it, and the algorithm's config."""
 
     algorithm: str = "es"  # a registry name (`evorl-pop list`)
+    # modules of plug-ins to import first (evorl-pop --plugin MODULE): their algorithms,
+    # strategies, learners and environment families become names a config can use
+    plugins: tuple[str, ...] = ()
     seed: int = 0  # split into an init key and the run key generations fold their index into
     generations: int = 40  # in total
     chunk: int = 5  # generations per compiled lax.scan; metrics and checkpoints between chunks
@@ -58,6 +59,7 @@ class RunConfig:
     algorithm_config: Any = None  # the algorithm's frozen config dataclass (None: defaults)
 
     def __post_init__(self):
+        _load_plugins(self.plugins)
         if self.algorithm_config is None:
             object.__setattr__(self, "algorithm_config", _spec(self.algorithm).config_class())
 
@@ -79,11 +81,11 @@ _RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig))
 _WORDS = {int: "an integer", float: "a number", bool: "a boolean", str: "a string"}
 
 
-def _spec(name: str) -> AlgorithmSpec:
+def _load_plugins(modules) -> None:
     try:
-        return get(name)
-    except ValueError as err:
-        raise ConfigError(f"algorithm: {err}") from None
+        registry.load_plugins(modules or ())
+    except registry.PluginError as err:
+        raise ConfigError(f"plugins: {err}") from None
 
 
 def _flatten(data: Mapping, prefix: str = "") -> dict:
@@ -169,6 +171,7 @@ def from_dict(data: Mapping, check: bool = True) -> RunConfig:
     """
     data = _renamed(data)
     _check_scalars({k: v for k, v in data.items() if k != "algorithm_config"}, RunConfig)
+    _load_plugins(data.get("plugins"))
     algorithm = data.get("algorithm", "es")
     cls = _spec(algorithm).config_class
     if isinstance(data.get("algorithm_config"), Mapping):
@@ -328,163 +331,43 @@ def validate(config: RunConfig, algorithm: bool = True) -> None:
 
 # --- the algorithm registry ----------------------------------------------------------
 
+#: An algorithm's entry in the registry (:mod:`evorl_pop.registry`).
+AlgorithmSpec = registry.AlgorithmSpec
 
-@dataclasses.dataclass(frozen=True)
-class AlgorithmSpec:
-    """Where to find one algorithm.
 
-    Attributes:
-      name: the registry name (``'es'``, ``'cemrl'``, ...).
-      module: the module that defines it.
-      config: the name of its frozen config dataclass in ``module``.
-      algorithm: the name of its algorithm class in ``module``.
-      description: one line for ``evorl-pop list``.
+def _spec(name: str) -> AlgorithmSpec:
+    try:
+        return registry.ALGORITHMS.get(name)
+    except registry.PluginError as err:
+        raise ConfigError(f"algorithm: {err}") from None
 
-    Every config class has ``validate()``, raising a ConfigError for settings
-    that cannot run; the algorithm's constructor calls it.
+
+def names() -> list[str]:
+    """Every registered algorithm's name, sorted (every plug-in module imported)."""
+    return registry.ALGORITHMS.names()
+
+
+def specs() -> list[AlgorithmSpec]:
+    """Every registered algorithm, sorted by name."""
+    return [spec for _, spec in registry.ALGORITHMS.items()]
+
+
+def get(name: str) -> AlgorithmSpec:
+    """The spec of a registered algorithm.
+
+    Raises:
+      PluginError: an unknown name (with the nearest valid one), or one whose
+        module needs a package that is not installed.
     """
-
-    name: str
-    module: str
-    config: str
-    algorithm: str
-    description: str = ""
-
-    def load(self):
-        """Imports the module.
-
-        Returns:
-          The imported module.
-
-        Raises:
-          ValueError: a third-party package the module needs is not installed.
-          ImportError: the project's own code fails to import (a bug, not a missing package).
-        """
-        try:
-            return importlib.import_module(self.module)
-        except ImportError as err:
-            if not _third_party(err):
-                raise
-            raise ValueError(
-                f"Algorithm {self.name!r} needs the package {err.name!r}, which is not "
-                f"installed: pip install {err.name}"
-            ) from err
-
-    def missing_package(self) -> str | None:
-        """The not-installed third-party package that makes the algorithm unavailable, if any."""
-        try:
-            self.load()
-        except ValueError as err:
-            return err.__cause__.name
-        return None
-
-    @property
-    def config_class(self) -> type:
-        """The algorithm's config dataclass."""
-        return getattr(self.load(), self.config)
-
-    @property
-    def algorithm_class(self) -> type:
-        """The algorithm class, ``cls(config, mesh=None)``."""
-        return getattr(self.load(), self.algorithm)
-
-    def available(self) -> bool:
-        """Whether the algorithm's packages are installed (see :meth:`missing_package`)."""
-        return self.missing_package() is None
-
-
-def _third_party(err: ImportError) -> bool:
-    """Whether an import failed for a missing package outside this project."""
-    return (
-        isinstance(err, ModuleNotFoundError)
-        and bool(err.name)
-        and (err.name.split(".")[0] not in ("evorl_pop", "algorithms"))
-    )
-
-
-_REGISTRY: dict[str, AlgorithmSpec] = {}
-
-
-def register(
-    name: str,
-    module: str,
-    config: str,
-    algorithm: str,
-    description: str = "",
-) -> AlgorithmSpec:
-    """Registers an algorithm under ``name`` (replacing any earlier entry).
-
-    Args:
-      name: the registry name used on the command line and in config files.
-      module: the dotted module path, imported on first use.
-      config: the config dataclass's name in that module.
-      algorithm: the algorithm class's name in that module.
-      description: one line for ``evorl-pop list``.
-
-    Returns:
-      The new :class:`AlgorithmSpec`.
-    """
-    spec = AlgorithmSpec(name, module, config, algorithm, description)
-    _REGISTRY[name] = spec
-    return spec
-
-
-def names(available_only: bool = True) -> list[str]:
-    """Registered algorithm names, sorted.
-
-    Args:
-      available_only: leave out algorithms whose third-party packages are missing.
-
-    Returns:
-      A sorted list of names.
-    """
-    return sorted(n for n, s in _REGISTRY.items() if not available_only or s.available())
+    return registry.ALGORITHMS.get(name)
 
 
 def name_of(algorithm_config) -> str:
     """The registry name of an algorithm config's class (ConfigError if none)."""
     for spec in specs():
-        if spec.available() and type(algorithm_config) is spec.config_class:
+        if type(algorithm_config) is spec.config_class:
             return spec.name
     raise ConfigError(
         f"No registered algorithm has the config class {type(algorithm_config).__name__}; "
-        "register it (evorl_pop.run.config.register) or pass a RunConfig."
+        "register it (evorl_pop.registry.register_algorithm) or pass a RunConfig."
     )
-
-
-def specs() -> list[AlgorithmSpec]:
-    """Every registered algorithm, available or not, sorted by name."""
-    return [_REGISTRY[n] for n in sorted(_REGISTRY)]
-
-
-def get(name: str) -> AlgorithmSpec:
-    """The spec of an available algorithm.
-
-    Args:
-      name: a registry name.
-
-    Returns:
-      Its :class:`AlgorithmSpec`.
-
-    Raises:
-      ValueError: an unknown or unavailable name, with the nearest valid one.
-    """
-    if name not in _REGISTRY:
-        hint = did_you_mean(name, _REGISTRY)
-        raise ValueError(f"Unknown algorithm {name!r}.{hint} Available: {', '.join(names())}.")
-    spec = _REGISTRY[name]
-    spec.load()  # raises a clear error when the module is missing
-    return spec
-
-
-# fmt: off
-register("es", "evorl_pop.algorithms.es", "ESConfig", "ES",
-         "any evosax evolution strategy on a black-box function or an environment")
-register("cemrl", "evorl_pop.algorithms.cemrl", "Config", "CEMRL", "CEM-RL: CEM + TD3 or SAC")
-register("erl", "evorl_pop.algorithms.erl", "Config", "ERL",
-         "ERL: a GA population + a TD3 or SAC learner")
-register("pbt", "evorl_pop.algorithms.pbt", "Config", "PBT",
-         "PBT: a population of TD3, PPO or SAC learners")
-register("ppo", "evorl_pop.algorithms.ppo", "Config", "PPO", "PPO: clipped surrogate, GAE(lambda)")
-register("sac", "evorl_pop.algorithms.sac", "Config", "SAC", "SAC: soft actor-critic, twin critics")
-# fmt: on
