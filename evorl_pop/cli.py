@@ -94,7 +94,11 @@ TRAIN = [
     ("--overwrite", "replace an earlier run in --out", FLAG),
     ("--print-config", "print the resolved config as YAML and exit", FLAG),
 ]
+PLUGIN = ("--plugin", "import MODULE first, with the algorithms, strategies, learners and "
+          "environment families it registers (repeatable)",
+          {"dest": "plugins", "action": "append", "default": [], "metavar": "MODULE"})
 SETTINGS = [
+    (PLUGIN[0], PLUGIN[1] + "; recorded in the run's config", PLUGIN[2]),
     ("--set", "override a setting, applied last: generations=100, hidden_sizes=64,64, "
      "td3.batch_size=64, sigma_init=null",
      {"dest": "overrides", "action": "append", "default": [], "metavar": "KEY=VALUE"}),
@@ -183,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
                      ("--linear-y", "linear (default: log over 3 decades)", FLAG)], True)
     # fmt: on
     _add(p["launch"], LAUNCH)
+    _add(p["list"], [PLUGIN])
     _add(p["render"], [
         ("run", "the run folder", {"metavar": "RUN"}),
         ("--episodes", "episodes to run (default: 1)", {"type": int, "default": 1, **N}),
@@ -255,6 +260,12 @@ def _cmd_train(args) -> int:
     sources = [os.path.join(args.run, "config.yaml")] if resume else []
     sources += [args.config] if args.config else []
     present = [s for s in sources if os.path.exists(s)]
+    if args.plugins:  # added to the plug-ins the config names
+        try:
+            named = config_lib.merge(present, overrides).get("plugins") or []
+        except ConfigError:
+            named = []
+        overrides.append(f"plugins=[{','.join(dict.fromkeys([*named, *args.plugins]))}]")
     if args.log:  # added to the loggers the config names
         try:
             named = config_lib.merge(present, overrides).get("loggers") or ["csv"]
@@ -397,6 +408,7 @@ def main(argv=None) -> int:
     """
     args = build_parser().parse_args(argv)
     try:
+        registry.load_plugins(getattr(args, "plugins", ()))
         status = globals()[f"_cmd_{args.command}"](args)
         sys.stdout.flush()  # a closed pipe shows here, not at exit
         return status
