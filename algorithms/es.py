@@ -303,7 +303,7 @@ class ESConfig:
       policy: control tasks: ``'auto'`` (a CNN for image observations such as
         MinAtar's, else an MLP on the flattened observation), ``'mlp'``, ``'cnn'``
         or ``'keypoints'`` (each image channel's spatial soft-argmax, then
-        the MLP: :class:`~evorl_pop.tasks.control.Keypoints`).
+        the MLP: :class:`~evorl_pop.tasks.envs.Keypoints`).
       episode_length: control tasks: steps after which an episode ends
         (``None``: the environment's own limit; 1000 for brax).
       backend: brax tasks: physics backend, ``'spring'`` (default: the

@@ -82,7 +82,7 @@ class Config:
         ``'before'`` its epochs (brax's order: the epochs fit the networks to the
         statistics they will act with next; the probability ratios then start a
         little off 1) or ``'after'`` them (the epochs see the observations as the
-        policy did; learns more slowly: ``benchmarks/bench_ppo_settings.py``).
+        policy did; learns more slowly: ``docs/guides/learners.md``).
       reward_scaling: rewards are multiplied by it for learning (not in the metrics).
       policy_init_scale: the policy's output layer starts with weights this times
         the usual, so that every state starts at nearly the same action distribution

@@ -283,7 +283,7 @@ def evaluate(fn, candidates, key, mesh: Mesh, maximize: bool, eval_mode: str = "
 def _median(x):
     """``jnp.median`` of a finite vector by partial selection: half of a sort.
 
-    XLA's CPU sort costs 2-3x a ``top_k`` of half the entries; halving both
+    XLA's CPU sort costs more than a ``top_k`` of half the entries; halving both
     middle values before adding keeps the largest floats from overflowing.
     """
     n = x.shape[0]

@@ -44,13 +44,12 @@ def _bucketed(op: Callable, name: str, x, axis_name):
 
     The leaves of one dtype are concatenated, reduced together and split again:
     XLA:CPU meets every operand of an all-reduce at a rendezvous of its own,
-    so a gradient of 18 arrays took 0.73 ms a step on two CPU devices, and
-    0.03 ms as one array. Leaves of more than :data:`BUCKET_LEAF_SIZE` elements
-    are reduced alone: copying them costs more than their rendezvous, and
-    on several cores XLA fuses that copy into the matrix product that made them
-    (SAC's update on two cores took 27 ms a step with its 256x256 kernels
-    concatenated, 16 ms without). Weakly typed leaves (Python numbers) are
-    reduced alone too, so that every leaf keeps its type.
+    so a gradient of many small arrays costs far more reduced leaf by leaf than as
+    one array (docs/guides/learners.md measures it). Leaves of more than
+    :data:`BUCKET_LEAF_SIZE` elements are reduced alone: copying them costs more
+    than their rendezvous, and on several cores XLA fuses that copy into the matrix
+    product that made them (SAC's 256x256 kernels). Weakly typed leaves (Python
+    numbers) are reduced alone too, so that every leaf keeps its type.
     """
     if axis_name is None:
         return x

@@ -14,8 +14,7 @@ once, so the gradient flows back through one path into the network's output.
 This matters on XLA:CPU for a :class:`TanhNormal`, whose location and scale
 are two halves of one output array: each separate read adds a concatenation
 to the gradient, and the fusion that sums them is computed element by element,
-branching at every element (that fusion took 240 µs of PPO's minibatch step on
-brax hopper, 134 µs with one read; the step 0.86 ms, now 0.67 ms).
+branching at every element (docs/guides/learners.md times PPO's minibatch step).
 
 A raw sample is what the log-probability is taken of: the action index of a
 :class:`Categorical`, the pre-tanh value of a :class:`TanhNormal`. PPO stores
@@ -181,7 +180,7 @@ def for_spec(spec) -> Categorical | TanhNormal:
     """The distribution of an environment's action space.
 
     Args:
-      spec: an :class:`~evorl_pop.envs.EnvSpec`.
+      spec: an :class:`~evorl_pop.tasks.envs.EnvSpec`.
 
     Returns:
       A :class:`Categorical` for discrete actions, else a :class:`TanhNormal`.

@@ -311,7 +311,7 @@ class PPOLearner:
 
     def deterministic_policy(self, params: tuple[Any, ObsNorm | None], obs: jax.Array):
         """The mode's action: ``params`` is ``(policy params, obs_norm)``, as
-        :func:`evorl_pop.rl.rollout.evaluate` passes one object to the policy."""
+        :func:`evorl_pop.tasks.rollout.evaluate_episodes` passes one object to the policy."""
         policy, obs_norm = params
         out = self.policy_net.apply(policy, self._normalize(obs_norm, obs))
         return self.distribution.to_action(self.distribution.mode(out))

@@ -2,7 +2,7 @@
 
 Fujimoto, van Hoof & Meger (2018), "Addressing Function Approximation Error
 in Actor-Critic Methods". A deterministic actor (the same
-:func:`~evorl_pop.tasks.control.make_policy` MLP a population evolves, squashed by
+:func:`~evorl_pop.tasks.envs.make_policy` MLP a population evolves, squashed by
 tanh into ``[low, high]``), twin critics trained towards the smaller of two
 target values, clipped noise on the target action, and actor / target
 updates every ``policy_delay`` critic updates.

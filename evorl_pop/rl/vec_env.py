@@ -1,6 +1,6 @@
 """A batch of environments stepped together, each restarting when its episode ends.
 
-The environments of :mod:`evorl_pop.envs` do not reset themselves (a
+The environments of :mod:`evorl_pop.tasks.envs` do not reset themselves (a
 rollout runs one episode per lane). On-policy and off-policy learners step a
 fixed batch of environments for a few steps at a time instead, and each
 environment starts a new episode as soon as its last one ended::
@@ -11,9 +11,9 @@ environment starts a new episode as soon as its last one ended::
            ─► env.step on every lane ─► reward, terminal, truncated, next_obs
            ─► lanes that ended: their pending start ─► batch for the next step
 
-A reset is drawn once per lane and unroll rather than at every step: on brax
-hopper computing (and selecting) a reset at every step took 18 % of a PPO
-unroll. A lane whose episodes end twice in one unroll starts both of the new
+A reset is drawn once per lane and unroll rather than at every step: computing
+(and selecting) a reset at every step is a large share of a PPO unroll on brax
+hopper. A lane whose episodes end twice in one unroll starts both of the new
 ones from the same state.
 
 Every lane's randomness comes from its key, and the learners derive lane
@@ -69,7 +69,8 @@ class StepResult:
 
 
 def make_env(task: str, episode_length: int | None = None, backend: str | None = None) -> Env:
-    """The learners' environment: :func:`evorl_pop.envs.make_env` with the settings they expose.
+    """The learners' environment: :func:`evorl_pop.tasks.envs.make_env` with the settings
+    they expose.
 
     Args:
       task: an environment name.

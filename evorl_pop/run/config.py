@@ -50,7 +50,7 @@ class RunConfig:
     chunk: int = 5  # generations per compiled lax.scan; metrics and checkpoints between chunks
     # a checkpoint once this many generations have passed since the last (and at the end)
     checkpoint_every: int = 10
-    devices: int | str | None = "auto"  # a count, None (all) or auto: backend.mesh_devices
+    devices: int | str | None = "auto"  # a count, None (all) or auto: processes.mesh_devices
     precision: str = "float32"  # or float64: JAX's 64-bit mode
     # where metrics go besides metrics.csv (always written): tensorboard, wandb (run/loggers.py)
     loggers: tuple[str, ...] = ("csv",)

@@ -149,7 +149,7 @@ def mesh_devices(config) -> int | None:
     """The devices a run's population axis uses.
 
     Args:
-      config: a :class:`~evorl_pop.config.RunConfig`; its ``devices`` is a
+      config: a :class:`~evorl_pop.run.config.RunConfig`; its ``devices`` is a
         count, ``None`` (every device) or ``'auto'``: enough devices for at
         least :data:`MIN_PER_DEVICE` candidates each, up to every device (on
         the CPU, up to one per core unless ``XLA_FLAGS`` named a count); a
@@ -157,7 +157,7 @@ def mesh_devices(config) -> int | None:
         launch`` spreads it over the cores).
 
     Returns:
-      A device count for :func:`evorl_pop.mesh.make_mesh` (``None``: all).
+      A device count for :func:`evorl_pop.make_mesh` (``None``: all).
     """
     if config.devices != "auto":
         return config.devices

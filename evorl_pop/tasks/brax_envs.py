@@ -46,10 +46,10 @@ BRAX_ENVS = (
     "walker2d",
 )
 
-#: Physics backends. ``spring`` is the default: the cheapest per step (on a
-#: CPU about 2x ``positional`` and 7x ``generalized`` on hopper), which is
-#: what a population of thousands of rollouts is bound by; brax's own default
-#: is the more accurate ``generalized``.
+#: Physics backends. ``spring`` is the default: the cheapest per step
+#: (``benchmarks/bench_brax.py --backend`` times each), which is what a
+#: population of thousands of rollouts is bound by; brax's own default is the
+#: more accurate ``generalized``.
 BACKENDS = ("spring", "positional", "generalized", "mjx")
 
 #: brax environments with no termination: episodes run to the time limit.

@@ -104,7 +104,7 @@ def fold_virtual_batch_norm(
       policy: a :class:`Policy` with the built-in :class:`MLP` or :class:`CNN`.
       params: its parameters.
       reference: observations, shape ``(n, *obs_shape)`` (e.g.
-        :func:`evorl_pop.envs.random_observations`), as the policy sees them,
+        :func:`evorl_pop.tasks.envs.random_observations`), as the policy sees them,
         or their :func:`vbn_reference`.
       eps: added to the variance.
 

@@ -208,8 +208,8 @@ class MLP(nn.Module):
 
 #: How :class:`Conv3x3` computes: ``'patches'`` (a matrix product of the image's 3x3
 #: patches), ``'xla'`` (``lax.conv_general_dilated``), or ``'auto'``: patches on a
-#: CPU, where XLA's convolution gradient inside a ``scan`` is an order of magnitude
-#: slower (``benchmarks/bench_conv.py``), XLA's convolution on an accelerator.
+#: CPU, where XLA's convolution gradient inside a ``scan`` is much slower
+#: (docs/benchmarks/bench-conv.md), XLA's convolution on an accelerator.
 CONV_METHODS = ("auto", "patches", "xla")
 
 
@@ -361,8 +361,8 @@ def output_to_action(out: jax.Array, spec: EnvSpec) -> jax.Array:
         return jnp.argmax(out, axis=-1)
     low = np.asarray(spec.action_low, np.float32)
     high = np.asarray(spec.action_high, np.float32)
-    # centre + half-range * tanh: this form fuses into the environment step; the
-    # (tanh + 1) form cost 18-30 % more per Pendulum rollout on a CPU
+    # centre + half-range * tanh: this form fuses into the environment step, where
+    # the (tanh + 1) form costs more per rollout on a CPU
     return (high + low) / 2 + (high - low) / 2 * jnp.tanh(out)
 
 
@@ -387,7 +387,7 @@ def gaussian_policy(
     """A :class:`GaussianPolicy` whose MLP has ``2 * action_dim`` outputs (continuous actions).
 
     Args:
-      spec: the environment's :class:`~evorl_pop.envs.EnvSpec`.
+      spec: the environment's :class:`~evorl_pop.tasks.envs.EnvSpec`.
       hidden_sizes: hidden layer widths.
       activation: ``'tanh'``, ``'relu'`` or ``'elu'``.
 
@@ -411,7 +411,7 @@ def make_policy(
     """An MLP or CNN policy for ``spec`` (or a custom module, checked against it).
 
     Args:
-      spec: the environment's :class:`~evorl_pop.envs.EnvSpec`.
+      spec: the environment's :class:`~evorl_pop.tasks.envs.EnvSpec`.
       hidden_sizes: hidden layer widths of the MLP (after the convolutions
         for the CNN, after the keypoints for ``'keypoints'``; empty: linear).
       activation: ``'tanh'``, ``'relu'`` or ``'elu'``.
@@ -467,7 +467,7 @@ def random_observations(env: Env, key: jax.Array, count: int, every: int = 8) ->
 
     An episode that ends is followed by a new one, so the observations span
     the states random play meets (for example the reference batch of virtual
-    batch normalisation, :func:`evorl_pop.networks.fold_virtual_batch_norm`).
+    batch normalisation, :func:`evorl_pop.tasks.control.fold_virtual_batch_norm`).
 
     Args:
       env: an :class:`Env`.

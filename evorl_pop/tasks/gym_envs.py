@@ -63,8 +63,8 @@ from evorl_pop.tasks.rollout import EpisodeStats, ObsMoments
 
 #: Sync vector envs step one at a time per process: Python steps them under the
 #: GIL anyway, and two devices' callbacks stepping at once fight over it (each
-#: MuJoCo step releases it and waits to take it back): once measured at less
-#: than half the steps per second on two CPU devices.
+#: MuJoCo step releases it and waits to take it back), so that together they
+#: step slower than one at a time.
 _SYNC_STEPPING = threading.Lock()
 
 

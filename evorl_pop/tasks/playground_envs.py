@@ -18,7 +18,7 @@ use brax's. Actions live in ``[-1, 1]``, every suite actuator's control range.
 
 Physics runs in MJX, MuJoCo's JAX implementation (``impl='jax'``, on a CPU
 or an accelerator), or in MuJoCo Warp (``impl='warp'``, NVIDIA GPUs;
-Playground's own default, about 100x slower than ``'jax'`` on a CPU).
+Playground's own default, much slower than ``'jax'`` on a CPU).
 
 Playground is an optional dependency (``pip install -e '.[playground]'``);
 it is imported when the first Playground environment is built.

@@ -84,10 +84,10 @@ EXIT_CHECK_STEPS = 25  # steps scanned between two "has every episode ended?" ch
 QUEUE_CHECK_STEPS = 4  # steps scanned between two refills of the queue's lanes
 QUEUE_SHRINK = 4  # the queue's last episodes run on 1/4 of its lanes, then on one
 #: Lanes of the queued rollout on a CPU. A CPU's cost per step is a fixed part
-#: (about 0.1 ms for brax hopper, whatever the width) plus a part proportional
-#: to the lanes stepped, so a narrow batch that stays busy beats a wide one
-#: that keeps stepping ended episodes: 16 lanes cost about 1.5x per lane-step
-#: what 64 cost, and far fewer lane-steps when episode lengths vary.
+#: plus a part proportional to the lanes stepped, so a narrow batch that stays
+#: busy beats a wide one that keeps stepping ended episodes: a lane-step costs a
+#: little more, and far fewer lane-steps are taken when episode lengths vary
+#: (docs/benchmarks/bench-brax.md).
 CPU_LANES = 16
 
 
