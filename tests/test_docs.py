@@ -4,10 +4,14 @@ has, the README stays short and links the newcomer's pages, and a browser render
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import http.server
+import importlib
 import importlib.util
+import inspect
+import io
 import json
 import os
 import re
@@ -18,6 +22,7 @@ import sys
 import textwrap
 import threading
 import time
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -75,9 +80,14 @@ def _gen_ref():
 def site(tmp_path_factory) -> Path:
     """The site, built once with ``mkdocs build --strict``."""
     out = tmp_path_factory.mktemp("site")
-    built = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d",
-                            str(out)], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                           timeout=600)  # fmt: skip
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(out)],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-5000:]
     return out
 
@@ -133,8 +143,14 @@ def test_python_blocks_run_as_written(tmp_path):
     (tmp_path / "runner.py").write_text(RUNNER)
     for i, group in enumerate(groups):
         (tmp_path / f"blocks{i}.json").write_text(json.dumps(group))
-        out = subprocess.run([sys.executable, "runner.py", f"blocks{i}.json"], cwd=tmp_path,
-                             env=ENV, capture_output=True, text=True, timeout=900)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "runner.py", f"blocks{i}.json"],
+            cwd=tmp_path,
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
         assert out.stdout.count("--- ") == len(group)
 
@@ -145,8 +161,14 @@ def test_shell_blocks_run_as_written(tmp_path):
     env = {**ENV, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{ENV['PATH']}"}
     for block in blocks():
         if block.runs and block.kind == "shell":
-            out = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block.code], cwd=tmp_path,
-                                 env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+            out = subprocess.run(
+                ["bash", "-e", "-o", "pipefail", "-c", block.code],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             assert out.returncode == 0, f"{block}:\n{out.stdout[-2000:]}{out.stderr[-3000:]}"
     header = (tmp_path / "runs" / "first" / "metrics.csv").read_text().splitlines()[0]
     documented = (DOCS / "reference" / "metrics.md").read_text()
@@ -196,6 +218,83 @@ def test_config_reference_lists_exactly_every_configs_fields(site):
     assert "updates_per_actor" in page and "checkpoint_every" in page
 
 
+# --- dotted names -----------------------------------------------------------------------
+
+DOTTED = re.compile(r"(?<![\w/.-])evorl_pop(?:\.[A-Za-z_]\w*)+")
+PACKAGE = sorted([*(ROOT / "evorl_pop").rglob("*.py"), *(ROOT / "algorithms").rglob("*.py")])
+
+
+def _prose(path: Path) -> list[tuple[int, str]]:
+    """The docstrings (and any other bare string, such as a field's) and the comments of a
+    Python file: ``(line, text)``."""
+    source = path.read_text()
+    out = [
+        (node.lineno, node.value.value)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    ]
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            out.append((token.start[0], token.string))
+    return out
+
+
+def _declared(owner, name: str) -> bool:
+    """``name`` is a field of the class ``owner`` without a class attribute: a dataclass's
+    field without a default, or an annotation (a protocol's or a NamedTuple's member)."""
+    if not inspect.isclass(owner):
+        return False
+    if dataclasses.is_dataclass(owner) and name in {f.name for f in dataclasses.fields(owner)}:
+        return True
+    return any(name in vars(cls).get("__annotations__", {}) for cls in owner.__mro__)
+
+
+def _resolves(name: str) -> bool:
+    """The longest importable module prefix of ``name``, then the rest by attribute."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        module_name = ".".join(parts[:i])
+        try:
+            obj = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name is None or not (module_name + ".").startswith(err.name + "."):
+                raise  # a module that exists but cannot import: that is not a stale name
+            continue
+        break
+    for depth, attr in enumerate(parts[i:], start=i + 1):
+        if hasattr(obj, attr):
+            obj = getattr(obj, attr)
+        elif _declared(obj, attr):
+            return depth == len(parts)  # a field's type is not followed further
+        else:
+            return False
+    return True
+
+
+def test_every_dotted_evorl_pop_name_resolves():
+    """Every ``evorl_pop.…`` name in the package's docstrings and comments, the docs and the
+    README names a module, or an attribute of one, that exists."""
+    from evorl_pop import registry
+
+    texts = [(path, line, text) for path in PACKAGE for line, text in _prose(path)]
+    texts += [(page, 1, page.read_text()) for page in PAGES]
+    found: dict[str, list[str]] = {}
+    for path, line, text in texts:
+        for m in DOTTED.finditer(text):
+            where = f"{path.relative_to(ROOT)}:{line + text[: m.start()].count(chr(10))}"
+            found.setdefault(m.group(), []).append(where)
+    assert len(found) > 50
+    not_modules = {registry.ENTRY_POINT_GROUP}  # the plug-ins' entry-point group: a name
+    stale = [
+        f"{name} ({', '.join(where)})"
+        for name, where in found.items()
+        if name not in not_modules and not _resolves(name)
+    ]
+    assert not stale, "names that do not resolve:\n" + "\n".join(sorted(stale))
+
+
 # --- the README -------------------------------------------------------------------------
 
 
@@ -214,8 +313,11 @@ def test_readme_is_short_and_links_the_newcomers_pages():
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 200
     nav = _nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
-    newcomer = [p for t, p in nav.items() if t.split("/")[0] in
-                ("Getting started", "Guides", "Troubleshooting", "Concepts")]  # fmt: skip
+    newcomer = [
+        p
+        for t, p in nav.items()
+        if t.split("/")[0] in ("Getting started", "Guides", "Troubleshooting", "Concepts")
+    ]
     assert len(newcomer) >= 12
     for page in newcomer:
         assert f"](docs/{page})" in readme, page
@@ -239,11 +341,23 @@ class _Browser:
         self._r, from_child_w = os.pipe()
         a, b = to_child_r, from_child_w  # become the child's fds 3 and 4
         self.proc = subprocess.Popen(
-            ["bash", "-c", f'exec "$0" "$@" 3<&{a} 4>&{b} {a}<&- {b}>&-', binary, "--headless",
-             "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
-             f"--user-data-dir={profile}", "--no-first-run", "about:blank"],
-            pass_fds=(a, b), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                "bash",
+                "-c",
+                f'exec "$0" "$@" 3<&{a} 4>&{b} {a}<&- {b}>&-',
+                binary,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--remote-debugging-pipe",
+                f"--user-data-dir={profile}",
+                "--no-first-run",
+                "about:blank",
+            ],
+            pass_fds=(a, b),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         os.close(to_child_r)
         os.close(from_child_w)
         self._buffer, self._id = b"", 0
@@ -276,8 +390,9 @@ class _Browser:
         """The value of ``expression`` once it is truthy (polled in the page)."""
         deadline, value = time.monotonic() + timeout, None
         while time.monotonic() < deadline:
-            result = self.call("Runtime.evaluate", self.session, expression=expression,
-                               returnByValue=True)["result"]  # fmt: skip
+            result = self.call(
+                "Runtime.evaluate", self.session, expression=expression, returnByValue=True
+            )["result"]
             value = result.get("value")
             if value:
                 return value
@@ -310,13 +425,20 @@ def test_the_site_renders_in_chromium_and_search_finds_a_guide(site, tmp_path):
         base = f"http://127.0.0.1:{server.server_address[1]}"
         browser = _Browser(binary, tmp_path / "profile")
         try:
-            nav = ("JSON.stringify([...document.querySelectorAll('nav.md-nav--primary "
-                   "a.md-nav__link, nav.md-nav--primary label.md-nav__link')]"
-                   ".map(a => a.textContent.trim()))")  # fmt: skip
+            nav = (
+                "JSON.stringify([...document.querySelectorAll('nav.md-nav--primary "
+                "a.md-nav__link, nav.md-nav--primary label.md-nav__link')]"
+                ".map(a => a.textContent.trim()))"
+            )
             browser.open(f"{base}/")
             titles = json.loads(browser.wait_for(f"document.readyState == 'complete' && {nav}"))
-            for title in ("Getting started", "Guides", "Population-based training",
-                          "Troubleshooting", "Command line"):  # fmt: skip
+            for title in (
+                "Getting started",
+                "Guides",
+                "Population-based training",
+                "Troubleshooting",
+                "Command line",
+            ):
                 assert title in titles, titles
             assert browser.wait_for("document.querySelector('h1').textContent").startswith(
                 "evorl_pop"
