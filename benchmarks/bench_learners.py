@@ -127,7 +127,7 @@ from evorl_pop import make_mesh  # noqa: E402
 from evorl_pop.algorithms import ppo, sac  # noqa: E402
 from evorl_pop.rl import vec_env  # noqa: E402
 from evorl_pop.run import processes  # noqa: E402
-from evorl_pop.tasks.brax_envs import _import_brax_envs, _quiet  # noqa: E402
+from evorl_pop.tasks.brax_envs import BraxEnv  # noqa: E402
 from evorl_pop.tasks.envs import make_env  # noqa: E402
 from evorl_pop.tasks.rollout import evaluate_episodes  # noqa: E402
 
@@ -399,8 +399,8 @@ def curve_summary(curves):
 
 
 def _make_brax_env():
-    with _quiet():
-        return _import_brax_envs().get_environment(ARGS.task, backend=ARGS.backend)
+    """brax's own environment, for brax's trainers (they add their own wrappers)."""
+    return BraxEnv(ARGS.task, backend=ARGS.backend, episode_length=EPISODE_LENGTH).env
 
 
 RUNS = {"ppo": (ours_ppo, brax_ppo), "sac": (ours_sac, brax_sac)}

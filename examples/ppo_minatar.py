@@ -7,7 +7,7 @@ epochs of 4 minibatches split over ``--devices`` CPU devices. The 10x10x4
 observations go straight into the project's CNN (no normalisation; they are
 0/1 object masks); actions are categorical. The default budget, 1M steps,
 takes under a minute on a 2-core CPU (the CNN convolves as a matrix product
-of 3x3 patches there: ``benchmarks/bench_conv.py``). Writes
+of 3x3 patches there: docs/benchmarks/bench-conv.md). Writes
 runs/examples/ppo-breakout and figures/ppo_breakout.png: the best, mean and
 worst return of the environments' last episodes (a random policy scores about
 1; this policy 5-6 by 400k steps, where it settles).

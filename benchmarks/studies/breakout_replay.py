@@ -1,6 +1,6 @@
 """Replays the mean policy of an ES run on Breakout-MinAtar from each ball start.
 
-    python benchmarks/breakout_replay.py RUN [--steps 500] [--last 12]
+    python benchmarks/studies/breakout_replay.py RUN [--steps 500] [--last 12]
 
 Reads ``RUN/checkpoint.msgpack`` (an ``es`` run on ``Breakout-MinAtar``),
 rebuilds the policy from the run's config (network, activation, observation

@@ -1,6 +1,6 @@
 """OpenES on Breakout-MinAtar: several seeds of several settings, the seeds vmapped.
 
-    python benchmarks/breakout_sweep.py [--settings FILE.json] [--seeds 4 | --seed-list 0,3]
+    python benchmarks/studies/breakout_sweep.py [--settings FILE.json] [--seeds 4 | --seed-list 0,3]
         [--generations 1000] [--budget SECONDS] [--out sweep.jsonl] [--progress]
 
 Each setting trains ``--seeds`` independent OpenES runs at once, the seeds a
