@@ -22,6 +22,8 @@ import numpy as np
 from evosax.algorithms.distribution_based import cma_es
 from flax import struct
 
+from evorl_pop import registry
+
 
 @struct.dataclass
 class _PycmaState(cma_es.State):
@@ -264,3 +266,6 @@ class CMA_ES_pycma(evosax.algorithms.CMA_ES):
         change = (params.c_std / params.d_std) * (norm_p_std / params.chi_n - 1)
         std = std * jnp.exp(jnp.clip(change, -1.0, 1.0))
         return jnp.clip(std, min=params.std_min, max=params.std_max)
+
+
+registry.register_strategy("CMA_ES_pycma", CMA_ES_pycma)

@@ -9,7 +9,10 @@ of a mesh by the engine (:class:`~evorl_pop.core.engine.Engine`)::
              ─► evorl_pop.train(config): generations in compiled chunks
 
 OpenES reads its noise from a shared table by default (Salimans et al. 2017,
-sec. 2.1): :class:`NoiseTableOpen_ES`. Restarts (IPOP, BIPOP) and pycma's stop
+sec. 2.1), and can take the low-communication path:
+:mod:`~evorl_pop.algorithms.open_es`. Strategies are plug-ins
+(:data:`evorl_pop.registry.STRATEGIES`): every evosax strategy is registered
+here under its name. Restarts (IPOP, BIPOP) and pycma's stop
 rules are in :mod:`~evorl_pop.algorithms.restarts`.
 """
 
@@ -20,121 +23,33 @@ import inspect
 import types
 
 import evosax.algorithms
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from evosax.algorithms import Open_ES
 from evosax.core.fitness_shaping import weights_fitness_shaping_fn
 
 from evorl_pop import registry
-from evorl_pop.base import ConfigError, check_config, did_you_mean, float_dtype
-from evorl_pop.core.engine import Engine
+from evorl_pop.algorithms.open_es import LowCommunication, NoiseTableOpen_ES
+from evorl_pop.base import ConfigError, check_config, float_dtype
+from evorl_pop.core.engine import Engine, State
 from evorl_pop.tasks import make_task
 from evorl_pop.tasks.blackbox import BLACKBOX_FUNCTIONS, BLACKBOX_TASKS
 from evorl_pop.tasks.brax_envs import BRAX_PREFIX
 from evorl_pop.tasks.envs import GYM_PREFIX, VECTOR_MODES, env_names
 from evorl_pop.tasks.playground_envs import IMPLS, PLAYGROUND_PREFIX
 
-# --- OpenAI-ES with a noise table --------------------------------------------------
-
-#: 2^22 normals (16 MiB in float32): about 4 million distinct windows for
-#: networks of up to a few hundred thousand parameters.
-DEFAULT_TABLE_SIZE = 1 << 22
-
-
-class NoiseTableOpen_ES(Open_ES):
-    """evosax's ``Open_ES`` whose candidates read their noise from a shared table.
-
-    Drawing fresh standard normals for every candidate costs, on a CPU, about
-    as much as a small network's rollout step for the whole population.
-    Salimans et al. (2017) draw one large table of normals once; candidate
-    ``i`` reads the ``num_dims`` consecutive entries from a random offset:
-    ``z_i = table[o_i : o_i + num_dims]``, ``o_i ~ U{0, ..., table_size - num_dims}``.
-    The update is evosax's ``Open_ES.tell``, unchanged. The table is a
-    function of ``table_seed`` alone, rebuilt identically in every process,
-    so a run resumes exactly and every device reads the same noise; it lives
-    on the strategy (a constant of the compiled generation), not in its
-    state, so checkpoints do not grow.
-    """
-
-    def __init__(
-        self,
-        population_size: int,
-        solution,
-        table_size: int = DEFAULT_TABLE_SIZE,
-        table_seed: int = 0,
-        **kwargs,
-    ):
-        """Builds the strategy and its table.
-
-        Args:
-          population_size: candidates per generation (even).
-          solution: a template solution (its flattened size is ``num_dims``).
-          table_size: normals in the table; at least ``num_dims`` (ValueError
-            below). Two candidates share a direction only when they draw the
-            same offset, so it should exceed ``num_dims`` many times over.
-          table_seed: the table's PRNG seed.
-          **kwargs: ``Open_ES``'s own arguments (``optimizer``,
-            ``std_schedule``, ``use_antithetic_sampling``, ...).
-        """
-        super().__init__(population_size, solution, **kwargs)
-        if table_size < self.num_dims:
-            raise ValueError(
-                f"table_size={table_size} is smaller than the {self.num_dims} parameters a "
-                f"candidate reads from it; pass table_size >= {self.num_dims} (the default "
-                f"{DEFAULT_TABLE_SIZE} or more)."
-            )
-        self.table_size = table_size
-        self.table_seed = table_seed
-        self.noise_table = jax.random.normal(
-            jax.random.key(table_seed), (table_size,), float_dtype()
-        )
-
-    @property
-    def num_directions(self) -> int:
-        """Distinct directions per generation: one per antithetic pair, or per candidate."""
-        n = self.population_size
-        return n // 2 if self.use_antithetic_sampling else n
-
-    def directions(self, key: jax.Array, rows: jax.Array) -> jax.Array:
-        """The noise directions ``rows`` (indices below :attr:`num_directions`) of one generation.
-
-        Args:
-          key: the generation's ask key.
-          rows: integer indices of the directions to read.
-
-        Returns:
-          ``(len(rows), num_dims)`` standard-normal rows of the table.
-        """
-        highest = self.table_size - self.num_dims
-        offsets = jax.random.randint(key, (self.num_directions,), 0, highest + 1)
-
-        def read(offset):
-            return jax.lax.dynamic_slice(self.noise_table, (offset,), (self.num_dims,))
-
-        return jax.vmap(read)(offsets[rows])
-
-    def _ask(self, key, state, params):
-        z = self.directions(key, jnp.arange(self.num_directions))
-        if self.use_antithetic_sampling:
-            z = jnp.concatenate([z, -z])
-        return state.mean + state.std * z, state
-
-
 # --- strategies by name -----------------------------------------------------------
 
-#: Every strategy by name: evosax's, and pycma's CMA-ES (:mod:`~evorl_pop.algorithms.cma_es`).
-STRATEGIES: tuple[str, ...] = (*evosax.algorithms.algorithms, "CMA_ES_pycma")
+#: Every strategy by name: evosax's, pycma's CMA-ES (:mod:`~evorl_pop.algorithms.cma_es`)
+#: and any plug-in's (:func:`evorl_pop.registry.register_strategy`).
+STRATEGIES = registry.STRATEGIES
+for _name, _cls in evosax.algorithms.algorithms.items():
+    registry.register_strategy(_name, _cls)
 
 
 def strategy_class(name: str) -> type:
-    """The class of a strategy in :data:`STRATEGIES`."""
-    if name == "CMA_ES_pycma":  # imported only when asked for
-        from evorl_pop.algorithms.cma_es import CMA_ES_pycma
-
-        return CMA_ES_pycma
-    return evosax.algorithms.algorithms[name]
+    """The class of the strategy registered as ``name`` (ValueError naming the valid ones)."""
+    return registry.STRATEGIES.get(name)
 
 
 OPTIMIZERS = {"adam": optax.adam, "sgd": optax.sgd}
@@ -211,11 +126,6 @@ def make_strategy(
       ValueError: an unknown name (listing the valid ones) or a population
         size the strategy cannot take.
     """
-    if name not in STRATEGIES:
-        hint = did_you_mean(name, STRATEGIES, 3)
-        raise ValueError(
-            f"Unknown strategy {name!r}.{hint} Valid strategies: {', '.join(sorted(STRATEGIES))}."
-        )
     cls = strategy_class(name)
     accepted = dict(inspect.signature(cls.__init__).parameters)
     if noise not in NOISE:
@@ -276,6 +186,14 @@ def make_strategy(
     return strategy, params
 
 
+def _strategy_error(name: str) -> str:
+    try:
+        strategy_class(name)
+    except registry.PluginError as err:
+        return str(err)
+    return ""
+
+
 @dataclasses.dataclass(frozen=True)
 class ESConfig:
     """Configuration of an ES run. Every field can be overridden.
@@ -303,7 +221,7 @@ class ESConfig:
       policy: control tasks: ``'auto'`` (a CNN for image observations such as
         MinAtar's, else an MLP on the flattened observation), ``'mlp'``, ``'cnn'``
         or ``'keypoints'`` (each image channel's spatial soft-argmax, then
-        the MLP: :class:`~evorl_pop.tasks.envs.Keypoints`).
+        the MLP: :class:`~evorl_pop.tasks.policies.Keypoints`).
       episode_length: control tasks: steps after which an episode ends
         (``None``: the environment's own limit; 1000 for brax).
       backend: brax tasks: physics backend, ``'spring'`` (default: the
@@ -365,7 +283,7 @@ class ESConfig:
         gym = self.task.startswith(GYM_PREFIX)  # any Gymnasium id: checked when made
         check_config(
             self,
-            choices=dict(strategy=STRATEGIES, impl=IMPLS, vector=VECTOR_MODES,
+            choices=dict(impl=IMPLS, vector=VECTOR_MODES,
                          **({} if gym else {"task": (*BLACKBOX_TASKS, *env_names())}),
                          optimizer=OPTIMIZERS,
                          activation=("tanh", "relu", "elu"), eval_mode=("vmap", "map"),
@@ -373,6 +291,8 @@ class ESConfig:
             least=dict(population_size=2, num_dims=1, episodes=1, eval_episodes=0,
                        rollout_lanes=1, episode_length=1),
         )  # fmt: skip
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"strategy: {_strategy_error(self.strategy)}")
         if self.noise == "table" and self.strategy != "Open_ES":
             raise ConfigError(
                 f"noise='table' is an Open_ES sampler; {self.strategy} draws its own."
@@ -466,8 +386,14 @@ class ES(Engine):
             strategy_params=params,
             eval_mode=config.eval_mode,
             eval_episodes=config.eval_episodes,
-            low_communication=config.low_communication,
         )
+        self.low_communication = LowCommunication(self) if config.low_communication else None
+
+    def generation(self, state: State, key):
+        """:meth:`Engine.generation`, or OpenES's low-communication one when configured."""
+        if self.low_communication is None:
+            return super().generation(state, key)
+        return self.low_communication.generation(state, key)
 
 
 registry.register_algorithm(

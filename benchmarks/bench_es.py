@@ -51,6 +51,7 @@ from evosax.algorithms import Open_ES  # noqa: E402
 
 from evorl_pop import make_mesh  # noqa: E402
 from evorl_pop.algorithms.es import make_strategy  # noqa: E402
+from evorl_pop.algorithms.open_es import LowCommunicationEngine  # noqa: E402
 from evorl_pop.core.engine import Engine  # noqa: E402
 from evorl_pop.run.shell import chunk_fn  # noqa: E402
 from evorl_pop.tasks import BlackBoxTask, ControlTask  # noqa: E402
@@ -348,7 +349,8 @@ def bench_memory(args):
     rows = []
     for low in (False, True):
         strategy, params = make_strategy("Open_ES", 4096, task.num_dims, learning_rate=0.01)
-        engine = Engine(strategy, task, make_mesh(n), params, low_communication=low)
+        engine_class = LowCommunicationEngine if low else Engine
+        engine = engine_class(strategy, task, make_mesh(n), params)
         state = jax.eval_shape(engine.init, jax.random.key(0))
         compiled = jax.jit(engine.step).lower(state, jax.random.key(0)).compile()
         mem = compiled.memory_analysis()

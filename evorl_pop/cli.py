@@ -382,7 +382,7 @@ def _cmd_list(args) -> int:
     from evorl_pop.algorithms.es import STRATEGIES  # imports evosax, which starts JAX
 
     for title, names in (
-        ("strategies (es --strategy)", STRATEGIES),
+        ("strategies (es --strategy)", STRATEGIES.names()),
         ("environments (--task)", tasks.envs.env_names()),
         ("black-box tasks (--task, with --set num_dims=N)", tasks.blackbox.BLACKBOX_FUNCTIONS),
         (

@@ -148,8 +148,9 @@ class Registry(Generic[T]):
       builtin: the project's own modules that register entries of this kind.
     """
 
-    def __init__(self, kind: str, builtin: tuple[str, ...] = ()):
+    def __init__(self, kind: str, builtin: tuple[str, ...] = (), plural: str | None = None):
         self.kind = kind
+        self.plural = plural or f"{kind}s"
         self.builtin = builtin
         self._entries: dict[str, T] = {}
         self._complete = False
@@ -199,10 +200,10 @@ class Registry(Generic[T]):
                     f"installed: pip install {package}"
                 )
         names = self.names()
-        hint = did_you_mean(name, names, 3)
+        hint = did_you_mean(name, names)
         raise PluginError(
-            f"Unknown {self.kind} {name!r}.{hint} Available: {', '.join(names)}. A plug-in "
-            f"of your own: --plugin MODULE (or an {ENTRY_POINT_GROUP!r} entry point)."
+            f"Unknown {self.kind} {name!r}.{hint} Valid {self.plural}: {', '.join(names)}. "
+            f"A plug-in of your own: --plugin MODULE (or an {ENTRY_POINT_GROUP!r} entry point)."
         )
 
     def __contains__(self, name: object) -> bool:
@@ -266,7 +267,7 @@ def register_algorithm(
 # --- strategies ------------------------------------------------------------------------
 
 #: Strategy classes with evosax's interface, by name (``ESConfig.strategy``).
-STRATEGIES: Registry[type] = Registry("strategy", BUILTIN["strategy"])
+STRATEGIES: Registry[type] = Registry("strategy", BUILTIN["strategy"], "strategies")
 
 
 def register_strategy(name: str, cls: type) -> type:
@@ -298,7 +299,9 @@ def register_learner(name: str, spec: Any) -> Any:
 # --- environment families ------------------------------------------------------------------
 
 #: Environment families by name (gymnax, brax, Playground, Gymnasium, ...).
-ENV_FAMILIES: Registry[Any] = Registry("environment family", BUILTIN["environment family"])
+ENV_FAMILIES: Registry[Any] = Registry(
+    "environment family", BUILTIN["environment family"], "environment families"
+)
 
 
 def register_env_family(name: str, family: Any) -> Any:

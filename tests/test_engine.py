@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from evorl_pop import make_mesh
+from evorl_pop.algorithms import open_es
 from evorl_pop.algorithms.es import ES, ESConfig, NoiseTableOpen_ES, elite_shaping, make_strategy
+from evorl_pop.algorithms.open_es import LowCommunicationEngine
 from evorl_pop.base import ConfigError
-from evorl_pop.core import engine as engine_module
 from evorl_pop.core.engine import Engine, _median, to_minimization, worst_for_nonfinite
 from evorl_pop.tasks import BlackBoxTask, ControlTask
 
@@ -240,7 +241,7 @@ def test_obs_norm_merge_matches_numpy_statistics():
 def test_low_communication_openes_equals_full_matrix_update(n, noise):
     task = BlackBoxTask("rastrigin", num_dims=7, x0=1.0)
     strategy, params = make_strategy("Open_ES", 14, task.num_dims, learning_rate=0.05, noise=noise)
-    engine = Engine(strategy, task, make_mesh(n), params, low_communication=True)
+    engine = LowCommunicationEngine(strategy, task, make_mesh(n), params)
     state = engine.init(jax.random.key(0))
     key = jax.random.key(9)
     new_state, metrics = jax.jit(engine.step)(state, key)
@@ -268,8 +269,8 @@ def test_low_communication_blocks_bound_noise_memory_and_match(monkeypatch):
     key = jax.random.key(1)
     states = []
     for block_bytes in (1 << 30, 4 * 50 * 2):  # whole slice at once vs two rows at a time
-        monkeypatch.setattr(engine_module, "NOISE_BLOCK_BYTES", block_bytes)
-        engine = Engine(strategy, task, make_mesh(2), params, low_communication=True)
+        monkeypatch.setattr(open_es, "NOISE_BLOCK_BYTES", block_bytes)
+        engine = LowCommunicationEngine(strategy, task, make_mesh(2), params)
         states.append(_loop.run(engine, engine.init(key), key, 3)[0])
     assert engine.noise_block == 2
     np.testing.assert_allclose(
@@ -384,13 +385,7 @@ def test_strategy_and_task_dimensions_must_agree():
 def test_low_communication_requires_openes():
     strategy, params = make_strategy("CMA_ES", 8, 4)
     with pytest.raises(ValueError, match="needs evosax's Open_ES"):
-        Engine(
-            strategy,
-            BlackBoxTask("sphere", num_dims=4),
-            make_mesh(1),
-            params,
-            low_communication=True,
-        )
+        LowCommunicationEngine(strategy, BlackBoxTask("sphere", num_dims=4), make_mesh(1), params)
 
 
 @pytest.mark.parametrize("n", [1, 2])

@@ -9,6 +9,7 @@ import pytest
 
 from evorl_pop import make_mesh
 from evorl_pop.algorithms.es import ESConfig, NoiseTableOpen_ES, make_strategy
+from evorl_pop.algorithms.open_es import LowCommunicationEngine
 from evorl_pop.base import ConfigError
 from evorl_pop.core.engine import Engine
 from evorl_pop.tasks import BlackBoxTask
@@ -72,7 +73,8 @@ def test_low_communication_reads_the_same_table_rows(n):
     )
     key, states = jax.random.key(2), {}
     for low in (False, True):
-        e = Engine(strategy, task, make_mesh(n), params, low_communication=low)
+        engine_class = LowCommunicationEngine if low else Engine
+        e = engine_class(strategy, task, make_mesh(n), params)
         states[low] = _loop.run(e, e.init(jax.random.key(1)), key, 4)[0]
     np.testing.assert_allclose(
         states[True].strategy_state.mean, states[False].strategy_state.mean, rtol=1e-5, atol=1e-6

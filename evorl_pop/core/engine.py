@@ -20,13 +20,14 @@ and the CEM and GA of the hybrid algorithms. :func:`evaluate` is the one
 evaluator: the engine's generations, the initial population of
 population-based strategies and PBT's intervals all go through it.
 
-For the Gaussian ES family there is a low-communication path
-(``low_communication=True`` with evosax's ``Open_ES``): each device draws the
-noise of its own candidates from their global indices, so no device ever holds
-the ``pop × dims`` matrix; only scores and one ``psum`` of a ``dims``-vector
-cross devices. Its update equals evosax's ``Open_ES.tell`` on the same noise
-(a strategy with a ``directions(key, rows)`` method, such as the noise-table
-``Open_ES``, has its directions read from there).
+The engine calls only what :mod:`evorl_pop.core.interfaces` declares: a
+:class:`~evorl_pop.core.interfaces.Strategy`, a
+:class:`~evorl_pop.core.interfaces.Task` and an optional
+:class:`~evorl_pop.core.interfaces.Learner`; optional capabilities
+(``BatchTask``, ``EpisodicTask``, ``KnowsOptimum``, ``SeedsPopulation``,
+``ReportsSolution``) are protocols of their own. A subclass can replace the
+middle of a generation (:meth:`Engine.generation`), as OpenES's
+low-communication path does (:mod:`evorl_pop.algorithms.open_es`).
 """
 
 from __future__ import annotations
@@ -38,16 +39,22 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop.base import float_dtype
+from evorl_pop.core.interfaces import (
+    LEARNER_STREAM,
+    BatchTask,
+    EpisodicTask,
+    HasSearchWidth,
+    KnowsOptimum,
+    ReportsSolution,
+    SeedsPopulation,
+)
 from evorl_pop.distributed import POP_AXIS_NAME, all_gather, pmax, pmin, psum, shmap_map, shmap_vmap
 
 POP = P(POP_AXIS_NAME)
-#: The low-communication path holds at most this much noise at once per device.
-NOISE_BLOCK_BYTES = 64 << 20
 
 # --- the mesh and padding ----------------------------------------------------------
 
@@ -307,14 +314,11 @@ class State:
 class Engine:
     """A strategy on a task, its population sharded over the ``POP`` axis of a mesh.
 
-    An optional learner takes a step between ask and evaluate and observes
-    each evaluation; it has ``collect`` (whether evaluations return
-    transitions), ``init(key)``, ``step(key, learner_state, population,
-    strategy_state) -> (population, learner_state, metrics)`` and
-    ``observe(learner_state, summary, episodes) -> (learner_state, metrics)``,
-    and may have ``eval_solution(learner_state)``: the solution ``eval_return``
-    reports instead of the strategy's mean. A learner's ``env_steps`` and
-    ``episodes`` metrics add to the evaluation's.
+    An optional :class:`~evorl_pop.core.interfaces.Learner` takes a step
+    between ask and evaluate and observes each evaluation; one that is also
+    :class:`~evorl_pop.core.interfaces.ReportsSolution` names the solution
+    ``eval_return`` reports instead of the strategy's mean. A learner's
+    ``env_steps`` and ``episodes`` metrics add to the evaluation's.
     """
 
     def __init__(
@@ -325,7 +329,6 @@ class Engine:
         strategy_params=None,
         eval_mode: str = "vmap",
         eval_episodes: int = 0,
-        low_communication: bool = False,
         learner=None,
     ):
         """Builds the engine.
@@ -341,10 +344,11 @@ class Engine:
           eval_episodes: when positive, every generation also evaluates the
             strategy's mean (population-based strategies: the best so far; a
             learner may name another) over this many episodes as ``eval_return``.
-          low_communication: use the low-communication path (``Open_ES`` only).
           learner: a learner (see the class docstring), or ``None``.
         """
-        self.strategy, self.task, self.learner = strategy, task, learner
+        self.strategy = strategy
+        self.task = task
+        self.learner = learner
         self.mesh = check_pop_axis(make_mesh() if mesh is None else mesh)
         if strategy.num_dims != task.num_dims:
             raise ValueError(
@@ -355,24 +359,14 @@ class Engine:
         if eval_mode not in ("vmap", "map"):
             raise ValueError(f"eval_mode must be 'vmap' or 'map', got {eval_mode!r}.")
         # evosax starts JAX's backend when imported: the engine imports it once it is built
-        from evosax.algorithms import Open_ES
         from evosax.algorithms.population_based.base import PopulationBasedAlgorithm
 
-        if low_communication and (not isinstance(strategy, Open_ES) or learner is not None):
-            raise ValueError(
-                "low_communication=True needs evosax's Open_ES (the Gaussian family whose "
-                f"noise each device can draw itself) and no learner; got {type(strategy).__name__}."
-            )
         self.population_size = strategy.population_size
         self.num_devices = self.mesh.shape[POP_AXIS_NAME]
         self.padded_size = padded_size(self.population_size, self.num_devices)
-        self.eval_mode, self.eval_episodes = eval_mode, eval_episodes
-        self.low_communication = low_communication
+        self.eval_mode = eval_mode
+        self.eval_episodes = eval_episodes
         self.population_based = isinstance(strategy, PopulationBasedAlgorithm)
-        local = self.padded_size // self.num_devices
-        per_row = float_dtype().itemsize * task.num_dims
-        cap = max(1, min(local, NOISE_BLOCK_BYTES // per_row))
-        self.noise_block = next(d for d in range(cap, 0, -1) if local % d == 0)
         self.params = strategy.default_params if strategy_params is None else strategy_params
 
     def evaluate(self, population, key, task_state, collect: bool = False):
@@ -390,8 +384,10 @@ class Engine:
           padded candidates' steps marked not ``valid``.
         """
 
-        task, mode = self.task, self.eval_mode  # a batch's episodes are traced once, vmap's twice
-        batch = mode == "vmap" and hasattr(task, "evaluate_batch") and not collect
+        task = self.task
+        mode = self.eval_mode
+        # a batch's episodes are traced once, vmap's twice
+        batch = mode == "vmap" and isinstance(task, BatchTask) and not collect
         mode = "batch" if batch else mode
 
         def one(x, k):
@@ -419,14 +415,14 @@ class Engine:
         if solution is None:
             solution = self.task.init_solution(k_sol)
         solution = jnp.asarray(solution, float_dtype()).reshape(-1)
-        learner, collect = self.learner, self.learner is not None and self.learner.collect
+        learner = self.learner
+        collect = learner is not None and learner.collect
         learner_state = None
         if self.population_based:
             if learner is not None:  # the initial population's steps are its first data
-                learner_state = learner.init(jax.random.fold_in(key, 4))
-            initial = getattr(self.strategy, "initial_population", None)
-            if initial is not None:
-                population = initial(k_pop)
+                learner_state = learner.init(jax.random.fold_in(key, LEARNER_STREAM))
+            if isinstance(self.strategy, SeedsPopulation):
+                population = self.strategy.initial_population(k_pop)
             else:
                 population = solution + jax.random.normal(
                     k_pop, (self.population_size, solution.size)
@@ -439,7 +435,7 @@ class Engine:
         else:
             strategy_state = self.strategy.init(k_init, solution, self.params)
             if learner is not None:
-                learner_state = learner.init(jax.random.fold_in(key, 4))
+                learner_state = learner.init(jax.random.fold_in(key, LEARNER_STREAM))
         state = State(strategy_state, task_state, jnp.int32(0), learner_state)
         # strong dtypes, replicated over the mesh: the state after a generation
         # has the same types and placement, so the compiled step is reused
@@ -449,7 +445,7 @@ class Engine:
     def mean_solution(self, state: State) -> jax.Array:
         """The solution ``eval_return`` reports: the learner's, else the strategy's mean
         (population-based strategies: the best so far)."""
-        if hasattr(self.learner, "eval_solution"):
+        if isinstance(self.learner, ReportsSolution):
             return self.learner.eval_solution(state.learner_state)
         s = state.strategy_state
         return s.best_solution if self.population_based else self.strategy.get_mean(s)
@@ -459,31 +455,14 @@ class Engine:
 
         Args:
           state: the current :class:`State`.
-          key: this generation's key (the learner's: ``fold_in(key, 4)``).
+          key: this generation's key (the learner's: ``fold_in(key, LEARNER_STREAM)``).
 
         Returns:
           ``(new_state, metrics)``; metrics are scalars in the task's units.
         """
-        k_ask, k_eval, k_tell, k_report = jax.random.split(key, 4)
+        k_report = jax.random.split(key, 4)[3]
         dtypes = jax.tree.map(jnp.result_type, state)
-        learner, learner_state, extra = self.learner, state.learner_state, {}
-        if self.low_communication:
-            strategy_state, summary = self._lowcomm_generation(state, k_ask, k_eval)
-        else:
-            population, strategy_state = self.strategy.ask(k_ask, state.strategy_state, self.params)
-            if learner is not None:
-                population, learner_state, extra = learner.step(
-                    jax.random.fold_in(key, 4), learner_state, population, strategy_state
-                )
-            collect = learner is not None and learner.collect
-            summary, episodes = self.evaluate(population, k_eval, state.task_state, collect)
-            fitness = summary.fitness(self.population_size)
-            strategy_state, _ = self.strategy.tell(
-                k_tell, population, fitness, strategy_state, self.params
-            )
-            if learner is not None:
-                learner_state, observed = learner.observe(learner_state, summary, episodes)
-                extra = {**extra, **observed}
+        strategy_state, learner_state, summary, extra = self.generation(state, key)
         new_state = State(strategy_state, state.task_state, state.generation + 1, learner_state)
         metrics, task_state = self._metrics(new_state, summary, k_report, extra)
         # same dtypes as the input (evosax returns some leaves weakly typed), so
@@ -491,9 +470,44 @@ class Engine:
         new_state = jax.tree.map(jnp.asarray, new_state.replace(task_state=task_state), dtypes)
         return new_state, metrics
 
+    def generation(self, state: State, key: jax.Array) -> tuple[Any, Any, Summary, dict]:
+        """The middle of :meth:`step`: ask, [learner], evaluate, tell, [observe].
+
+        Args:
+          state: the current :class:`State`.
+          key: the generation's key; ask, evaluation and tell take the first
+            three of ``jax.random.split(key, 4)``, the learner
+            ``fold_in(key, LEARNER_STREAM)``.
+
+        Returns:
+          ``(strategy_state, learner_state, summary, metrics)``: the metrics are
+          the learner's.
+        """
+        k_ask, k_eval, k_tell, _ = jax.random.split(key, 4)
+        learner = self.learner
+        learner_state = state.learner_state
+        extra = {}
+        population, strategy_state = self.strategy.ask(k_ask, state.strategy_state, self.params)
+        if learner is not None:
+            population, learner_state, extra = learner.step(
+                jax.random.fold_in(key, LEARNER_STREAM), learner_state, population, strategy_state
+            )
+        collect = learner is not None and learner.collect
+        summary, episodes = self.evaluate(population, k_eval, state.task_state, collect)
+        fitness = summary.fitness(self.population_size)
+        strategy_state, _ = self.strategy.tell(
+            k_tell, population, fitness, strategy_state, self.params
+        )
+        if learner is not None:
+            learner_state, observed = learner.observe(learner_state, summary, episodes)
+            extra = {**extra, **observed}
+        return strategy_state, learner_state, summary, extra
+
     def _metrics(self, state: State, summary: Summary, key, extra) -> tuple[dict, Any]:
         """The generation's metrics, and the task state updated with its evaluation."""
-        s, task, maximize = state.strategy_state, self.task, self.task.maximize
+        s = state.strategy_state
+        task = self.task
+        maximize = task.maximize
         task_state = state.task_state  # the one the generation was evaluated with
         best_so_far = to_minimization(s.best_fitness, maximize)  # involution
         metrics = summary.metrics()
@@ -501,22 +515,22 @@ class Engine:
             generation=state.generation,
             fitness_median=to_minimization(
                 _median(summary.fitness(self.population_size)), maximize
-            ),  # fmt: skip
+            ),
             best_so_far=best_so_far,
             evaluations=jnp.int32(self.population_size),
         )
         for name in ("env_steps", "episodes"):  # a learner's own episodes add to the count
             metrics[name] = metrics[name] + extra.pop(name, 0)
-        if hasattr(s, "std"):
+        if isinstance(s, HasSearchWidth):
             metrics["sigma"] = jnp.mean(s.std)
         solution = self.mean_solution(state) if self.eval_episodes > 0 else None
-        if hasattr(task, "optimal_value"):
+        if isinstance(task, KnowsOptimum):
             metrics["f_minus_fopt"] = best_so_far - task.optimal_value(task_state)
         new_task_state = task.update_state(task_state, summary.info)
         if solution is not None:
             # Replicated, as outside it, but in the mesh's shard_map like the
             # population's evaluation, whose traced episode step it reuses.
-            if hasattr(task, "evaluate_return"):
+            if isinstance(task, EpisodicTask):
                 one = functools.partial(task.evaluate_return, episodes=self.eval_episodes)
             else:  # one evaluation, e.g. of a black-box task
                 one = lambda *args: task.evaluate(*args)[0]  # noqa: E731
@@ -524,76 +538,3 @@ class Engine:
                 one, mesh=self.mesh, in_specs=P(), out_specs=P(), check_vma=False
             )(solution, key, task_state)
         return {**metrics, **extra}, new_task_state
-
-    # --- low-communication Gaussian ES ----------------------------------------------
-
-    def _noise(self, key, index):
-        """The standard-normal direction of global candidate ``index``."""
-        es = self.strategy
-        if es.use_antithetic_sampling:
-            half = self.population_size // 2
-            sign = jnp.where(index < half, 1.0, -1.0)
-            return sign * self._direction(key, index % half)
-        return self._direction(key, index)
-
-    def _direction(self, key, row):
-        if hasattr(self.strategy, "directions"):  # the rows its own ask reads
-            return self.strategy.directions(key, row[None])[0]
-        return jax.random.normal(jax.random.fold_in(key, row), (self.strategy.num_dims,))
-
-    def noise_matrix(self, key):
-        """All candidates' noise, as the full-matrix reference would draw it."""
-        return jax.vmap(lambda i: self._noise(key, i))(jnp.arange(self.population_size))
-
-    def _lowcomm_generation(self, state: State, k_ask, k_eval):
-        es, params, s = self.strategy, self.params, state.strategy_state
-        task_state, n, block = state.task_state, self.population_size, self.noise_block
-        ids = jnp.arange(self.padded_size, dtype=jnp.int32)
-        mask = ids < n
-
-        def noise(ids_c):
-            return jax.vmap(lambda i: self._noise(k_ask, i))(ids_c)
-
-        def evaluate_local(local_ids):
-            def evaluate_block(ids_c):
-                x = s.mean + s.std * noise(ids_c)
-                keys = jax.vmap(lambda i: jax.random.fold_in(k_eval, i))(ids_c)
-                return jax.vmap(self.task.evaluate, in_axes=(0, 0, None))(x, keys, task_state)
-
-            out = jax.lax.map(evaluate_block, local_ids.reshape(-1, block))
-            return jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), out)
-
-        # as in `evaluate`: no collectives here, so no replication checks
-        scores, info = jax.shard_map(
-            evaluate_local, mesh=self.mesh, in_specs=POP, out_specs=POP, check_vma=False
-        )(ids)
-
-        def update_local(scores, info, local_ids, local_mask):
-            summary = summarize(scores, info, local_mask, self.task.maximize)
-            fitness = summary.fitness(n)
-            shaped = es.fitness_shaping_fn(None, fitness, s, params)
-            shaped = jnp.concatenate([shaped, jnp.zeros(self.padded_size - n)])
-
-            def accumulate(total, ids_c):  # the noise is drawn again, block by block
-                return total + shaped[ids_c] @ noise(ids_c), None
-
-            zeros = jax.lax.pcast(jnp.zeros(es.num_dims), POP_AXIS_NAME, to="varying")
-            partial_sum, _ = jax.lax.scan(accumulate, zeros, local_ids.reshape(-1, block))
-            grad = psum(partial_sum, POP_AXIS_NAME) / (n * s.std)  # Open_ES's estimate
-            updates, opt_state = es.optimizer.update(grad, s.opt_state, s.mean)
-            best = jnp.argmin(fitness)
-            better = fitness[best] < s.best_fitness
-            best_candidate = s.mean + s.std * self._noise(k_ask, best)
-            new = s.replace(
-                mean=optax.apply_updates(s.mean, updates),
-                std=es.std_schedule(s.generation_counter),
-                opt_state=opt_state,
-                best_solution=jnp.where(better, best_candidate, s.best_solution),
-                best_fitness=jnp.where(better, fitness[best], s.best_fitness),
-                generation_counter=s.generation_counter + 1,
-            )
-            return new, summary
-
-        return jax.shard_map(
-            update_local, mesh=self.mesh, in_specs=(POP, POP, POP, POP), out_specs=P()
-        )(scores, info, ids, mask)
