@@ -19,8 +19,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from evorl_pop import distributed as dist  # noqa: E402
-from evorl_pop import make_mesh  # noqa: E402
+from evorl_pop import distributed, make_mesh  # noqa: E402
 
 mesh = make_mesh()  # every process's devices
 fitness_np = np.arange(jax.device_count() * 3, dtype=np.float32)[::-1].copy()
@@ -31,26 +30,29 @@ fitness = jax.make_array_from_callback(
 
 def local(f):
     return (
-        dist.pmax(f.max(), "POP"),
-        dist.pmin(f.min(), "POP"),
-        dist.all_gather(f, "POP", tiled=True, to="invarying"),
+        distributed.pmax(f.max(), "POP"),
+        distributed.pmin(f.min(), "POP"),
+        distributed.all_gather(f, "POP", tiled=True, to="invarying"),
     )
 
 
 hi, lo, gathered = jax.jit(
     jax.shard_map(local, mesh=mesh, in_specs=P("POP"), out_specs=(P(), P(), P()))
 )(fitness)
-doubled = dist.shmap_vmap(lambda x: 2 * x, mesh, in_specs=P("POP"), out_specs=P("POP"))(fitness)
+doubled = distributed.shmap_vmap(lambda x: 2 * x, mesh, in_specs=P("POP"), out_specs=P("POP"))(
+    fitness
+)
 print(
     json.dumps(
         {
-            "initialized": dist.is_dist_initialized(),
-            "process_id": dist.get_process_id(),
+            "initialized": distributed.is_dist_initialized(),
+            "process_id": distributed.get_process_id(),
             "device_count": jax.device_count(),
             "ranks": [
                 int(s.data[0])
                 for s in sorted(
-                    dist.get_global_ranks().addressable_shards, key=lambda s: s.index[0].start
+                    distributed.get_global_ranks().addressable_shards,
+                    key=lambda s: s.index[0].start,
                 )
             ],
             "pmax": float(hi.addressable_data(0)),

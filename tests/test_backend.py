@@ -9,7 +9,7 @@ import jax
 import pytest
 
 from evorl_pop import make_mesh
-from evorl_pop.run import processes as backend
+from evorl_pop.run import processes
 from evorl_pop.run.config import RunConfig, resolve_config
 
 
@@ -22,40 +22,40 @@ def cores(monkeypatch, tmp_path):
 
 
 def test_available_cores_respects_affinity_and_cgroup_limits(cores):
-    assert backend.available_cores(cores) == 6
+    assert processes.available_cores(cores) == 6
     (cores / "cpu.max").write_text("max 100000\n")
-    assert backend.available_cores(cores) == 6
+    assert processes.available_cores(cores) == 6
     (cores / "cpu.max").write_text("250000 100000\n")  # cgroup v2: 2.5 CPUs
-    assert backend.available_cores(cores) == 3
+    assert processes.available_cores(cores) == 3
     v1 = cores / "v1"
     (v1 / "cpu").mkdir(parents=True)
     (v1 / "cpu" / "cpu.cfs_quota_us").write_text("200000\n")
     (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
-    assert backend.available_cores(v1) == 2
+    assert processes.available_cores(v1) == 2
     (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")  # v1: no limit
-    assert backend.available_cores(v1) == 6
+    assert processes.available_cores(v1) == 6
 
 
 def test_use_all_cores_and_explicit_counts(cores, monkeypatch):
-    monkeypatch.setattr(backend, "available_cores", lambda: 6)
-    assert backend.use_all_cores() == 6
+    monkeypatch.setattr(processes, "available_cores", lambda: 6)
+    assert processes.use_all_cores() == 6
     assert os.environ["XLA_FLAGS"] == "--xla_cpu_foo=1 --xla_force_host_platform_device_count=6"
     # A count the user put in XLA_FLAGS wins over auto, an explicit count over both.
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=3")
-    assert backend.use_all_cores() == 3
-    assert "replaces the count of 3" in backend.set_host_devices(4)
-    assert backend.host_device_count() == 4
+    assert processes.use_all_cores() == 3
+    assert "replaces the count of 3" in processes.set_host_devices(4)
+    assert processes.host_device_count() == 4
     for count in (0, 1024, 9999):
         with pytest.raises(ValueError, match="--devices auto"):
-            backend.set_host_devices(count)
-    assert backend.host_device_count() == 4
+            processes.set_host_devices(count)
+    assert processes.host_device_count() == 4
 
 
 def test_auto_devices_follow_cores_and_population(cores, monkeypatch):
-    monkeypatch.setattr(backend, "available_cores", lambda: 2)
+    monkeypatch.setattr(processes, "available_cores", lambda: 2)
 
     def devices(*overrides):
-        return backend.mesh_devices(resolve_config([], list(overrides)))
+        return processes.mesh_devices(resolve_config([], list(overrides)))
 
     assert devices("population_size=1024") == 2  # capped by the cores, not the 8 devices
     assert devices("population_size=127") == 1  # at least 64 candidates a device
@@ -70,19 +70,19 @@ def test_auto_devices_follow_cores_and_population(cores, monkeypatch):
 
 
 def test_precision_cannot_change_once_jax_started():
-    backend.set_precision("float32")  # the mode JAX runs in: nothing to do
+    processes.set_precision("float32")  # the mode JAX runs in: nothing to do
     with pytest.raises(ValueError, match="already started in float32"):
-        backend.set_precision("float64")
+        processes.set_precision("float64")
     with pytest.raises(ValueError, match="float32' or 'float64"):
-        backend.set_precision("float16")
+        processes.set_precision("float16")
 
 
 def test_cli_sets_cores_and_float64_before_jax_starts():
     code = (
-        "from evorl_pop import cli\nfrom evorl_pop.run import processes as backend\n"
+        "from evorl_pop import cli\nfrom evorl_pop.run import processes\n"
         "assert cli.main(['train', '--precision', 'float64', '--print-config']) == 0\n"
         "import jax, jax.numpy as jnp\n"
-        "print(jnp.zeros(1).dtype, jax.device_count(), backend.available_cores())\n"
+        "print(jnp.zeros(1).dtype, jax.device_count(), processes.available_cores())\n"
     )
     env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
     out = subprocess.run(
@@ -99,7 +99,7 @@ def test_examples_explicit_devices_win_over_xla_flags(monkeypatch, capsys):
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
     monkeypatch.setattr(sys, "argv", ["example", "--devices", "3"])
     assert script.start("An example.", runs=False).devices == 3
-    assert backend.host_device_count() == 3
+    assert processes.host_device_count() == 3
     assert "replaces the count of 8" in capsys.readouterr().err
     monkeypatch.setattr(sys, "argv", ["example", "--devices", "9999"])
     with pytest.raises(SystemExit):
@@ -132,25 +132,25 @@ def cache_config():
 
 def test_compilation_cache_folder_and_opting_out(cache_config, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    monkeypatch.setenv(backend.CACHE_ENV, "off")
-    assert backend.use_compilation_cache() is None
+    monkeypatch.setenv(processes.CACHE_ENV, "off")
+    assert processes.use_compilation_cache() is None
     assert jax.config.jax_compilation_cache_dir is None
-    monkeypatch.delenv(backend.CACHE_ENV)
+    monkeypatch.delenv(processes.CACHE_ENV)
     default = str(tmp_path / "xdg" / "evorl_pop" / "jax")
-    assert backend.use_compilation_cache() == default and Path(default).is_dir()
+    assert processes.use_compilation_cache() == default and Path(default).is_dir()
     assert jax.config.jax_compilation_cache_dir == default
-    assert jax.config.jax_compilation_cache_max_size == backend.CACHE_MAX_BYTES
+    assert jax.config.jax_compilation_cache_max_size == processes.CACHE_MAX_BYTES
     # A folder JAX already has (JAX_COMPILATION_CACHE_DIR, or set before) is kept.
-    assert backend.use_compilation_cache(tmp_path / "other") == default
+    assert processes.use_compilation_cache(tmp_path / "other") == default
     jax.config.update("jax_compilation_cache_dir", None)
-    monkeypatch.setenv(backend.CACHE_ENV, str(tmp_path / "env"))
-    assert backend.use_compilation_cache() == str(tmp_path / "env")
+    monkeypatch.setenv(processes.CACHE_ENV, str(tmp_path / "env"))
+    assert processes.use_compilation_cache() == str(tmp_path / "env")
     jax.config.update("jax_compilation_cache_dir", None)
-    assert backend.use_compilation_cache(tmp_path / "arg") == str(tmp_path / "arg")
+    assert processes.use_compilation_cache(tmp_path / "arg") == str(tmp_path / "arg")
     jax.config.update("jax_compilation_cache_dir", None)
     # A folder that cannot be made: no cache rather than a failure at the first compile.
     (tmp_path / "a-file").write_text("")
-    assert backend.use_compilation_cache(tmp_path / "a-file" / "cache") is None
+    assert processes.use_compilation_cache(tmp_path / "a-file" / "cache") is None
     assert jax.config.jax_compilation_cache_dir is None
 
 
@@ -160,7 +160,7 @@ def test_a_rerun_loads_its_programs_from_the_cache_and_repeats_the_run(tmp_path)
         **os.environ,
         "XLA_FLAGS": "",
         "JAX_PLATFORMS": "cpu",
-        backend.CACHE_ENV: str(cache),
+        processes.CACHE_ENV: str(cache),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # keep every program
     }
     job = ["--task", "CartPole-v1", "--pop", "16", "-g", "4", "--chunk", "2", "--devices", "1"]

@@ -16,10 +16,7 @@ from flax.traverse_util import flatten_dict
 
 from evorl_pop import cli
 from evorl_pop.base import CheckpointError
-from evorl_pop.run import config as config_lib
-from evorl_pop.run import restore
-from evorl_pop.run import store as ckpt_lib
-from evorl_pop.run import store as metrics_file
+from evorl_pop.run import config, restore, store
 
 # A job that compiles quickly and then runs long enough (a few seconds) to be
 # killed in the middle: OpenES on CartPole, small population, 2 generations a chunk.
@@ -62,7 +59,7 @@ def _rows(path):
 
 def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     killed, whole = tmp_path / "killed", tmp_path / "whole"
-    ckpt_path = killed / ckpt_lib.CHECKPOINT_FILENAME
+    ckpt_path = killed / store.CHECKPOINT_FILENAME
     proc = subprocess.Popen(
         [sys.executable, "-m", "evorl_pop.cli", "train", *JOB,
          "--generations", str(GENERATIONS), "--out", str(killed), "--quiet", "--no-figure"],
@@ -93,9 +90,9 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     assert 0 < at_kill.generation < GENERATIONS, "the run ended before it was killed"
 
     # Every line of the metrics file is whole, and it parses.
-    text = (killed / metrics_file.METRICS_FILENAME).read_text()
+    text = (killed / store.METRICS_FILENAME).read_text()
     assert text.endswith("\n")
-    rows = _rows(killed / metrics_file.METRICS_FILENAME)
+    rows = _rows(killed / store.METRICS_FILENAME)
     assert [int(r["generation"]) for r in rows] == list(range(1, len(rows) + 1))
     for r in rows:
         assert all(v != "" for v in r.values())
@@ -194,18 +191,18 @@ def test_missing_and_corrupt_checkpoints_are_clear_and_change_nothing(tmp_path, 
 
     run = tmp_path / "run"
     assert _train(run, "--no-figure") == 0
-    data = bytearray((run / ckpt_lib.CHECKPOINT_FILENAME).read_bytes())
+    data = bytearray((run / store.CHECKPOINT_FILENAME).read_bytes())
     data[len(data) // 2] ^= 0xFF
-    (run / ckpt_lib.CHECKPOINT_FILENAME).write_bytes(bytes(data))
+    (run / store.CHECKPOINT_FILENAME).write_bytes(bytes(data))
     (run / "metrics.csv").write_text((run / "metrics.csv").read_text() + "5,1,2.0")
     snapshot = {p.name: p.read_bytes() for p in run.iterdir()}
     assert cli.main(["resume", str(run), "--more", "2", "-q"]) == 1
     assert "damaged" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in run.iterdir()} == snapshot
-    (run / ckpt_lib.CHECKPOINT_FILENAME).write_bytes(bytes(data[: len(data) // 3]))
+    (run / store.CHECKPOINT_FILENAME).write_bytes(bytes(data[: len(data) // 3]))
     with pytest.raises(CheckpointError, match="damaged"):
         restore.load_checkpoint(run)
-    (run / ckpt_lib.CHECKPOINT_FILENAME).write_bytes(b"not a checkpoint")
+    (run / store.CHECKPOINT_FILENAME).write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="not an evorl-pop checkpoint"):
         restore.load_checkpoint(run)
 
@@ -291,9 +288,9 @@ def test_top_level_algorithm_field_in_a_file_says_where_it_belongs(tmp_path, cap
 
 
 def test_devices_auto_equals_the_explicit_count(tmp_path, monkeypatch):
-    from evorl_pop.run import processes as backend
+    from evorl_pop.run import processes
 
-    monkeypatch.setattr(backend, "available_cores", lambda: 2)
+    monkeypatch.setattr(processes, "available_cores", lambda: 2)
     monkeypatch.setenv("XLA_FLAGS", "")  # no user count: auto follows the cores
     job = ["train", "--task", "CartPole-v1", "--pop", "128", "-g", "2", "--chunk", "2", "-q",
            "--set", "hidden_sizes=[4]", "--set", "eval_episodes=0", "--no-figure"]  # fmt: skip
@@ -416,14 +413,14 @@ def test_plot_of_other_algorithms_labels_them_briefly_and_shows_a_lone_point(
     for algorithm, generations in (("erl", 1), ("cemrl", 3), ("pbt", 3)):
         runs.append(tmp_path / algorithm)
         runs[-1].mkdir()
-        config_lib.save(config_lib.resolve_config([], [f"algorithm={algorithm}"]),
+        config.save(config.resolve_config([], [f"algorithm={algorithm}"]),
                         runs[-1] / "config.yaml")  # fmt: skip
-        columns = metrics_file.columns_for(("fitness_best", "fitness_mean", "fitness_worst"))
+        columns = store.columns_for(("fitness_best", "fitness_mean", "fitness_worst"))
         rows = [dict(generation=g, env_steps=100 * g, wall_time=0.1 * g, fitness_best=-g,
                      fitness_mean=-2 * g, fitness_worst=-3 * g)
                 for g in range(1, generations + 1)]  # fmt: skip
-        restore.restore_metrics(runs[-1] / metrics_file.METRICS_FILENAME, columns,
-                                     "".join(metrics_file.csv_lines(rows, columns)))  # fmt: skip
+        restore.restore_metrics(runs[-1] / store.METRICS_FILENAME, columns,
+                                     "".join(store.csv_lines(rows, columns)))  # fmt: skip
     out = tmp_path / "all.png"
     assert cli.main(["plot", *map(str, runs), "--out", str(out), "--svg"]) == 0
     svg = out.with_suffix(".svg").read_text()
@@ -442,12 +439,12 @@ def test_metrics_file_truncates_rows_past_a_generation(tmp_path):
     rows = [
         {"generation": g, "env_steps": 10 * g, "wall_time": 0.5, "x": 0.1 * g} for g in (1, 2, 3)
     ]
-    restore.restore_metrics(path, columns, "".join(metrics_file.csv_lines(rows, columns)))
+    restore.restore_metrics(path, columns, "".join(store.csv_lines(rows, columns)))
     with open(path, "a") as f:
         f.write("4,40,0.5,0.")  # a write cut short
-    assert metrics_file.read_metrics(path)["generation"].tolist() == [1, 2, 3]
+    assert store.read_metrics(path)["generation"].tolist() == [1, 2, 3]
     assert restore.truncate_metrics(path, 2) == ("generation", "env_steps", "wall_time", "x")
-    data = metrics_file.read_metrics(path)
+    data = store.read_metrics(path)
     assert data["generation"].tolist() == [1, 2]
     assert data["x"].tolist() == [0.1, 0.2]  # floats read back exactly
     assert path.read_text().endswith("\n")

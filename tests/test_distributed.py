@@ -10,8 +10,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from evorl_pop import distributed as dist
-from evorl_pop import make_mesh
+from evorl_pop import distributed, make_mesh
 
 DEVICE_COUNTS = [1, 2, 4, 8]
 
@@ -26,8 +25,8 @@ def _sharded_reduce(fn, x, n, axis_name="POP"):
 
 
 def test_public_names_and_constants():
-    assert dist.DP_AXIS_NAME == "DP"
-    assert dist.POP_AXIS_NAME == "POP"
+    assert distributed.DP_AXIS_NAME == "DP"
+    assert distributed.POP_AXIS_NAME == "POP"
     expected = {
         "agent_gradient_update",
         "all_gather",
@@ -44,20 +43,20 @@ def test_public_names_and_constants():
         "split_key_to_devices",
         "tree_device_put",
     }
-    assert expected <= set(dir(dist))
+    assert expected <= set(dir(distributed))
     from evorl_pop.distributed import comm, gradients, sharding
 
     assert callable(gradients.loss_and_pgrad)
-    assert comm.pmax is dist.pmax and sharding.shmap_map is dist.shmap_map
+    assert comm.pmax is distributed.pmax and sharding.shmap_map is distributed.shmap_map
 
 
 def test_signatures_match_documentation():
     sig = lambda f: [(p.name, p.default) for p in inspect.signature(f).parameters.values()]  # noqa: E731
     empty = inspect.Parameter.empty
-    for f in (dist.pmean, dist.psum, dist.pmin, dist.pmax):
+    for f in (distributed.pmean, distributed.psum, distributed.pmin, distributed.pmax):
         assert sig(f) == [("x", empty), ("axis_name", None)]
-    assert sig(dist.all_gather) == [("x", empty), ("axis_name", None), ("kwargs", empty)]
-    for f in (dist.shmap_map, dist.shmap_vmap):
+    assert sig(distributed.all_gather) == [("x", empty), ("axis_name", None), ("kwargs", empty)]
+    for f in (distributed.shmap_map, distributed.shmap_vmap):
         assert sig(f) == [
             ("fn", empty),
             ("mesh", empty),
@@ -65,9 +64,9 @@ def test_signatures_match_documentation():
             ("out_specs", empty),
             ("kwargs", empty),
         ]
-    assert sig(dist.split_key_to_devices) == [("key", empty), ("devices", empty)]
-    assert sig(dist.tree_device_put) == [("tree", empty), ("device_or_sharding", empty)]
-    assert sig(dist.gradient_update) == [
+    assert sig(distributed.split_key_to_devices) == [("key", empty), ("devices", empty)]
+    assert sig(distributed.tree_device_put) == [("tree", empty), ("device_or_sharding", empty)]
+    assert sig(distributed.gradient_update) == [
         ("loss_fn", empty),
         ("optimizer", empty),
         ("dp_axis_name", empty),
@@ -76,13 +75,22 @@ def test_signatures_match_documentation():
     from evorl_pop.distributed.gradients import loss_and_pgrad
 
     assert sig(loss_and_pgrad) == [("loss_fn", empty), ("dp_axis_name", empty), ("has_aux", False)]
-    names = [n for n, _ in sig(dist.agent_gradient_update)]
+    names = [n for n, _ in sig(distributed.agent_gradient_update)]
     assert names == ["loss_fn", "optimizer", "dp_axis_name", "has_aux", "attach_fn", "detach_fn"]
-    params = inspect.signature(dist.agent_gradient_update).parameters
+    params = inspect.signature(distributed.agent_gradient_update).parameters
     assert params["dp_axis_name"].default is None and params["has_aux"].default is False
 
 
-@pytest.mark.parametrize("fn", [dist.pmean, dist.psum, dist.pmin, dist.pmax, dist.all_gather])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        distributed.pmean,
+        distributed.psum,
+        distributed.pmin,
+        distributed.pmax,
+        distributed.all_gather,
+    ],
+)
 def test_axis_none_is_identity(fn):
     x = {"a": jnp.arange(5.0), "b": jnp.ones((2, 3))}
     out = fn(x, None)
@@ -96,16 +104,18 @@ def test_reductions_against_numpy(n):
     # each device first reduces its local rows with sum, then the collective
     # combines the per-device partial sums: compare with NumPy over the same blocks
     blocks = x.reshape(n, 16 // n, 3).sum(axis=1)
-    np.testing.assert_allclose(_sharded_reduce(dist.psum, x, n), blocks.sum(0), rtol=1e-5)
+    np.testing.assert_allclose(_sharded_reduce(distributed.psum, x, n), blocks.sum(0), rtol=1e-5)
     np.testing.assert_allclose(
-        _sharded_reduce(dist.pmean, x, n), blocks.mean(0), rtol=1e-5, atol=1e-6
+        _sharded_reduce(distributed.pmean, x, n), blocks.mean(0), rtol=1e-5, atol=1e-6
     )
-    np.testing.assert_allclose(_sharded_reduce(dist.pmin, x, n), blocks.min(0), rtol=1e-6)
-    np.testing.assert_allclose(_sharded_reduce(dist.pmax, x, n), blocks.max(0), rtol=1e-6)
+    np.testing.assert_allclose(_sharded_reduce(distributed.pmin, x, n), blocks.min(0), rtol=1e-6)
+    np.testing.assert_allclose(_sharded_reduce(distributed.pmax, x, n), blocks.max(0), rtol=1e-6)
 
 
 @pytest.mark.parametrize("n", [2, 4])
-@pytest.mark.parametrize("fn", [dist.pmean, dist.psum, dist.pmin, dist.pmax])
+@pytest.mark.parametrize(
+    "fn", [distributed.pmean, distributed.psum, distributed.pmin, distributed.pmax]
+)
 def test_pytree_reductions_leaf_by_leaf_in_one_collective_per_dtype(fn, n):
     """A pytree's leaves (shapes, dtypes, a Python number, an invariant leaf) reduce
     as each alone would, keep their types, and take one all-reduce per dtype."""
@@ -119,7 +129,7 @@ def test_pytree_reductions_leaf_by_leaf_in_one_collective_per_dtype(fn, n):
     def local(kernel, bias, count, steps):
         tree = {"kernel": kernel[0], "bias": bias[0], "scalar": 2.5,
                 "counts": (count[0], steps[0]), "shared": jnp.arange(3.0),
-                "big": jnp.full(dist.comm.BUCKET_LEAF_SIZE + 1, bias[0, 0])}  # fmt: skip
+                "big": jnp.full(distributed.comm.BUCKET_LEAF_SIZE + 1, bias[0, 0])}  # fmt: skip
         alone = jax.tree.map(lambda leaf: getattr(jax.lax, fn.__name__)(leaf, "POP"), tree)
         return fn(tree, "POP"), alone
 
@@ -151,8 +161,8 @@ def test_extremes_and_all_gather_of_sharded_fitness(n):
     mesh = make_mesh(n)
 
     def local(f):
-        gathered = dist.all_gather(f, "POP", tiled=True, to="invarying")
-        return dist.pmin(f.min(), "POP"), dist.pmax(f.max(), "POP"), gathered
+        gathered = distributed.all_gather(f, "POP", tiled=True, to="invarying")
+        return distributed.pmin(f.min(), "POP"), distributed.pmax(f.max(), "POP"), gathered
 
     lo, hi, gathered = jax.shard_map(
         local, mesh=mesh, in_specs=P("POP"), out_specs=(P(), P(), P())
@@ -161,7 +171,7 @@ def test_extremes_and_all_gather_of_sharded_fitness(n):
     np.testing.assert_array_equal(gathered, fitness)
 
     stacked = jax.shard_map(
-        lambda f: dist.all_gather(f, "POP"), mesh=mesh, in_specs=P("POP"), out_specs=P("POP")
+        lambda f: distributed.all_gather(f, "POP"), mesh=mesh, in_specs=P("POP"), out_specs=P("POP")
     )(fitness)
     # untiled gather stacks one row per device, on every device
     np.testing.assert_array_equal(stacked.reshape(n, n, -1)[0].reshape(-1), fitness)
@@ -172,7 +182,7 @@ def _per_candidate(x, w):
 
 
 @pytest.mark.parametrize("n", DEVICE_COUNTS)
-@pytest.mark.parametrize("wrapper", [dist.shmap_vmap, dist.shmap_map])
+@pytest.mark.parametrize("wrapper", [distributed.shmap_vmap, distributed.shmap_map])
 def test_shmap_equals_unsharded(n, wrapper):
     key = jax.random.key(1)
     xs = jax.random.normal(key, (16, 5))
@@ -195,7 +205,7 @@ def test_shmap_vmap_pytree_args_and_closed_over_values(n):
     def f(p):
         return {"out": scale * (p["w"].sum() + p["b"])}
 
-    g = dist.shmap_vmap(
+    g = distributed.shmap_vmap(
         f, mesh, in_specs=({"w": P("POP"), "b": P("POP")},), out_specs={"out": P("POP")}
     )
     out = jax.jit(g)(params)
@@ -204,10 +214,10 @@ def test_shmap_vmap_pytree_args_and_closed_over_values(n):
 
 def test_population_not_divisible_error():
     mesh = make_mesh(4)
-    f = dist.shmap_vmap(lambda x: x.sum(), mesh, in_specs=P("POP"), out_specs=P("POP"))
+    f = distributed.shmap_vmap(lambda x: x.sum(), mesh, in_specs=P("POP"), out_specs=P("POP"))
     with pytest.raises(ValueError, match=r"30 is not divisible by 4.*28 or 32.*pad_to_multiple"):
         f(jnp.ones((30, 2)))
-    g = dist.shmap_map(lambda x: x.sum(), mesh, in_specs=P("POP"), out_specs=P("POP"))
+    g = distributed.shmap_map(lambda x: x.sum(), mesh, in_specs=P("POP"), out_specs=P("POP"))
     with pytest.raises(ValueError, match="not divisible"):
         g(jnp.ones((6, 2)))
 
@@ -215,14 +225,14 @@ def test_population_not_divisible_error():
 def test_unknown_axis_error():
     mesh = make_mesh(2)
     with pytest.raises(ValueError, match=r"names the mesh axis 'PPO'.*\('POP',\)"):
-        dist.shmap_vmap(lambda x: x, mesh, in_specs=P("PPO"), out_specs=P("POP"))
+        distributed.shmap_vmap(lambda x: x, mesh, in_specs=P("PPO"), out_specs=P("POP"))
     with pytest.raises(ValueError, match="out_specs names the mesh axis 'DP'"):
-        dist.shmap_map(lambda x: x, mesh, in_specs=P("POP"), out_specs=P("DP"))
+        distributed.shmap_map(lambda x: x, mesh, in_specs=P("POP"), out_specs=P("DP"))
 
 
 def test_collective_outside_mapped_context_error():
     with pytest.raises(ValueError, match=r"no mesh axis named 'POP' is mapped.*axis_name=None"):
-        jax.jit(lambda x: dist.pmax(x, "POP"))(jnp.ones(3))
+        jax.jit(lambda x: distributed.pmax(x, "POP"))(jnp.ones(3))
 
 
 def test_padding_helper_masks_extra_rows():
@@ -237,19 +247,19 @@ def test_padding_helper_masks_extra_rows():
 
 @pytest.mark.parametrize("n", DEVICE_COUNTS)
 def test_global_ranks_unique_per_device(n):
-    ranks = dist.get_global_ranks()
+    ranks = distributed.get_global_ranks()
     assert ranks.shape == (jax.local_device_count(),)
     np.testing.assert_array_equal(np.asarray(ranks), np.arange(jax.local_device_count()))
     # each rank lives on its own device
     for shard in ranks.addressable_shards:
         assert int(shard.data[0]) == jax.local_devices().index(shard.device)
-    assert dist.get_process_id() == 0 and not dist.is_dist_initialized()
+    assert distributed.get_process_id() == 0 and not distributed.is_dist_initialized()
 
 
 @pytest.mark.parametrize("n", DEVICE_COUNTS)
 def test_split_key_to_devices(n):
     devices = jax.devices()[:n]
-    keys = dist.split_key_to_devices(jax.random.key(0), devices)
+    keys = distributed.split_key_to_devices(jax.random.key(0), devices)
     assert keys.shape == (n,)
     data = {tuple(np.asarray(jax.random.key_data(s.data)).ravel()) for s in keys.addressable_shards}
     assert len(data) == n  # distinct keys
@@ -266,10 +276,10 @@ def test_tree_device_put_places_pytree(n):
     mesh = make_mesh(n)
     tree = {"a": jnp.arange(16.0), "b": (jnp.ones((8, 2)), jnp.zeros(n * 3))}
     sharding = NamedSharding(mesh, P("POP"))
-    placed = dist.tree_device_put(tree, sharding)
+    placed = distributed.tree_device_put(tree, sharding)
     for leaf, ref in zip(jax.tree.leaves(placed), jax.tree.leaves(tree), strict=True):
         assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
         assert len(leaf.addressable_shards) == n
         np.testing.assert_array_equal(leaf, ref)
-    one = dist.tree_device_put(tree, jax.devices()[1])
+    one = distributed.tree_device_put(tree, jax.devices()[1])
     assert all(leaf.devices() == {jax.devices()[1]} for leaf in jax.tree.leaves(one))

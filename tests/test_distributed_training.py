@@ -19,8 +19,7 @@ import pytest
 from flax.traverse_util import flatten_dict
 
 from evorl_pop import cli
-from evorl_pop.run import launcher, restore
-from evorl_pop.run import store as ckpt_lib
+from evorl_pop.run import launcher, restore, store
 
 OPENES = [
     "--strategy", "Open_ES", "--task", "CartPole-v1", "--pop", "16", "--seed", "3",
@@ -129,7 +128,7 @@ def test_killed_process_stops_the_launch_and_the_run_resumes(tmp_path):
     for t in readers:
         t.start()
     deadline = time.time() + 240
-    while not (run / ckpt_lib.CHECKPOINT_FILENAME).exists():
+    while not (run / store.CHECKPOINT_FILENAME).exists():
         assert launch.poll() is None, "the launch ended before its first checkpoint"
         assert time.time() < deadline, "no checkpoint appeared"
         time.sleep(0.01)
@@ -204,7 +203,7 @@ def test_without_the_launcher_survivors_fail_instead_of_hanging(tmp_path):
     ]  # fmt: skip
     try:
         deadline = time.time() + 240
-        while not (run / ckpt_lib.CHECKPOINT_FILENAME).exists():
+        while not (run / store.CHECKPOINT_FILENAME).exists():
             assert procs[0].poll() is None and procs[1].poll() is None
             assert time.time() < deadline, "no checkpoint appeared"
             time.sleep(0.01)
@@ -232,7 +231,7 @@ def test_ctrl_c_reaches_every_process_and_they_checkpoint(tmp_path):
         text=True,
     )  # fmt: skip
     deadline = time.time() + 240
-    while not (run / ckpt_lib.CHECKPOINT_FILENAME).exists():
+    while not (run / store.CHECKPOINT_FILENAME).exists():
         assert launch.poll() is None, launch.communicate()[1][-3000:]
         assert time.time() < deadline, "no checkpoint appeared"
         time.sleep(0.01)

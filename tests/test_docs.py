@@ -200,12 +200,12 @@ def test_cli_reference_lists_exactly_the_parsers_options(site):
 
 
 def test_config_reference_lists_exactly_every_configs_fields(site):
-    from evorl_pop.run import config as config_lib
+    from evorl_pop.run import config
 
     gen = _gen_ref()
     classes = gen.config_classes()
-    names = {spec.config_class for spec in config_lib.specs()}
-    assert names | {config_lib.RunConfig} <= {cls for _, cls in classes}
+    names = {spec.config_class for spec in config.specs()}
+    assert names | {config.RunConfig} <= {cls for _, cls in classes}
     sections = _sections(gen.config_markdown())
     assert list(sections) == [title for title, _ in classes]
     for (title, cls), body in zip(classes, sections.values(), strict=True):

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from evorl_pop.run import store as metrics_file
+from evorl_pop.run import store
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 # example -> (its figure, its run folders)
@@ -63,7 +63,7 @@ def test_example_trains_and_draws_its_figure(name, tmp_path):
          "--figures", str(tmp_path / "figures"))  # fmt: skip
     assert (tmp_path / "figures" / figure).stat().st_size > 0
     for run in runs:
-        assert metrics_file.read_metrics(tmp_path / "runs" / run)["generation"].tolist() == [1, 2]
+        assert store.read_metrics(tmp_path / "runs" / run)["generation"].tolist() == [1, 2]
 
 
 def test_a_setting_that_cannot_run_ends_an_example_in_one_line(tmp_path):

@@ -8,8 +8,7 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from evorl_pop import distributed as dist
-from evorl_pop import make_mesh
+from evorl_pop import distributed, make_mesh
 from evorl_pop.distributed.gradients import loss_and_pgrad
 
 BATCH = 32
@@ -48,7 +47,9 @@ def _run_params(n, opt_name, has_aux, steps=3):
     params, batch = _data()
     opt = OPTIMIZERS[opt_name]()
     axis = None if n is None else "DP"
-    update = dist.gradient_update(lambda p, b: _loss(p, b, has_aux), opt, axis, has_aux=has_aux)
+    update = distributed.gradient_update(
+        lambda p, b: _loss(p, b, has_aux), opt, axis, has_aux=has_aux
+    )
 
     def run(params, batch):
         opt_state = opt.init(params)
@@ -93,8 +94,8 @@ def _run_agent(n, opt_name, has_aux, steps=3):
     params, batch = _data()
     agent = Agent(params=params, scale=jnp.float32(1.5))
     opt = OPTIMIZERS[opt_name]()
-    axis = None if n is None else dist.DP_AXIS_NAME
-    update = dist.agent_gradient_update(
+    axis = None if n is None else distributed.DP_AXIS_NAME
+    update = distributed.agent_gradient_update(
         lambda a, b, k: _agent_loss(a, b, k, has_aux), opt, dp_axis_name=axis, has_aux=has_aux
     )
 
@@ -133,7 +134,7 @@ def test_agent_gradient_update_custom_attach_detach():
     def attach(a, w):
         return a.replace(params={**a.params, "w": w})
 
-    update = dist.agent_gradient_update(
+    update = distributed.agent_gradient_update(
         lambda a, b, k: _agent_loss(a, b, k, False),
         opt,
         attach_fn=attach,
@@ -155,14 +156,14 @@ def test_loss_and_pgrad_without_axis_is_value_and_grad():
 
 def test_dp_axis_outside_mapped_context_error():
     params, batch = _data()
-    update = dist.gradient_update(lambda p, b: _loss(p, b, False), optax.sgd(0.1), "DP")
+    update = distributed.gradient_update(lambda p, b: _loss(p, b, False), optax.sgd(0.1), "DP")
     with pytest.raises(ValueError, match=r"dp_axis_name='DP' is not a mapped axis.*shard_map"):
         jax.jit(update)(optax.sgd(0.1).init(params), params, batch)
 
 
 def test_dp_axis_missing_from_the_mesh_error():
     params, batch = _data()
-    update = dist.gradient_update(lambda p, b: _loss(p, b, False), optax.sgd(0.1), "DP")
+    update = distributed.gradient_update(lambda p, b: _loss(p, b, False), optax.sgd(0.1), "DP")
     opt_state = optax.sgd(0.1).init(params)
     f = jax.shard_map(
         lambda o, p, b: update(o, p, b)[1], mesh=make_mesh(2), in_specs=P(), out_specs=P()
@@ -179,7 +180,7 @@ def test_errors_of_the_loss_propagate_unchanged(error):
     def loss(p, b):
         raise error("mine")
 
-    update = dist.gradient_update(loss, optax.sgd(0.1), "DP")
+    update = distributed.gradient_update(loss, optax.sgd(0.1), "DP")
     f = jax.shard_map(
         lambda o, p, b: update(o, p, b)[1],
         mesh=make_mesh(2, axis_name="DP"),

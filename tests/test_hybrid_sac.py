@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import test_hybrid as td3_tests
+import test_hybrid
 from jax.flatten_util import ravel_pytree
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -32,9 +32,9 @@ TINY_SAC = SACConfig(
     actor_lr=3e-3, alpha_lr=1e-2, target_entropy_scale=0.5, reward_scaling=0.1,
 )  # fmt: skip
 # The TD3 tests' settings, with SAC as the learner.
-CEM_CONFIG = dataclasses.replace(td3_tests.CEM_CONFIG, learner="sac", sac=TINY_SAC)
-ERL_CONFIG = dataclasses.replace(td3_tests.ERL_CONFIG, learner="sac", sac=TINY_SAC)
-KEYS = td3_tests.KEYS
+CEM_CONFIG = dataclasses.replace(test_hybrid.CEM_CONFIG, learner="sac", sac=TINY_SAC)
+ERL_CONFIG = dataclasses.replace(test_hybrid.ERL_CONFIG, learner="sac", sac=TINY_SAC)
+KEYS = test_hybrid.KEYS
 
 
 @pytest.fixture(autouse=True)

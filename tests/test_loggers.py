@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from evorl_pop import cli
-from evorl_pop.run import config as config_lib
 from evorl_pop.run import loggers, restore, shell, store
+from evorl_pop.run.config import resolve_config
 
 pytest.importorskip("tensorboard")
 pytest.importorskip("tensorboardX")
@@ -113,7 +113,7 @@ def test_tensorboard_holds_every_row_across_kill_and_resume(tmp_path):
     assert ea.Images("fitness")[-1].step == total  # the figure at the end
     # a second run beside it, from Python, the logger as an object
     other = tmp_path / "second"
-    config = config_lib.resolve_config(
+    config = resolve_config(
         [], ["task=CartPole-v1", "population_size=8", "episode_length=20", "hidden_sizes=[4]",
              "seed=1", "generations=3", "devices=1"],
     )  # fmt: skip
@@ -164,8 +164,8 @@ class Rows(store.Recorder):
 
 
 def test_a_users_recorder_gets_every_row(tmp_path):
-    config = config_lib.resolve_config([], ["task=sphere", "num_dims=3", "population_size=8",
-                                            "generations=4", "chunk=3", "devices=1"])  # fmt: skip
+    config = resolve_config([], ["task=sphere", "num_dims=3", "population_size=8",
+                                 "generations=4", "chunk=3", "devices=1"])  # fmt: skip
     mine = Rows()
     shell.train(config, tmp_path / "r", progress=False, recorders=[mine])
     metrics = store.read_metrics(tmp_path / "r")

@@ -18,8 +18,7 @@ from evorl_pop import cli, make_mesh
 from evorl_pop.algorithms import pbt
 from evorl_pop.base import ConfigError
 from evorl_pop.rl import TD3Config
-from evorl_pop.run import plotting, restore
-from evorl_pop.run import store as metrics_file
+from evorl_pop.run import plotting, restore, store
 
 TINY_TD3 = TD3Config(actor_hidden_sizes=(8,), critic_hidden_sizes=(16,), batch_size=16)
 CONFIG = pbt.Config(
@@ -200,8 +199,8 @@ def test_resumed_run_equals_uninterrupted_and_plots_hyperparameters(tmp_path):
     assert flat_a.keys() == flat_b.keys()
     for name in flat_a:
         np.testing.assert_array_equal(flat_a[name], flat_b[name], err_msg=name)
-    rows_a = metrics_file.read_metrics(part / metrics_file.METRICS_FILENAME)
-    rows_b = metrics_file.read_metrics(whole / metrics_file.METRICS_FILENAME)
+    rows_a = store.read_metrics(part / store.METRICS_FILENAME)
+    rows_b = store.read_metrics(whole / store.METRICS_FILENAME)
     for column in rows_b:
         if column != "wall_time":
             np.testing.assert_array_equal(rows_a[column], rows_b[column], err_msg=column)
@@ -249,7 +248,7 @@ def test_bad_ranges_and_intervals_rejected():
 
 
 def test_bad_config_file_is_a_config_error(tmp_path):
-    from evorl_pop.run import config as config_lib
+    from evorl_pop.run import config
 
     with pytest.raises(ConfigError, match="truncation must be in"):
-        config_lib.from_dict({"algorithm": "pbt", "algorithm_config": {"truncation": 0.7}})
+        config.from_dict({"algorithm": "pbt", "algorithm_config": {"truncation": 0.7}})

@@ -14,10 +14,7 @@ import numpy as np
 import pytest
 
 from evorl_pop import cli
-from evorl_pop.run import config as config_lib
-from evorl_pop.run import restore
-from evorl_pop.run import store as ckpt_lib
-from evorl_pop.run import store as metrics_file
+from evorl_pop.run import config, restore, store
 
 SMALL = [
     "--strategy", "CMA_ES", "--task", "sphere", "--pop", "8", "--set", "num_dims=3",
@@ -67,12 +64,12 @@ def _train(out, *extra):
 
 def _edit_checkpoint(run, edit):
     """Rewrites a checkpoint's payload (with a valid checksum)."""
-    data = (run / ckpt_lib.CHECKPOINT_FILENAME).read_bytes()
-    payload = flax.serialization.msgpack_restore(data[len(ckpt_lib.MAGIC) + 32 :])
+    data = (run / store.CHECKPOINT_FILENAME).read_bytes()
+    payload = flax.serialization.msgpack_restore(data[len(store.MAGIC) + 32 :])
     edit(payload)
     body = flax.serialization.msgpack_serialize(payload)
-    (run / ckpt_lib.CHECKPOINT_FILENAME).write_bytes(
-        ckpt_lib.MAGIC + hashlib.sha256(body).digest() + body
+    (run / store.CHECKPOINT_FILENAME).write_bytes(
+        store.MAGIC + hashlib.sha256(body).digest() + body
     )
 
 
@@ -88,7 +85,7 @@ def test_a_second_writer_fails_at_once_and_a_killed_holder_does_not_block(tmp_pa
     holder = _start("train", *SMALL, "--generations", "100000", "--checkpoint-every", "2",
                     "--out", str(run))  # fmt: skip
     try:
-        _wait_for(run / ckpt_lib.CHECKPOINT_FILENAME, holder)
+        _wait_for(run / store.CHECKPOINT_FILENAME, holder)
         for args in (["train", *SMALL, "--generations", "4", "--out", str(run)],
                      ["resume", str(run), "--more", "4", "-q"]):  # fmt: skip
             before = time.time()
@@ -112,7 +109,7 @@ def test_a_second_writer_fails_at_once_and_a_killed_holder_does_not_block(tmp_pa
         env=_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    rows = metrics_file.read_metrics(run)["generation"].tolist()
+    rows = store.read_metrics(run)["generation"].tolist()
     assert rows == list(range(1, at_kill + 3))
 
 
@@ -132,8 +129,8 @@ def test_runs_started_at_once_get_their_own_folders(tmp_path):
     assert len(folders) == 2
     seen = set()
     for folder in folders:
-        assert metrics_file.read_metrics(folder)["generation"].tolist() == [1, 2, 3]
-        seen.add(str(config_lib.load(folder / "config.yaml").algorithm_config.learning_rate))
+        assert store.read_metrics(folder)["generation"].tolist() == [1, 2, 3]
+        seen.add(str(config.load(folder / "config.yaml").algorithm_config.learning_rate))
     assert seen == set(rates)
 
 
@@ -157,12 +154,12 @@ def test_ctrl_c_during_the_first_compile_stops_cleanly_and_tells_the_truth(tmp_p
             assert crash not in err, err[-3000:]
         line = _last_line(err)
         assert "interrupted" in line
-        if (run / ckpt_lib.CHECKPOINT_FILENAME).exists():
+        if (run / store.CHECKPOINT_FILENAME).exists():
             assert f"evorl-pop resume {run}" in line, line
             # the checkpoint and metrics.csv agree on the generations done
             generation = restore.load_checkpoint(run).generation
-            path = run / metrics_file.METRICS_FILENAME
-            rows = metrics_file.read_metrics(path) if path.exists() else {}
+            path = run / store.METRICS_FILENAME
+            rows = store.read_metrics(path) if path.exists() else {}
             assert list(rows.get("generation", [])) == list(range(1, generation + 1))
         else:
             assert "no checkpoint was written" in line, line
@@ -179,10 +176,10 @@ def test_ctrl_c_after_the_folder_is_taken_but_before_training_says_what_it_holds
         raise KeyboardInterrupt
 
     with monkeypatch.context() as patch:
-        patch.setattr(ckpt_lib, "Run", ctrl_c)
+        patch.setattr(store, "Run", ctrl_c)
         assert _train(run, "--generations", "4") == 130
     line = _last_line(capsys.readouterr().err)
-    assert (run / "config.yaml").exists() and not (run / ckpt_lib.CHECKPOINT_FILENAME).exists()
+    assert (run / "config.yaml").exists() and not (run / store.CHECKPOINT_FILENAME).exists()
     assert "interrupted (Ctrl-C)" in line and "no checkpoint was written" in line, line
     assert f"--out {run} --overwrite" in line, line
     # The command it gives starts the run; one stopped while resuming says how to resume.
@@ -202,7 +199,7 @@ def test_ctrl_c_after_the_folder_is_taken_but_before_training_says_what_it_holds
 def test_resume_repairs_cut_and_extra_metrics_rows(tmp_path, capsys):
     run = tmp_path / "run"
     assert _train(run, "--generations", "20", "--checkpoint-every", "5") == 0
-    path = run / metrics_file.METRICS_FILENAME
+    path = run / store.METRICS_FILENAME
     whole = path.read_text()
     lines = whole.splitlines(keepends=True)
     assert len(lines) == 21
@@ -219,7 +216,7 @@ def test_resume_repairs_cut_and_extra_metrics_rows(tmp_path, capsys):
         assert path.read_text() == whole, case
     path.write_text(whole[:30])
     assert cli.main(["resume", str(run), "--more", "2", "-q", "--no-figure"]) == 0
-    data = metrics_file.read_metrics(path)
+    data = store.read_metrics(path)
     assert data["generation"].tolist() == list(range(1, 23))
     assert path.read_text().startswith(whole)
     capsys.readouterr()
@@ -228,16 +225,16 @@ def test_resume_repairs_cut_and_extra_metrics_rows(tmp_path, capsys):
 def test_a_checkpoint_without_metrics_rows_keeps_the_file_rows(tmp_path):
     run = tmp_path / "run"
     assert _train(run, "--generations", "4", "--checkpoint-every", "2") == 0
-    path = run / metrics_file.METRICS_FILENAME
+    path = run / store.METRICS_FILENAME
     whole = path.read_text()
     _edit_checkpoint(run, lambda payload: payload.pop("metrics_rows"))  # an older checkpoint
     path.write_text(whole + "5,0,1.0")
     assert cli.main(["resume", str(run), "--more", "2", "-q", "--no-figure"]) == 0
-    assert metrics_file.read_metrics(path)["generation"].tolist() == [1, 2, 3, 4, 5, 6]
+    assert store.read_metrics(path)["generation"].tolist() == [1, 2, 3, 4, 5, 6]
     # The new checkpoint keeps all six rows, also those written before the resume.
     path.write_text(whole[:40])
     assert cli.main(["resume", str(run), "--more", "0", "-q", "--no-figure"]) == 0
-    assert metrics_file.read_metrics(path)["generation"].tolist() == [1, 2, 3, 4, 5, 6]
+    assert store.read_metrics(path)["generation"].tolist() == [1, 2, 3, 4, 5, 6]
     assert path.read_text().startswith(whole)
 
 
@@ -252,7 +249,7 @@ def test_an_all_nonfinite_generation_reports_nan_and_warns(tmp_path, capsys, rec
     assert "warning: generation" in err and "1" in err and "no finite fitness" in err
     assert (run / "fitness.png").exists()  # drawn with the gap, without numpy's warnings
     assert not [w for w in recwarn if w.filename.endswith("plotting.py")]
-    data = metrics_file.read_metrics(run)
+    data = store.read_metrics(run)
     assert data["generation"].tolist() == [1, 2, 3]  # the run went on
     assert np.isnan(data["fitness_mean"]).all() and np.isnan(data["fitness_std"]).all()
     assert (data["num_nonfinite"] == 16).all()
@@ -310,14 +307,12 @@ def test_a_full_disk_is_a_one_line_error_and_changes_nothing(tmp_path, capsys, m
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
     with monkeypatch.context() as patch:
-        patch.setattr(config_lib, "write_atomic", full)
+        patch.setattr(config, "write_atomic", full)
         _one_line_error(capsys, ["resume", str(run), "--more", "2", "-q"], 1, "No space left")
     assert _snapshot(run) == before
     # Mid-run, when rows cannot be appended: checkpoint and metrics stay as they were
     # (config.yaml already holds the new target of 6 generations).
-    monkeypatch.setattr(
-        metrics_file.MetricsCSV, "flush", lambda self, run, state: full(self.path, 0)
-    )
+    monkeypatch.setattr(store.MetricsCSV, "flush", lambda self, run, state: full(self.path, 0))
     _one_line_error(capsys, ["resume", str(run), "--more", "2", "-q"], 1, "No space left")
     after = _snapshot(run)
     for name in ("metrics.csv", "checkpoint.msgpack"):
@@ -358,7 +353,7 @@ def test_zero_generations_leave_a_resumable_folder(tmp_path):
     assert restore.load_checkpoint(run).generation == 0
     assert cli.main(["resume", str(run), "--more", "4", "-q", "--no-figure"]) == 0
     assert _train(whole, "--generations", "4") == 0
-    a, b = metrics_file.read_metrics(run), metrics_file.read_metrics(whole)
+    a, b = store.read_metrics(run), store.read_metrics(whole)
     for name in ("generation", "fitness_best", "fitness_mean", "best_so_far"):
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
@@ -408,9 +403,7 @@ def test_minatar_example_restarts_and_continues_the_best(tmp_path):
     best = max(scores, key=scores.get)  # the first of ties, as the example
     assert f"continued seed {best} " in out.stdout and "over 64 fresh episodes" in out.stdout
     for seed in scores:
-        rows = metrics_file.read_metrics(
-            tmp_path / "runs" / f"openes-breakout-keypoints-restart{seed}"
-        )
+        rows = store.read_metrics(tmp_path / "runs" / f"openes-breakout-keypoints-restart{seed}")
         assert rows["generation"].tolist() == ([1, 2, 3, 4] if seed == best else [1, 2])
     assert (tmp_path / "figures" / "openes_breakout_keypoints.png").stat().st_size > 0
 
@@ -422,7 +415,7 @@ def test_ctrl_c_ends_an_example_in_one_line_with_its_checkpoint(tmp_path):
         _example("openes_pendulum.py", tmp_path, "--generations", "100000"),
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    _wait_for(run / metrics_file.METRICS_FILENAME, proc)  # a chunk has run
+    _wait_for(run / store.METRICS_FILENAME, proc)  # a chunk has run
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == -signal.SIGINT, err[-3000:]  # as Python ends on Ctrl-C
