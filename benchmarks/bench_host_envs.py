@@ -81,8 +81,7 @@ from evorl_pop.tasks.gym_envs import episode_seeds  # noqa: E402
 
 
 def make_es(task, pop, devices, **fields):
-    config = ESConfig(task=task, population_size=pop, hidden_sizes=(32,), eval_episodes=0,
-                      **fields)  # fmt: skip
+    config = ESConfig(task=task, population_size=pop, hidden_sizes=(32,), eval_episodes=0, **fields)
     return ES(config, mesh=make_mesh(devices))
 
 
@@ -120,8 +119,9 @@ def handwritten_steps(task, vec, params, seeds, discrete):
     steps = t = 0
     while not ended.all():
         actions = np.asarray(act(params, obs))
-        obs, _, terminated, truncated, _ = vec.step(actions.astype(np.int64) if discrete
-                                                    else actions)  # fmt: skip
+        obs, _, terminated, truncated, _ = vec.step(
+            actions.astype(np.int64) if discrete else actions
+        )
         steps, t = steps + int((~ended).sum()), t + 1
         ended |= terminated | truncated | (t >= task.spec.max_steps)
     return steps
@@ -149,13 +149,15 @@ def population_seeds(key, pop, episodes):
 
 def gym_rows(args):
     for name in args.gym.split(","):
-        common = dict(episode_length=args.episode_length, episodes=args.episodes,
-                      vector=args.vector)  # fmt: skip
+        common = dict(
+            episode_length=args.episode_length, episodes=args.episodes, vector=args.vector
+        )
         engines = [make_es(name, args.pop, devices, **common) for devices in DEVICES]
         task, es = engines[0].task, engines[0]
         state = es.init(jax.random.key(0))
-        population = np.asarray(es.strategy.ask(jax.random.key(1), state.strategy_state,
-                                                es.params)[0])  # fmt: skip
+        population = np.asarray(
+            es.strategy.ask(jax.random.key(1), state.strategy_state, es.params)[0]
+        )
         key = jax.random.key(2)
         seeds = population_seeds(key, args.pop, args.episodes)
         params = jnp.repeat(population, args.episodes, axis=0)
@@ -171,8 +173,10 @@ def gym_rows(args):
             assert int(steps) == hand_steps, (int(steps), hand_steps)  # the same episodes
             rate = hand_steps / seconds
             goal = ">= 0.8" if devices == 1 else "> the 1-device ratio"
-            print(f"{'':28s} {f'engine, {devices} dev':>14s} {rate:12,.0f}   ratio "
-                  f"{rate / hand:5.2f}  (goal {goal})")  # fmt: skip
+            print(
+                f"{'':28s} {f'engine, {devices} dev':>14s} {rate:12,.0f}   ratio "
+                f"{rate / hand:5.2f}  (goal {goal})"
+            )
         vec.close()
         for engine in engines:
             engine.task.pool.close()
@@ -183,18 +187,21 @@ def run_rate(args, name, processes, out):
     of the mean) in ``processes`` processes of one CPU device each (``evorl-pop launch``
     beyond one): the best chunk after the first (which compiles), from ``metrics.csv``'s
     steps and times."""
-    train = ["train", "--task", name, "--pop", str(args.pop), "--generations",
-             str(args.run_gens), "--chunk", str(args.run_chunk),
-             "--set", f"episode_length={args.episode_length}", "--set", f"episodes={args.episodes}",
-             "--set", f"vector={args.vector}", "--set", "eval_episodes=0", "--no-figure", "-q",
-             "--out", str(out)]  # fmt: skip
+    train = (
+        f"train --task {name} --pop {args.pop} --generations {args.run_gens} "
+        f"--chunk {args.run_chunk} --set episode_length={args.episode_length} "
+        f"--set episodes={args.episodes} --set vector={args.vector} --set eval_episodes=0 "
+        "--no-figure -q"
+    ).split()
+    train += ["--out", str(out)]  # a path may hold spaces
     if processes == 1:
         command = [*train, "--devices", "1"]
     else:
         command = ["launch", "-n", str(processes), "--devices-per-process", "1", "--", *train]
     env = dict(os.environ, XLA_FLAGS="")  # each process sets its own device count
-    done = subprocess.run([sys.executable, "-m", "evorl_pop.cli", *command], env=env,
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "evorl_pop.cli", *command], env=env, capture_output=True, text=True
+    )
     if done.returncode:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
     rows, n = store.read_metrics(out), args.run_chunk
@@ -237,21 +244,27 @@ def playground_row(args):
 
     hand = jax.jit(generations)
     (seconds, steps), (hand_seconds, _) = interleaved_best(
-        [functools.partial(engine, state, jax.random.key(1)),
-         functools.partial(hand, population, jax.random.key(3))], args.reps
-    )  # fmt: skip
+        [
+            functools.partial(engine, state, jax.random.key(1)),
+            functools.partial(hand, population, jax.random.key(3)),
+        ],
+        args.reps,
+    )
     rate = float(steps) / seconds
     hand_rate = args.gens * args.pg_pop * args.pg_steps / hand_seconds
-    print(f"{args.playground:28s} {'hand-written':>14s} {hand_rate:12,.0f}   "
-          "(jit(vmap(scan(step))))")  # fmt: skip
+    print(
+        f"{args.playground:28s} {'hand-written':>14s} {hand_rate:12,.0f}   (jit(vmap(scan(step))))"
+    )
     print(f"{'':28s} {'engine, 1 dev':>14s} {rate:12,.0f}   ratio {rate / hand_rate:5.2f}")
 
 
 def main(args):
-    print(f"jax {jax.__version__}, {jax.default_backend()}, {os.cpu_count()} cores, best of "
-          f"{args.reps}; gym: population {args.pop} x {args.episodes} episode(s), episodes of at "
-          f"most {args.episode_length} steps; playground: population {args.pg_pop}, "
-          f"{args.pg_steps}-step episodes")  # fmt: skip
+    print(
+        f"jax {jax.__version__}, {jax.default_backend()}, {os.cpu_count()} cores, best of "
+        f"{args.reps}; gym: population {args.pop} x {args.episodes} episode(s), episodes of at "
+        f"most {args.episode_length} steps; playground: population {args.pg_pop}, "
+        f"{args.pg_steps}-step episodes"
+    )
     print(f"{'task':28s} {'':>14s} {'env steps/s':>12s}")
     start = time.perf_counter()
     if args.gym:

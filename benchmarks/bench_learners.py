@@ -91,20 +91,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-epochs", type=int, default=4)
     p.add_argument("--ppo-advantages", default="iteration", help="iteration or minibatch")
     p.add_argument("--ppo-obs-norm-update", default="before", help="before (brax's) or after")
-    p.add_argument("--ppo-policy-init-scale", type=float, default=0.01,
-                   help="the policy's initial output weights (evorl_pop's default 0.01; "
-                        "brax's: 1.0)")  # fmt: skip
+    p.add_argument(
+        "--ppo-policy-init-scale",
+        type=float,
+        default=0.01,
+        help="the policy's initial output weights (evorl_pop's default 0.01; brax's: 1.0)",
+    )
     p.add_argument("--sac-steps", type=int, default=16_000)
     p.add_argument("--sac-envs", type=int, default=16)
     p.add_argument("--sac-updates", type=int, default=8, help="updates per step of the envs")
     p.add_argument("--cores", type=int, default=1, help="cores to run on (0: all)")
     p.add_argument("--devices", type=int, default=1, help="CPU devices both implementations use")
     p.add_argument("--curves", action="store_true", help="SAC's return at brax's evaluations")
-    p.add_argument("--restarts", default="fresh", choices=("fresh", "first"),
-                   help="where evorl_pop's ended episodes restart: a fresh start drawn every "
-                        "unroll (evorl_pop's), or the lane's own first start (brax's)")  # fmt: skip
-    p.add_argument("--curve-impls", default="evorl_pop,brax",
-                   help="with --curves: the implementations to train")  # fmt: skip
+    p.add_argument(
+        "--restarts",
+        default="fresh",
+        choices=("fresh", "first"),
+        help="where evorl_pop's ended episodes restart: a fresh start drawn every "
+        "unroll (evorl_pop's), or the lane's own first start (brax's)",
+    )
+    p.add_argument(
+        "--curve-impls",
+        default="evorl_pop,brax",
+        help="with --curves: the implementations to train",
+    )
     args = p.parse_args(argv)
     impls = args.curve_impls.split(",")
     if not set(impls) <= {"evorl_pop", "brax"}:
@@ -141,13 +151,24 @@ if "device_put_replicated" not in vars(jax):
 EPISODE_LENGTH = 1000
 #: Settings both implementations share (brax's hopper settings, smaller networks for a CPU).
 PPO_SETTINGS = dict(
-    learning_rate=3e-4, entropy_cost=1e-2, discount=0.97, gae_lambda=0.95, clip_epsilon=0.3,
-    reward_scaling=10.0, policy_hidden_sizes=(32, 32, 32, 32), value_hidden_sizes=(64, 64, 64),
-)  # fmt: skip
+    learning_rate=3e-4,
+    entropy_cost=1e-2,
+    discount=0.97,
+    gae_lambda=0.95,
+    clip_epsilon=0.3,
+    reward_scaling=10.0,
+    policy_hidden_sizes=(32, 32, 32, 32),
+    value_hidden_sizes=(64, 64, 64),
+)
 SAC_SETTINGS = dict(
-    lr=1e-3, discount=0.99, tau=0.005, reward_scaling=1.0, hidden_sizes=(256, 256),
-    batch_size=256, learning_starts=2048,
-)  # fmt: skip
+    lr=1e-3,
+    discount=0.99,
+    tau=0.005,
+    reward_scaling=1.0,
+    hidden_sizes=(256, 256),
+    batch_size=256,
+    learning_starts=2048,
+)
 
 
 @functools.cache  # one per policy until free_programs() after each seed
@@ -218,13 +239,20 @@ class BraxProgress:
 def ours_ppo(seed):
     s = PPO_SETTINGS
     config = ppo.Config(
-        task=f"brax/{ARGS.task}", backend=ARGS.backend, episode_length=EPISODE_LENGTH,
-        num_envs=ARGS.num_envs, unroll_length=ARGS.unroll_length,
-        num_minibatches=ARGS.num_minibatches, num_epochs=ARGS.num_epochs,
-        max_grad_norm=None, normalize_observations=True, advantages=ARGS.ppo_advantages,
+        task=f"brax/{ARGS.task}",
+        backend=ARGS.backend,
+        episode_length=EPISODE_LENGTH,
+        num_envs=ARGS.num_envs,
+        unroll_length=ARGS.unroll_length,
+        num_minibatches=ARGS.num_minibatches,
+        num_epochs=ARGS.num_epochs,
+        max_grad_norm=None,
+        normalize_observations=True,
+        advantages=ARGS.ppo_advantages,
         obs_norm_update=ARGS.ppo_obs_norm_update,
-        policy_init_scale=ARGS.ppo_policy_init_scale, **s,
-    )  # fmt: skip
+        policy_init_scale=ARGS.ppo_policy_init_scale,
+        **s,
+    )
     algo = ppo.PPO(config, make_mesh(ARGS.devices))
     per_chunk = ARGS.ppo_iterations // ARGS.chunks
     run = functools.partial(compiled_steps(algo), n=per_chunk)
@@ -251,16 +279,27 @@ def brax_ppo(seed):
     progress = BraxProgress()
     per_iteration = ARGS.num_envs * ARGS.unroll_length
     make_policy, params, _ = ppo_train.train(
-        environment=env, num_timesteps=ARGS.ppo_iterations * per_iteration,
-        episode_length=EPISODE_LENGTH, num_envs=ARGS.num_envs,
-        batch_size=ARGS.num_envs // ARGS.num_minibatches, num_minibatches=ARGS.num_minibatches,
-        unroll_length=ARGS.unroll_length, num_updates_per_batch=ARGS.num_epochs,
-        learning_rate=s["learning_rate"], entropy_cost=s["entropy_cost"],
-        discounting=s["discount"], gae_lambda=s["gae_lambda"], clipping_epsilon=s["clip_epsilon"],
-        reward_scaling=s["reward_scaling"], normalize_observations=True,
-        network_factory=network, num_evals=ARGS.chunks + 1, run_evals=False, seed=seed,
+        environment=env,
+        num_timesteps=ARGS.ppo_iterations * per_iteration,
+        episode_length=EPISODE_LENGTH,
+        num_envs=ARGS.num_envs,
+        batch_size=ARGS.num_envs // ARGS.num_minibatches,
+        num_minibatches=ARGS.num_minibatches,
+        unroll_length=ARGS.unroll_length,
+        num_updates_per_batch=ARGS.num_epochs,
+        learning_rate=s["learning_rate"],
+        entropy_cost=s["entropy_cost"],
+        discounting=s["discount"],
+        gae_lambda=s["gae_lambda"],
+        clipping_epsilon=s["clip_epsilon"],
+        reward_scaling=s["reward_scaling"],
+        normalize_observations=True,
+        network_factory=network,
+        num_evals=ARGS.chunks + 1,
+        run_evals=False,
+        seed=seed,
         progress_fn=progress,
-    )  # fmt: skip
+    )
     policy = make_policy(params, deterministic=True)
     return progress.rates(), evaluate(
         lambda p, obs: policy(obs, jax.random.key(0))[0], params, seed
@@ -273,14 +312,25 @@ def brax_ppo(seed):
 def _our_sac():
     s = SAC_SETTINGS
     config = sac.Config(
-        task=f"brax/{ARGS.task}", backend=ARGS.backend, episode_length=EPISODE_LENGTH,
-        num_envs=ARGS.sac_envs, unroll_length=1,
-        updates_per_step=ARGS.sac_updates / ARGS.sac_envs, batch_size=s["batch_size"],
-        buffer_capacity=ARGS.sac_steps, learning_starts=s["learning_starts"],
-        actor_lr=s["lr"], critic_lr=s["lr"], alpha_lr=3e-4, target_entropy_scale=0.5,
-        discount=s["discount"], tau=s["tau"], reward_scaling=s["reward_scaling"],
-        actor_hidden_sizes=s["hidden_sizes"], critic_hidden_sizes=s["hidden_sizes"],
-    )  # fmt: skip
+        task=f"brax/{ARGS.task}",
+        backend=ARGS.backend,
+        episode_length=EPISODE_LENGTH,
+        num_envs=ARGS.sac_envs,
+        unroll_length=1,
+        updates_per_step=ARGS.sac_updates / ARGS.sac_envs,
+        batch_size=s["batch_size"],
+        buffer_capacity=ARGS.sac_steps,
+        learning_starts=s["learning_starts"],
+        actor_lr=s["lr"],
+        critic_lr=s["lr"],
+        alpha_lr=3e-4,
+        target_entropy_scale=0.5,
+        discount=s["discount"],
+        tau=s["tau"],
+        reward_scaling=s["reward_scaling"],
+        actor_hidden_sizes=s["hidden_sizes"],
+        critic_hidden_sizes=s["hidden_sizes"],
+    )
     return sac.SAC(config, make_mesh(ARGS.devices))
 
 
@@ -302,17 +352,25 @@ def _brax_sac_train(seed, **kwargs):
 
     s = SAC_SETTINGS
     return sac_train.train(
-        environment=_make_brax_env(), num_timesteps=ARGS.sac_steps,
-        episode_length=EPISODE_LENGTH, num_envs=ARGS.sac_envs, learning_rate=s["lr"],
-        discounting=s["discount"], batch_size=s["batch_size"],
-        min_replay_size=s["learning_starts"], max_replay_size=ARGS.sac_steps,
-        grad_updates_per_step=ARGS.sac_updates, reward_scaling=s["reward_scaling"],
-        tau=s["tau"], num_evals=ARGS.chunks + 1, seed=seed,
+        environment=_make_brax_env(),
+        num_timesteps=ARGS.sac_steps,
+        episode_length=EPISODE_LENGTH,
+        num_envs=ARGS.sac_envs,
+        learning_rate=s["lr"],
+        discounting=s["discount"],
+        batch_size=s["batch_size"],
+        min_replay_size=s["learning_starts"],
+        max_replay_size=ARGS.sac_steps,
+        grad_updates_per_step=ARGS.sac_updates,
+        reward_scaling=s["reward_scaling"],
+        tau=s["tau"],
+        num_evals=ARGS.chunks + 1,
+        seed=seed,
         network_factory=functools.partial(
             sac_networks.make_sac_networks, hidden_layer_sizes=s["hidden_sizes"]
         ),
         **kwargs,
-    )  # fmt: skip
+    )
 
 
 def brax_policy(make_policy):
@@ -347,8 +405,9 @@ def our_sac_curve(seed):
     for i in range(ARGS.chunks):
         state = run(state, chunk_key(i), n=first if i == 0 else then)
         steps.append(ARGS.sac_envs * (first + i * then))
-        returns.append(evaluate(algo.learner.deterministic_policy, state.learner.actor.params,
-                                seed))  # fmt: skip
+        returns.append(
+            evaluate(algo.learner.deterministic_policy, state.learner.actor.params, seed)
+        )
     return {"evorl_pop": (steps, returns)}
 
 
@@ -368,9 +427,11 @@ def brax_sac_curve(seed):
 
     with mock.patch.object(acting.Evaluator, "run_evaluation", keep_params):
         make_policy, _, _ = _brax_sac_train(
-            seed, num_eval_envs=ARGS.eval_episodes, deterministic_eval=True,
+            seed,
+            num_eval_envs=ARGS.eval_episodes,
+            deterministic_eval=True,
             progress_fn=lambda step, m: own.append((step, float(m["eval/episode_reward"]))),
-        )  # fmt: skip
+        )
     steps = [step for step, _ in own[1:]]  # after the initial evaluation
     policy = brax_policy(make_policy)
     ours = [evaluate(policy, p, seed) for p in params[1:]]
@@ -383,9 +444,11 @@ def curve_summary(curves):
     standard error)."""
     labels = list(curves)
     late = ARGS.chunks - ARGS.chunks // 2
-    print(f"\nSAC on brax/{ARGS.task} ({ARGS.backend}), seeds {ARGS.first_seed}-"
-          f"{ARGS.first_seed + ARGS.seeds - 1}: mean return over seeds at each evaluation; "
-          f"'late': the mean of the last {ARGS.chunks // 2} points")  # fmt: skip
+    print(
+        f"\nSAC on brax/{ARGS.task} ({ARGS.backend}), seeds {ARGS.first_seed}-"
+        f"{ARGS.first_seed + ARGS.seeds - 1}: mean return over seeds at each evaluation; "
+        f"'late': the mean of the last {ARGS.chunks // 2} points"
+    )
     for label in labels:
         r = np.asarray(curves[label])
         points = " ".join(f"{m:6.1f}" for m in r.mean(0))
@@ -448,8 +511,11 @@ def main():
             for impl, fn in zip(results, RUNS[name], strict=True):
                 (cpu, wall), ret = fn(seed)
                 results[impl].append((cpu, wall, ret))
-                print(f"{name} {impl} seed {seed}: {cpu:,.0f} steps per CPU second, {wall:,.0f} "
-                      f"steps/s, return {ret:.1f}", flush=True)  # fmt: skip
+                print(
+                    f"{name} {impl} seed {seed}: {cpu:,.0f} steps per CPU second, {wall:,.0f} "
+                    f"steps/s, return {ret:.1f}",
+                    flush=True,
+                )
             free_programs()
         ours, theirs = (np.asarray(results[k]) for k in ("evorl_pop", "brax"))
         for impl, r in (("evorl_pop", ours), ("brax", theirs)):
@@ -458,14 +524,20 @@ def main():
         diff = ours[:, 2].mean() - theirs[:, 2].mean()
         error = np.sqrt((ours[:, 2].var(ddof=1) + theirs[:, 2].var(ddof=1)) / ARGS.seeds)
         rows.append((name, "ours/brax", *ratio, diff, error))
-    budget = (f"PPO {ARGS.ppo_iterations} x {ARGS.num_envs} x {ARGS.unroll_length} steps, "
-              f"SAC {ARGS.sac_steps} steps")  # fmt: skip
-    where = (f"brax/{ARGS.task} ({ARGS.backend}), {ARGS.seeds} seeds, {ARGS.cores} core(s), "
-             f"{ARGS.devices} device(s)")  # fmt: skip
+    budget = (
+        f"PPO {ARGS.ppo_iterations} x {ARGS.num_envs} x {ARGS.unroll_length} steps, "
+        f"SAC {ARGS.sac_steps} steps"
+    )
+    where = (
+        f"brax/{ARGS.task} ({ARGS.backend}), {ARGS.seeds} seeds, {ARGS.cores} core(s), "
+        f"{ARGS.devices} device(s)"
+    )
     if "ppo" in ARGS.only:
-        where += (f", PPO advantages={ARGS.ppo_advantages!r}, "
-                  f"obs_norm_update={ARGS.ppo_obs_norm_update!r}, "
-                  f"policy_init_scale={ARGS.ppo_policy_init_scale}")  # fmt: skip
+        where += (
+            f", PPO advantages={ARGS.ppo_advantages!r}, "
+            f"obs_norm_update={ARGS.ppo_obs_norm_update!r}, "
+            f"policy_init_scale={ARGS.ppo_policy_init_scale}"
+        )
     print(f"\n{where}, {budget}; medians over seeds")
     print(f"{'learner':8s} {'impl':10s} {'steps/CPU s':>12s} {'steps/s':>10s} {'return':>18s}")
     for name, impl, cpu, wall, mean, std in rows:

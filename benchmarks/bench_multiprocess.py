@@ -48,15 +48,14 @@ def generations_per_second(run: Path, chunk: int) -> float:
 def launch(out: Path, processes: int, devices: int, args) -> float:
     """One launch of the job; returns its generations per second."""
     env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
-    command = [
-        sys.executable, "-m", "evorl_pop.cli", "launch",
-        "-n", str(processes), "--devices-per-process", str(devices), "--",
-        "train", "--strategy", "Open_ES", "--task", "CartPole-v1",
-        "--pop", str(args.pop), "--generations", str(args.gens), "--chunk", str(args.chunk),
-        "--checkpoint-every", "0", "--seed", "0",
-        "--set", "sigma_init=0.1", "--set", "learning_rate=0.05",
-        "--out", str(out), "-q", "--no-figure",
-    ]  # fmt: skip
+    launcher = f"launch -n {processes} --devices-per-process {devices} --"
+    train = (
+        f"train --strategy Open_ES --task CartPole-v1 --pop {args.pop} --generations {args.gens} "
+        f"--chunk {args.chunk} --checkpoint-every 0 --seed 0 "
+        "--set sigma_init=0.1 --set learning_rate=0.05 -q --no-figure"
+    )
+    command = [sys.executable, "-m", "evorl_pop.cli", *launcher.split(), *train.split()]
+    command += ["--out", str(out)]  # a path may hold spaces
     t0 = time.perf_counter()
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     if result.returncode != 0:

@@ -43,8 +43,9 @@ parser.add_argument("--learner", choices=("td3", "ppo"), default="td3")
 parser.add_argument(
     "--steps", type=int, default=None, help="env steps per member (12000, ppo: 40960)"
 )
-parser.add_argument("--interval", type=int, default=None,
-                    help="env steps between exploits (1000, ppo: 2048)")  # fmt: skip
+parser.add_argument(
+    "--interval", type=int, default=None, help="env steps between exploits (1000, ppo: 2048)"
+)
 parser.add_argument("--population", type=int, default=8)
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--devices", type=int, default=1, help="CPU devices on the POP axis")
@@ -75,8 +76,13 @@ SEARCH = (pbt.Hyperparameter("actor_lr", 1e-5, 1e-2), pbt.Hyperparameter("critic
 CONFIG = pbt.Config(population_size=args.population, search=SEARCH, interval=args.interval)
 if PPO:
     members = ppo.Config(num_envs=8, unroll_length=128, num_minibatches=4, num_epochs=4)
-    CONFIG = pbt.Config(task="CartPole-v1", learner="ppo", population_size=args.population,
-                        interval=args.interval, ppo=members)  # fmt: skip
+    CONFIG = pbt.Config(
+        task="CartPole-v1",
+        learner="ppo",
+        population_size=args.population,
+        interval=args.interval,
+        ppo=members,
+    )
 PLOTTED = ("learning_rate", "entropy_cost") if PPO else ("actor_lr", "critic_lr")
 FINAL_EPISODES = 10
 
@@ -126,8 +132,10 @@ def main():
         algo = pbt.PBT(dataclasses.replace(CONFIG, exploit=exploit), mesh)
         history, state, wall = train(algo)
         results[label] = (history, final_returns(algo, state), wall)
-        print(f"{label:>5}: {wall:7.1f}s wall (incl. compilation) for {args.steps} steps x "
-              f"{args.population} members")  # fmt: skip
+        print(
+            f"{label:>5}: {wall:7.1f}s wall (incl. compilation) for {args.steps} steps x "
+            f"{args.population} members"
+        )
 
     steps = np.arange(1, args.steps // args.interval + 1) * args.interval
     print(f"\nmean return over {FINAL_EPISODES} episodes after {args.steps} steps per member")
@@ -150,9 +158,12 @@ def main():
         returns = member_columns(history, "return")
         axes[0].plot(steps, returns, color=color, alpha=0.25, linewidth=0.8)
         axes[0].plot(
-            steps, np.median(returns, 1), color=color, linewidth=2,
+            steps,
+            np.median(returns, 1),
+            color=color,
+            linewidth=2,
             label=f"{label}: median (final {np.median(final):.0f})",
-        )  # fmt: skip
+        )
     axes[0].axhline(args.target, color="k", linestyle=":", linewidth=1)
     axes[0].set(xlabel="environment steps per member", ylabel="evaluation return")
     axes[0].set_title("members (thin) and median (bold)", fontsize=10)
