@@ -43,7 +43,8 @@ from evorl_pop.base import ConfigError, check_config
 from evorl_pop.rl import data_parallel, replay, vec_env
 from evorl_pop.rl.ppo import Hyperparameters, Params, PPOLearner, Rollout, Samples, Segments
 from evorl_pop.tasks.envs import env_names
-from evorl_pop.tasks.rollout import ObsMoments, ObsNorm, evaluate_episodes
+from evorl_pop.tasks.obs_norm import ObsMoments, ObsNorm
+from evorl_pop.tasks.rollout import evaluate_episodes
 
 DP = dist.DP_AXIS_NAME
 

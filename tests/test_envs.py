@@ -16,20 +16,10 @@ from jax.flatten_util import ravel_pytree
 from evorl_pop import make_mesh
 from evorl_pop.algorithms.es import ES, ESConfig
 from evorl_pop.tasks import ControlTask
-from evorl_pop.tasks.control import fold_virtual_batch_norm, vbn_reference
-from evorl_pop.tasks.envs import (
-    CNN,
-    MLP,
-    UNLISTED_GYMNAX,
-    Conv3x3,
-    Keypoints,
-    Policy,
-    env_names,
-    make_env,
-    make_policy,
-    random_observations,
-)
+from evorl_pop.tasks.envs import UNLISTED_GYMNAX, env_names, make_env, random_observations
+from evorl_pop.tasks.policies import CNN, MLP, Conv3x3, Keypoints, Policy, make_policy
 from evorl_pop.tasks.rollout import rollout
+from evorl_pop.tasks.vbn import fold_virtual_batch_norm, vbn_reference
 
 BRAX = sorted(name for name in env_names() if name.startswith("brax/"))
 # Playground's tasks train in tests/test_playground.py

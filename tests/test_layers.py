@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = (
     ("evorl_pop.jax_private",),
     ("evorl_pop.base",),
+    ("evorl_pop.registry",),  # plug-ins by name: any layer above registers into it
     ("evorl_pop.distributed",),
     ("evorl_pop.core",),
     ("evorl_pop.tasks",),

@@ -19,8 +19,9 @@ import pytest
 from evorl_pop import make_mesh, use_compilation_cache
 from evorl_pop.algorithms.es import ES, ESConfig
 from evorl_pop.base import ConfigError
-from evorl_pop.tasks.envs import env_names, make_env, make_policy
+from evorl_pop.tasks.envs import env_names, make_env
 from evorl_pop.tasks.playground_envs import PLAYGROUND_ENVS
+from evorl_pop.tasks.policies import make_policy
 from evorl_pop.tasks.rollout import rollout
 
 pytest.importorskip("mujoco_playground")

@@ -12,7 +12,8 @@ from evorl_pop.base import EnvSpec, EvalInfo
 from evorl_pop.core.engine import Engine
 from evorl_pop.run.shell import train_loop
 from evorl_pop.tasks import ControlTask
-from evorl_pop.tasks.rollout import ObsNorm, evaluate_episodes, rollout, rollout_queue
+from evorl_pop.tasks.obs_norm import ObsNorm
+from evorl_pop.tasks.rollout import evaluate_episodes, rollout, rollout_queue
 
 
 def collect_episode(env, policy, params, key, noise_std=0.0, episode_length=None):

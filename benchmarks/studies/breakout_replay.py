@@ -21,8 +21,9 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from evorl_pop.run import restore, store
-from evorl_pop.tasks.envs import make_env, make_policy
-from evorl_pop.tasks.rollout import ObsNorm
+from evorl_pop.tasks.envs import make_env
+from evorl_pop.tasks.obs_norm import ObsNorm
+from evorl_pop.tasks.policies import make_policy
 
 ACTIONS = ("no-op", "left", "right")
 

@@ -70,8 +70,9 @@ from evosax.core.fitness_shaping import (
 from jax.flatten_util import ravel_pytree
 
 from evorl_pop.algorithms.es import elite_shaping, make_strategy
-from evorl_pop.tasks.control import VBN_BATCH, fold_virtual_batch_norm, vbn_reference
-from evorl_pop.tasks.envs import CNN, MLP, Keypoints, Policy, make_env, random_observations
+from evorl_pop.tasks.envs import make_env, random_observations
+from evorl_pop.tasks.policies import CNN, MLP, Keypoints, Policy
+from evorl_pop.tasks.vbn import VBN_BATCH, fold_virtual_batch_norm, vbn_reference
 
 EPISODE_LENGTH = 500
 EVAL_EPISODES = 8

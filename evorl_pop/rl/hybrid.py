@@ -7,7 +7,7 @@
 * ``'sac'``: :class:`~evorl_pop.rl.sac.SACHybridLearner`; the members are
   SAC's tanh-Gaussian actors (a location and a scale per action dimension),
   evaluated with their deterministic action, the squashed location
-  (:class:`~evorl_pop.tasks.envs.GaussianPolicy`), and trained against twin
+  (:class:`~evorl_pop.tasks.policies.GaussianPolicy`), and trained against twin
   critics and a learned temperature.
 
 Either learner shares :class:`~evorl_pop.rl.td3.ReplayLearner`'s replay
@@ -24,7 +24,8 @@ from jax.sharding import Mesh
 from evorl_pop.base import ConfigError, did_you_mean
 from evorl_pop.rl.td3 import HybridConfig, ReplayLearner, TD3Config, TD3Learner
 from evorl_pop.tasks.control import ControlTask
-from evorl_pop.tasks.envs import gaussian_policy, make_env
+from evorl_pop.tasks.envs import make_env
+from evorl_pop.tasks.policies import gaussian_policy
 
 #: The RL parts a hybrid can have.
 LEARNERS = ("td3", "sac")

@@ -49,8 +49,8 @@ import optax
 from evorl_pop import distributed as dist
 from evorl_pop.base import EnvSpec
 from evorl_pop.rl import distributions, replay
-from evorl_pop.tasks.envs import CNN, MLP
-from evorl_pop.tasks.rollout import ObsNorm
+from evorl_pop.tasks.obs_norm import ObsNorm
+from evorl_pop.tasks.policies import CNN, MLP
 
 #: Normalised observations are clipped to +-this (brax does not clip; 5, ObsNorm's
 #: default, hid how far CartPole's cart had drifted once episodes grew long).

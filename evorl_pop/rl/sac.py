@@ -44,7 +44,7 @@ from evorl_pop.rl import replay
 from evorl_pop.rl.distributions import TanhNormal
 from evorl_pop.rl.replay import ReplayBuffer
 from evorl_pop.rl.td3 import CONTINUOUS_ENVS, CriticState, ReplayLearner, polyak
-from evorl_pop.tasks.envs import ACTIVATIONS, MLP, Critic
+from evorl_pop.tasks.policies import ACTIVATIONS, MLP, Critic
 from evorl_pop.tasks.rollout import Episode, Transition, rollout
 
 
@@ -384,7 +384,7 @@ class SACHybridLearner(ReplayLearner):
     """SAC fed by a population's evaluations: the hybrids' learner with ``learner='sac'``.
 
     Its actor is the population's network (the task's
-    :class:`~evorl_pop.tasks.envs.GaussianPolicy` module), so a member's flat
+    :class:`~evorl_pop.tasks.policies.GaussianPolicy` module), so a member's flat
     weights are an actor; :attr:`learn` takes :meth:`SACLearner.train`'s
     updates with minibatches split over the ``'DP'`` mesh
     (:class:`~evorl_pop.rl.td3.ReplayLearner`).

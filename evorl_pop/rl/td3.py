@@ -2,7 +2,7 @@
 
 Fujimoto, van Hoof & Meger (2018), "Addressing Function Approximation Error
 in Actor-Critic Methods". A deterministic actor (the same
-:func:`~evorl_pop.tasks.envs.make_policy` MLP a population evolves, squashed by
+:func:`~evorl_pop.tasks.policies.make_policy` MLP a population evolves, squashed by
 tanh into ``[low, high]``), twin critics trained towards the smaller of two
 target values, clipped noise on the target action, and actor / target
 updates every ``policy_delay`` critic updates.
@@ -34,7 +34,7 @@ from evorl_pop.base import ConfigError, EnvSpec
 from evorl_pop.rl import replay
 from evorl_pop.rl.replay import ReplayBuffer
 from evorl_pop.tasks.control import ControlTask
-from evorl_pop.tasks.envs import Critic, Policy, make_policy
+from evorl_pop.tasks.policies import Critic, Policy, make_policy
 from evorl_pop.tasks.rollout import Transition, rollout
 
 #: gymnax environments with continuous actions (those TD3 can learn).
