@@ -117,7 +117,9 @@ class CMA_ES_pycma(evosax.algorithms.CMA_ES):
     @property
     def _default_params(self):
         params = super()._default_params
-        n, lam, mu = self.num_dims, self.population_size, self.num_elites
+        n = self.num_dims
+        lam = self.population_size
+        mu = self.num_elites
         w_prime = jnp.log((lam + 1) / 2) - jnp.log(jnp.arange(1, lam + 1))
         mu_eff = params.mu_eff
         mu_eff_minus = jnp.sum(w_prime[mu:]) ** 2 / jnp.sum(w_prime[mu:] ** 2)
@@ -140,8 +142,15 @@ class CMA_ES_pycma(evosax.algorithms.CMA_ES):
             jax.scipy.special.gammaln((n + 1) / 2) - jax.scipy.special.gammaln(n / 2)
         )
         # pycma bounds σ by no constant
-        return params.replace(weights=weights, c_1=c_1, c_mu=c_mu, c_std=c_std, d_std=d_std,
-                              chi_n=chi_n, std_max=jnp.inf)  # fmt: skip
+        return params.replace(
+            weights=weights,
+            c_1=c_1,
+            c_mu=c_mu,
+            c_std=c_std,
+            d_std=d_std,
+            chi_n=chi_n,
+            std_max=jnp.inf,
+        )
 
     def _initial_C(self):
         return jnp.diag(jnp.exp(1e-4 / self.num_dims * jnp.arange(self.num_dims)))

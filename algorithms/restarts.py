@@ -228,7 +228,8 @@ def _stop_checks(rules: StopRules, s, c, gen, sigma, n: int, lam: int, tolstagna
     else:
         checks.append(false)
     # pycma's tolxstagnation: the mean has not left a small ball for long
-    anchor, anchor_gen = c["anchor"], c["anchor_gen"]
+    anchor = c["anchor"]
+    anchor_gen = c["anchor_gen"]
     if rules.tolxstagnation is not None:
         delta, offset, fraction = rules.tolxstagnation
         threshold = offset + fraction * gen
@@ -274,22 +275,32 @@ class Minimizer:
 
     def _run_fn(self, population_size: int, history: int):
         """The compiled run for ``population_size``, its long history ``history`` long."""
-        cache_key = (self.config, self.mesh, self.task, self.stop_rules, population_size,
-                     history, jax.config.x64_enabled)  # fmt: skip
+        cache_key = (
+            self.config,
+            self.mesh,
+            self.task,
+            self.stop_rules,
+            population_size,
+            history,
+            jax.config.x64_enabled,
+        )
         if cache_key in _RUNS:
             _RUNS.move_to_end(cache_key)
             return _RUNS[cache_key]
         config = dataclasses.replace(self.config, population_size=population_size)
         es = ES(config, mesh=self.mesh, task=self.task)
-        rules, n, lam = self.stop_rules, self.task.num_dims, population_size
+        rules = self.stop_rules
+        n = self.task.num_dims
+        lam = population_size
         short = int(10 + 30 * n / lam)  # pycma keeps this many generations of the best
         optimal_value = getattr(self.task, "optimal_value", None)
         # CMA_ES_pycma has no absolute constants to keep C away from, and keeps σ and C as
         # pycma does (tolupsigma reads them)
         rescale = not isinstance(es.strategy, CMA_ES_pycma)
 
-        def run(key, x0, sigma, task_state, max_generations, budget_generations, target,
-                tolstagnation):  # fmt: skip
+        def run(
+            key, x0, sigma, task_state, max_generations, budget_generations, target, tolstagnation
+        ):
             init_key, run_key = jax.random.split(key)
             state = es.init(init_key, x0).replace(task_state=task_state)
             s = state.strategy_state
@@ -317,7 +328,8 @@ class Minimizer:
                 if rescale:
                     state = state.replace(strategy_state=_rescale_covariance(state.strategy_state))
                 gen = c["gen"] + 1
-                f_best, f_worst = m["fitness_best"], m["fitness_worst"]
+                f_best = m["fitness_best"]
+                f_worst = m["fitness_worst"]
                 improved = f_best < c["best"]
                 sample = gen % 5 == 0  # the long histories take every fifth generation
                 new = dict(
@@ -327,13 +339,12 @@ class Minimizer:
                     best_gen=jnp.where(improved, gen, c["best_gen"]),
                     hist=_shift_in(c["hist"], f_best),
                     hist_size=jnp.minimum(c["hist_size"] + 1, short),
-                    hist_best=jnp.where(sample, _shift_in(c["hist_best"], f_best),
-                                        c["hist_best"]),
-                    hist_median=jnp.where(sample, _shift_in(c["hist_median"],
-                                                            m["fitness_median"]),
-                                          c["hist_median"]),
+                    hist_best=jnp.where(sample, _shift_in(c["hist_best"], f_best), c["hist_best"]),
+                    hist_median=jnp.where(
+                        sample, _shift_in(c["hist_median"], m["fitness_median"]), c["hist_median"]
+                    ),
                     long_size=jnp.minimum(c["long_size"] + sample, history),
-                )  # fmt: skip
+                )
                 filled = jnp.arange(short) < new["hist_size"]
                 hist = new["hist"]
                 hist_range = jnp.max(jnp.where(filled, hist, -jnp.inf)) - jnp.min(
@@ -416,7 +427,9 @@ class Minimizer:
             raise ValueError(
                 f"need restarts >= 0 and max_evaluations >= 1, got {restarts}, {max_evaluations}."
             )
-        config, task, n = self.config, self.task, self.task.num_dims
+        config = self.config
+        task = self.task
+        n = self.task.num_dims
         lam0 = config.population_size
         sigma0 = config.sigma_init
         if sigma0 is None:
@@ -432,14 +445,23 @@ class Minimizer:
         tolstagnation = default_tolstagnation(n, lam0)
 
         runs: list[RunRecord] = []
-        used, small, large, runs_with_small = 0, [], [], 0
-        best, best_precision, converged, spent = np.inf, np.inf, False, None
+        used = 0
+        small = []
+        large = []
+        runs_with_small = 0
+        best = np.inf
+        best_precision = np.inf
+        converged = False
+        spent = None
         best_x = np.asarray(x0)
         for irun in range(2**31):
-            sigma, regime = sigma0, "first"
-            lam, maxiter = lam0, maxiter0
+            sigma = sigma0
+            regime = "first"
+            lam = lam0
+            maxiter = maxiter0
             if irun > 0 and restart_strategy == "bipop" and sum(small) < max(1, sum(large)):
-                regime, runs_with_small = "small", runs_with_small + 1
+                regime = "small"
+                runs_with_small = runs_with_small + 1
                 sigma = sigma0 * 0.01 ** rng.uniform()
                 lam = int(lam0 * (2.0 ** (irun - runs_with_small)) ** (rng.uniform() ** 2))
                 maxiter = min(maxiter0, int(np.ceil(0.5 * sum(large) / lam)))
@@ -453,8 +475,16 @@ class Minimizer:
             longest = min(maxiter0, budget // lam)
             history = min(20_000, longest // 5 + 1)
             run = self._run_fn(lam, history)
-            args = (jax.random.fold_in(runs_key, irun), x0, sigma, task_state, maxiter,
-                    min(budget_generations, 2**31 - 1), target, tolstagnation)  # fmt: skip
+            args = (
+                jax.random.fold_in(runs_key, irun),
+                x0,
+                sigma,
+                task_state,
+                maxiter,
+                min(budget_generations, 2**31 - 1),
+                target,
+                tolstagnation,
+            )
             try:
                 gens, reason, run_best, precision, run_x = jax.device_get(
                     jax.block_until_ready(run(*args))  # every device's part (see train_loop)
@@ -469,10 +499,12 @@ class Minimizer:
             )
             (large if regime == "large" else small).append(evaluations)
             if float(run_best) < best:
-                best, best_x = float(run_best), np.asarray(run_x)
+                best = float(run_best)
+                best_x = np.asarray(run_x)
             best_precision = min(best_precision, float(precision))
             if stop == "target":
-                converged, spent = True, used
+                converged = True
+                spent = used
                 break
             if irun + 1 - runs_with_small > restarts:
                 break
@@ -488,8 +520,14 @@ class Minimizer:
         )
 
 
-def minimize(config: ESConfig, key: jax.Array, mesh=None, task=None,
-             stop_rules: StopRules = StopRules(), **options) -> MinimizeResult:  # fmt: skip
+def minimize(
+    config: ESConfig,
+    key: jax.Array,
+    mesh=None,
+    task=None,
+    stop_rules: StopRules = StopRules(),
+    **options,
+) -> MinimizeResult:
     """Minimises a black-box task to a target, with IPOP or BIPOP restarts.
 
     Shorthand for ``Minimizer(config, mesh, task, stop_rules).minimize(key,

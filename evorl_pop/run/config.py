@@ -66,9 +66,14 @@ class RunConfig:
 
 #: Run settings that may change when a run is resumed: they do not change its result.
 RESUMABLE_FIELDS = (
-    "generations", "chunk", "checkpoint_every", "devices", "loggers", "wandb_project",
+    "generations",
+    "chunk",
+    "checkpoint_every",
+    "devices",
+    "loggers",
+    "wandb_project",
     "wandb_entity",
-)  # fmt: skip
+)
 
 #: The loggers a run config may name (``csv`` is always on).
 LOGGERS = ("csv", "tensorboard", "wandb")
@@ -314,8 +319,9 @@ def validate(config: RunConfig, algorithm: bool = True) -> None:
         raise ConfigError(f"seed must be below 2**63 (a 64-bit integer), got {config.seed}.")
     if config.precision not in ("float32", "float64"):
         hint = did_you_mean(config.precision, ("float32", "float64"))
-        raise ConfigError(f"precision: unknown value {config.precision!r}.{hint} Valid: "
-                          "float32, float64.")  # fmt: skip
+        raise ConfigError(
+            f"precision: unknown value {config.precision!r}.{hint} Valid: float32, float64."
+        )
     for name in config.loggers:
         if name not in LOGGERS:
             hint = did_you_mean(name, LOGGERS)
