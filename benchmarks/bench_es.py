@@ -295,13 +295,13 @@ def cli_seconds_per_generation(devices, generations=300, chunk=50):
     if USER_XLA_FLAGS is not None:
         env["XLA_FLAGS"] = USER_XLA_FLAGS
     with tempfile.TemporaryDirectory() as out:
-        cmd = [
-            sys.executable, "-m", "evorl_pop.cli", "train", "--strategy", "Open_ES",
-            "--task", "Pendulum-v1", "--pop", "1024", "--generations", str(generations),
-            "--chunk", str(chunk), "--checkpoint-every", "0", "--set", "hidden_sizes=16,16",
-            "--set", "activation=relu", "--set", "episodes=1", "--set", "normalize_obs=false",
-            "--set", "eval_episodes=0", "-q", "--no-figure", "--out", out, "--overwrite",
-        ]  # fmt: skip
+        train = (
+            f"train --strategy Open_ES --task Pendulum-v1 --pop 1024 --generations {generations} "
+            f"--chunk {chunk} --checkpoint-every 0 --set hidden_sizes=16,16 --set activation=relu "
+            "--set episodes=1 --set normalize_obs=false --set eval_episodes=0 -q --no-figure "
+            "--overwrite"
+        )
+        cmd = [sys.executable, "-m", "evorl_pop.cli", *train.split(), "--out", out]
         if devices is not None:
             cmd += ["--devices", str(devices)]
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)

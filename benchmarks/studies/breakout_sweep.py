@@ -250,8 +250,10 @@ def build(setting, env, env_params):
         score = -(fitness + bonus)  # evosax minimises
         if s["novelty"] > 0:
             behaviours = columns.reshape(pop, episodes, COLUMNS).mean(1)
-            ranked = [centered_rank_fitness_shaping_fn(None, -v, None, None)
-                      for v in (fitness + bonus, novelty(behaviours, archive, count))]  # fmt: skip
+            ranked = [
+                centered_rank_fitness_shaping_fn(None, -v, None, None)
+                for v in (fitness + bonus, novelty(behaviours, archive, count))
+            ]
             score = (1 - s["novelty"]) * ranked[0] + s["novelty"] * ranked[1]
         state, _ = strategy.tell(k_tell, x, score, state, params)
         mean = jnp.repeat(state.mean[None], EVAL_EPISODES, axis=0)
@@ -287,8 +289,11 @@ def run(setting, seeds, generations, env, env_params, chunk=50, progress=False):
         states, out = generations_of(states, k)
         history.append(jax.tree.map(np.asarray, out))
         if progress:  # the mean policy over the chunk, per seed
-            print(f"  generation {len(history) * chunk}, {time.perf_counter() - start:.0f} s: "
-                  f"{np.round(history[-1]['eval'].mean(0), 2).tolist()}", flush=True)  # fmt: skip
+            print(
+                f"  generation {len(history) * chunk}, {time.perf_counter() - start:.0f} s: "
+                f"{np.round(history[-1]['eval'].mean(0), 2).tolist()}",
+                flush=True,
+            )
     out = {name: np.concatenate([h[name] for h in history]) for name in history[0]}
     ev = out["eval"]  # (generations, seeds)
     return dict(
