@@ -59,7 +59,8 @@ class RunConfig:
     algorithm_config: Any = None  # the algorithm's frozen config dataclass (None: defaults)
 
     def __post_init__(self):
-        _load_plugins(self.plugins)
+        if self.plugins:
+            _load_plugins(self.plugins)
         if self.algorithm_config is None:
             object.__setattr__(self, "algorithm_config", _spec(self.algorithm).config_class())
 
@@ -176,7 +177,8 @@ def from_dict(data: Mapping, check: bool = True) -> RunConfig:
     """
     data = _renamed(data)
     _check_scalars({k: v for k, v in data.items() if k != "algorithm_config"}, RunConfig)
-    _load_plugins(data.get("plugins"))
+    if data.get("plugins"):
+        _load_plugins(data["plugins"])
     algorithm = data.get("algorithm", "es")
     cls = _spec(algorithm).config_class
     if isinstance(data.get("algorithm_config"), Mapping):
