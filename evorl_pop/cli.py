@@ -19,7 +19,7 @@ import jax
 from evorl_pop import registry, tasks
 from evorl_pop.base import CheckpointError, ConfigError, RunError, __version__
 from evorl_pop.run import config as config_lib
-from evorl_pop.run import launcher, processes, restore, shell, store
+from evorl_pop.run import launcher, processes, restore, shell, stop, store
 
 # (summary, more description, examples) of each command.
 COMMANDS = {
@@ -205,6 +205,8 @@ def _precheck(args, sources, overrides) -> None:
         data = config_lib.merge(sources, overrides)
     except ConfigError:
         data = None
+    if stop.LAUNCHER_PID in os.environ:  # a process evorl-pop launch started ends with it
+        stop.watch_launcher()
     joined = processes.initialize(
         args.coordinator, args.num_processes, args.process_id, args.heartbeat_timeout
     )
@@ -236,24 +238,6 @@ def _overrides(args) -> list[str]:
     return given + args.overrides
 
 
-def _stop_at_once(signum, frame):
-    raise shell.Interrupted("", 128 + signum, signal.Signals(signum).name)
-
-
-def _exit_with_the_others() -> None:
-    """In a multi-process run whose session has ended, the stop signals are ignored.
-
-    What is left is the exit, which waits for the other processes (jax.distributed's
-    shutdown barrier). A SIGTERM now, such as a dead launcher's notice reaching a
-    process that had already stopped with the others, would cut the exit short and
-    leave them waiting out their shutdown timeout. SIGKILL, and the deadline of
-    :func:`~evorl_pop.run.processes.watch_launcher`, still end it.
-    """
-    if jax.distributed.is_initialized():
-        for signum in shell.STOP_SIGNALS[1:]:
-            signal.signal(signum, signal.SIG_IGN)
-
-
 def _cmd_train(args) -> int:
     """``train`` and ``resume``."""
     resume, overrides = args.command == "resume", _overrides(args)
@@ -275,8 +259,8 @@ def _cmd_train(args) -> int:
     _precheck(args, present, overrides)
     # After jax.distributed (whose preemption notifier takes SIGTERM): a signal before
     # the session's own handlers ends the command as Ctrl-C does.
-    for signum in shell.STOP_SIGNALS[1:]:
-        signal.signal(signum, _stop_at_once)
+    for signum in stop.STOP_SIGNALS[1:]:
+        signal.signal(signum, stop.at_once)
     show = dict(progress=not args.quiet, figure=not args.no_figure, time_limit=args.time_limit)
     try:
         if resume:
@@ -291,7 +275,8 @@ def _cmd_train(args) -> int:
             said = () if args.quiet else (_SayRunFolder(),)
             result = shell.train(config, run_dir, overwrite=args.overwrite, recorders=said, **show)
     finally:
-        _exit_with_the_others()
+        if jax.distributed.is_initialized():  # the exit waits for the other processes
+            stop.ignore_stop_signals()
     if not args.quiet and store.is_writer():
         h, parts = result.history, [f"generation {result.generation}"]
         parts.append(f"{result.env_steps:,} env steps")
@@ -421,12 +406,8 @@ def main(argv=None) -> int:
         kind = "config error" if isinstance(err, ConfigError) else "error"
         print(f"evorl-pop {args.command}: {kind}: {err}", file=sys.stderr)
         return status
-    except KeyboardInterrupt as err:  # the runner's message says what the run folder holds
-        why, generation = getattr(err, "why", "Ctrl-C"), getattr(err, "generation", None)
-        when = "" if generation is None else f" after generation {generation}"
-        what = str(err) or "stopped before training began"
-        print(f"\nevorl-pop {args.command}: interrupted ({why}){when}; {what}", file=sys.stderr)
-        return getattr(err, "status", 130)
+    except KeyboardInterrupt as err:  # the run shell's message says what the run folder holds
+        return stop.report(err, args.command)
 
 
 if __name__ == "__main__":

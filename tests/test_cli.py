@@ -353,7 +353,7 @@ def test_list(capsys):
     from evorl_pop.tasks.blackbox import bbob_task_names
     from evorl_pop.tasks.envs import env_names
 
-    names = {*STRATEGIES, *env_names(), *bbob_task_names()}
+    names = {*STRATEGIES.names(), *env_names(), *bbob_task_names()}
     tokens = set(re.split(r"[,\s]+", out))
     assert names <= tokens, names - tokens
 

@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from evorl_pop import cli
 from evorl_pop.base import CheckpointError
-from evorl_pop.run import plotting, restore, shell, store
+from evorl_pop.run import plotting, restore, shell, stop, store
 
 # A black-box run whose chunks take milliseconds: a signal finds it mid-run.
 FAST = [
@@ -186,7 +186,7 @@ def test_a_launch_whose_terminal_is_gone_still_drains_its_processes_output():
     assert child.stdout.closed  # read to its end, then closed
 
 
-def test_a_process_that_has_stopped_with_the_others_exits_with_them(monkeypatch):
+def test_a_process_that_has_stopped_with_the_others_exits_with_them(tmp_path, monkeypatch):
     """A launcher's death reaches its processes half a second apart: one may already be
     exiting (the other stopped them both) when its own notice comes. That SIGTERM must
     not cut short the exit, whose shutdown barrier the other process is waiting in."""
@@ -194,10 +194,11 @@ def test_a_process_that_has_stopped_with_the_others_exits_with_them(monkeypatch)
     before = {sig: signal.getsignal(sig) for sig in watched}
     try:
         monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
-        cli._exit_with_the_others()  # one process: a signal still stops it
-        assert {sig: signal.getsignal(sig) for sig in watched} == before
+        assert cli.main(["train", *FAST, "-g", "1", "--out", str(tmp_path / "one")]) == 0
+        # one process: a signal still stops it
+        assert all(signal.getsignal(sig) is stop.at_once for sig in watched)
         monkeypatch.setattr(jax.distributed, "is_initialized", lambda: True)
-        cli._exit_with_the_others()
+        assert cli.main(["train", *FAST, "-g", "1", "--out", str(tmp_path / "two")]) == 0
         assert all(signal.getsignal(sig) is signal.SIG_IGN for sig in watched)
     finally:
         for sig, handler in before.items():

@@ -5,9 +5,8 @@ Process ``i`` runs ``evorl-pop COMMAND ... --coordinator 127.0.0.1:PORT
 forwarded as ``[pi] ...``. When one fails the others are stopped (SIGTERM, then
 SIGKILL after a grace period); Ctrl-C, SIGTERM and SIGUSR1 are passed on to
 every process (SIGHUP, a closed terminal, as SIGTERM), which stops after its
-current chunk with a checkpoint;
-processes whose launcher dies stop the same way (see
-:func:`evorl_pop.run.processes.watch_launcher`).
+current chunk with a checkpoint; processes whose launcher dies stop the same way
+(see :func:`evorl_pop.run.stop.watch_launcher`).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from evorl_pop.base import write_atomic
-from evorl_pop.run import processes
+from evorl_pop.run import processes, stop
 
 RESERVED_OPTIONS = ("--coordinator", "--num-processes", "--process-id")  # set by launch
 RECORD_FILENAME = "launch.json"  # the record of the launched processes, in the run folder
@@ -131,7 +130,7 @@ def launch(
 
     children: list[subprocess.Popen] = []
     for i in range(num_processes):
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", processes.LAUNCHER_PID: str(os.getpid())}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", stop.LAUNCHER_PID: str(os.getpid())}
         env.setdefault("JAX_CPU_COLLECTIVES_IMPLEMENTATION", "gloo")
         if devices_per_process is not None:
             flags = env.get("XLA_FLAGS", "")
@@ -167,7 +166,7 @@ def launch(
     for t in readers:
         t.start()
 
-    def stop(first_signal: int) -> None:
+    def stop_all(first_signal: int) -> None:
         """Sends ``first_signal`` to every running process, SIGKILL after the grace period."""
         for sig, wait in ((first_signal, grace_period), (signal.SIGKILL, 5.0)):
             running = [c for c in children if c.poll() is None]
@@ -198,13 +197,13 @@ def launch(
                 continue
             what = describe_exit(codes[i])
             say(f"process {i} (pid {children[i].pid}) failed with {what}; stopping the others")
-            stop(signal.SIGTERM)
+            stop_all(signal.SIGTERM)
             status = 128 - codes[i] if codes[i] < 0 else codes[i]
             say(f"error: process {i} failed ({what})")
             break
     except KeyboardInterrupt:
         say("interrupted: passing Ctrl-C on to every process")
-        stop(signal.SIGINT)
+        stop_all(signal.SIGINT)
         status = 130
     except SystemExit:  # SIGTERM, SIGUSR1, SIGHUP: each process stops after its chunk
         signum = received[-1] if received else signal.SIGTERM
@@ -212,12 +211,12 @@ def launch(
         passed = signal.SIGTERM if signum == signal.SIGHUP else signum
         name, what = signal.Signals(signum).name, signal.Signals(passed).name
         say(f"{name}: passing {'it' if passed == signum else what} on to every process")
-        stop(passed)
+        stop_all(passed)
         status = 128 + signum
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        stop(signal.SIGKILL)
+        stop_all(signal.SIGKILL)
         for t in readers:
             t.join(timeout=5.0)
     return status

@@ -29,10 +29,7 @@ import math
 import os
 import pickle
 import re
-import signal
 import socket
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -312,7 +309,6 @@ def initialize(
       Whether ``jax.distributed`` was initialised (here or before); ValueError
       for incomplete settings, a bad address, or no coordinator in time.
     """
-    watch_launcher()  # a process that evorl-pop launch started ends with it
     if jax.distributed.is_initialized():
         return True
     explicit = [coordinator, num_processes, process_id]
@@ -430,31 +426,3 @@ def replicate(tree, mesh):
     """:func:`put` of every array leaf of ``tree``, replicated (``P()``) over ``mesh``."""
     replicated = NamedSharding(mesh, PartitionSpec())
     return jax.tree.map(lambda x: put(x, replicated), tree)
-
-
-#: The variable that tells a launched process its launcher's pid (see :func:`watch_launcher`).
-LAUNCHER_PID = "EVORL_POP_LAUNCHER_PID"
-
-
-def watch_launcher(grace: float = 60.0, every: float = 0.5) -> None:
-    """In a launched process: when the launcher is gone (killed, even by SIGKILL), stop
-    as SIGTERM stops a run (after the current chunk, with a checkpoint), and exit
-    after ``grace`` seconds in any case. Output goes to ``/dev/null`` from then on:
-    nothing reads it. A thread polls the parent's pid, which works on every POSIX
-    system (Linux's parent-death signal would reach JAX's own SIGTERM handler
-    before the run's)."""
-    pid = os.environ.get(LAUNCHER_PID, "")
-    if not pid.isdigit():
-        return
-
-    def watch():
-        while os.getppid() == int(pid):
-            time.sleep(every)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.dup2(devnull, sys.stderr.fileno())
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(grace)
-        os._exit(128 + signal.SIGTERM)
-
-    threading.Thread(target=watch, name="watch-launcher", daemon=True).start()

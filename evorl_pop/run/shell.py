@@ -17,12 +17,12 @@ piece: the checkpoint holds the state and the run key between chunks, so a
 resumed run ends in exactly the state and metrics of an uninterrupted one.
 Ctrl-C, SIGTERM and SIGUSR1 (a scheduler's notice before it preempts a job)
 and a session's time limit stop a run at the end of a chunk, the same one on
-every process; the run checkpoints, and says how to resume it.
+every process; the run checkpoints, and says how to resume it
+(:mod:`evorl_pop.run.stop`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
@@ -45,24 +45,11 @@ from evorl_pop.base import ConfigError, RunError, __version__, objective_error, 
 from evorl_pop.core.engine import make_mesh
 from evorl_pop.run import config as config_lib
 from evorl_pop.run import loggers, processes, restore, store
+from evorl_pop.run import stop as stop_lib
 from evorl_pop.run.config import RunConfig
 from evorl_pop.run.store import Recorder
 
 logger = logging.getLogger("evorl_pop.run")
-
-
-class _Stop(KeyboardInterrupt):
-    """:func:`train_loop` stopped between chunks, as its ``stop`` asked."""
-
-
-class Interrupted(KeyboardInterrupt):
-    """A run stopped early (Ctrl-C, a signal, its time limit), with a message that says
-    what the run folder holds now; ``status`` is the command line's exit status."""
-
-    def __init__(self, message: str = "", status: int = 130, why: str = "Ctrl-C",
-                 generation: int | None = None):  # fmt: skip
-        super().__init__(message)
-        self.status, self.why, self.generation = status, why, generation
 
 
 @dataclasses.dataclass
@@ -124,7 +111,8 @@ def train_loop(
         NumPy arrays over the chunk's generations.
       progress, desc: a progress bar (best / mean fitness, steps/s) and its label.
       generation_offset: generations done before this call (the bar counts from it).
-      stop: asked before each chunk; ``True`` raises ``KeyboardInterrupt`` there.
+      stop: asked before each chunk; ``True`` raises
+        :class:`~evorl_pop.run.stop.Requested` (a ``KeyboardInterrupt``) there.
 
     Returns:
       ``(state, history)``: each metric's NumPy array over all generations run.
@@ -134,11 +122,12 @@ def train_loop(
     history: dict[str, list[np.ndarray]] = {}
     total = generation_offset + num_generations
     bar = tqdm(total=total, initial=generation_offset, desc=desc, disable=not progress, unit="gen")
-    done, compiled = 0, {}
+    done = 0
+    compiled = {}
     while done < num_generations:
         if stop is not None and stop():
             bar.close()
-            raise _Stop
+            raise stop_lib.Requested
         length = min(chunk, num_generations - done)
         if length not in compiled:
             compiled[length] = chunk_fn(algorithm, length)
@@ -158,7 +147,8 @@ def train_loop(
             history.setdefault(name, []).append(values)
         if callback is not None:
             callback(state, metrics)
-        best, mean = metrics["fitness_best"][-1], metrics["fitness_mean"][-1]
+        best = metrics["fitness_best"][-1]
+        mean = metrics["fitness_mean"][-1]
         postfix = {"best": f"{best:.4g}", "mean": f"{mean:.4g}"}
         if "env_steps" in metrics and metrics["env_steps"].sum() > 0:
             postfix["steps/s"] = f"{metrics['env_steps'].sum() / elapsed:.3g}"
@@ -166,63 +156,6 @@ def train_loop(
         bar.update(length)
     bar.close()
     return state, dict(zip(history, map(np.concatenate, history.values()), strict=True))
-
-
-#: Signals that stop a run at the end of its chunk (SIGUSR1: SLURM's early notice).
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
-TIME_LIMIT_STATUS = 124  # as timeout(1) ends a command that ran out of time
-
-
-class _Deferred:
-    """Ctrl-C, SIGTERM and SIGUSR1 deferred to the end of the current chunk (a second
-    signal stops at once), and the session's time limit.
-
-    :meth:`requested` says whether some process was told to stop (a collective
-    under ``jax.distributed``, so that all stop after the same chunk):
-    :func:`train_loop`'s ``stop``. It stops early for the time limit when
-    another chunk as long as the last would pass it.
-    """
-
-    def __init__(self, time_limit: float | None = None):
-        self.flag = threading.Event()
-        self.signum = None  # the signal this process received
-        self.previous = {}
-        self.time_limit, self.t0, self.last = time_limit, time.monotonic(), time.monotonic()
-        self.out_of_time = False
-
-    def local(self) -> bool:
-        now = time.monotonic()
-        chunk, self.last = now - self.last, now
-        if self.time_limit is not None and now - self.t0 + chunk > self.time_limit:
-            self.out_of_time = True
-        return self.flag.is_set() or self.out_of_time
-
-    def requested(self) -> bool:
-        local = self.local()
-        return local if jax.process_count() == 1 else processes.any_process(local)
-
-    def why(self) -> tuple[str, int]:
-        """What stopped the run, and the exit status that says so."""
-        if self.signum is not None:
-            name = "Ctrl-C" if self.signum == signal.SIGINT else signal.Signals(self.signum).name
-            return name, 128 + self.signum
-        if self.out_of_time:
-            return f"time limit of {self.time_limit:g}s", TIME_LIMIT_STATUS
-        return "another process was stopped", 128 + signal.SIGTERM
-
-    def handler(self, signum, frame):
-        if self.flag.is_set():
-            raise KeyboardInterrupt  # the second signal: at once
-        self.signum = signum
-        self.flag.set()
-        what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-        print(f"\n{what}: stopping after the current chunk ({what} again to stop at once)",
-              file=sys.stderr, flush=True)  # fmt: skip
-
-    def install(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            # Replaces JAX's own SIGTERM handler (its preemption notifier) for the session.
-            self.previous = {sig: signal.signal(sig, self.handler) for sig in STOP_SIGNALS}
 
 
 # --- building a run -------------------------------------------------------------------
@@ -311,13 +244,20 @@ def _rows(run: store.Run, metrics: dict, wall: float) -> list[dict]:
     return rows
 
 
-def _session(run: store.Run, algorithm, state, recorders, progress, figure,
-             time_limit=None) -> RunResult:  # fmt: skip
+def _session(
+    run: store.Run, algorithm, state, recorders, progress, figure, time_limit=None
+) -> RunResult:
     """Starts the recorders and runs a session's generations through them; a stop ends
-    in an :class:`Interrupted` that says what the run folder holds."""
-    config, run_dir = run.config, run.run_dir
-    start, base, desc = time.perf_counter(), run.wall_time, _desc(config)
-    deferred = _Deferred(time_limit)
+    in an :class:`~evorl_pop.run.stop.Interrupted` that says what the run folder holds."""
+    config = run.config
+    start = time.perf_counter()
+    base = run.wall_time
+    # A stop signal sets the flag, read between chunks; a time limit or other processes
+    # need the poll (evorl_pop.run.stop handles what comes after).
+    flag = stop_lib.Flag()
+    poll = flag.is_set
+    if time_limit is not None or jax.process_count() > 1:
+        poll = stop_lib.Poll(flag, time_limit)
 
     def record(state, metrics):
         rows = _rows(run, metrics, base + time.perf_counter() - start)
@@ -327,43 +267,45 @@ def _session(run: store.Run, algorithm, state, recorders, progress, figure,
                 recorder.row(row)
             recorder.flush(run, state)
 
+    previous = {}
     try:
-        deferred.install()  # a signal while the recorders start stops after the first chunk
+        if threading.current_thread() is threading.main_thread():
+            # Replaces JAX's own SIGTERM handler (its preemption notifier) for the session;
+            # a signal while the recorders start stops after the first chunk.
+            previous = {sig: signal.signal(sig, flag.handler) for sig in stop_lib.STOP_SIGNALS}
         for recorder in recorders:
             recorder.start(run, state)
         try:
             state, history = train_loop(
-                algorithm, state, run.key, config.generations - run.generation,
-                chunk=config.chunk, callback=record, progress=progress and run.writer,
-                desc=desc, generation_offset=run.generation, stop=deferred.requested,
-            )  # fmt: skip
-        except _Stop:  # every process stops after the same chunk: they checkpoint together
-            run.stopped = deferred.why()[0]
-            for recorder in reversed(recorders):  # the log's last line knows the checkpoint
-                recorder.finish(run, completed=False)
-            raise
-        except KeyboardInterrupt:
+                algorithm,
+                state,
+                run.key,
+                config.generations - run.generation,
+                chunk=config.chunk,
+                callback=record,
+                progress=progress and run.writer,
+                desc=_desc(config),
+                generation_offset=run.generation,
+                stop=poll,
+            )
+        except KeyboardInterrupt as err:
+            if isinstance(err, stop_lib.Requested):
+                # Every process stopped after the same chunk: they checkpoint together,
+                # and the log's last line says why.
+                run.stopped = stop_lib.reason(flag, poll)[0]
             for recorder in reversed(recorders):
                 recorder.finish(run, completed=False)
             raise
         finally:  # the signals' handlers as before the session
-            for sig, handler in deferred.previous.items():
+            for sig, handler in previous.items():
                 signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         if figure and run.writer:
             _figure(run, recorders)
         for recorder in reversed(recorders):
             recorder.finish(run, completed=True)
     except KeyboardInterrupt as err:
-        if isinstance(err, _Stop):
-            why, status = deferred.why()
-        elif isinstance(err, Interrupted):  # a signal before the session's handlers
-            why, status = err.why, err.status
-        else:  # a second signal, or one before the session's own handlers
-            signum = deferred.signum or signal.SIGINT
-            why = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-            status = 128 + signum
-        raise Interrupted(store.resume_hint(run_dir), status, why, run.generation) from None
-    return RunResult(run_dir, state, history, run.generation, run.env_steps, run.wall_time)
+        raise stop_lib.interrupted(err, flag, poll, run) from None
+    return RunResult(run.run_dir, state, history, run.generation, run.env_steps, run.wall_time)
 
 
 def _figure(run: store.Run, recorders) -> None:
@@ -388,19 +330,6 @@ def _desc(config: RunConfig) -> str:
     """``es Open_ES CartPole-v1``: the algorithm, its strategy and task."""
     names = [getattr(config.algorithm_config, n, None) for n in ("strategy", "task")]
     return " ".join([config.algorithm, *(str(n) for n in names if n)])
-
-
-@contextlib.contextmanager
-def _telling(run_dir: Path):
-    """Gives a stop that comes before the session's own handlers (while the run folder
-    is taken, the state built) the message of what the run folder holds."""
-    try:
-        yield
-    except KeyboardInterrupt as err:
-        if str(err) or not (run_dir / store.CONFIG_FILENAME).exists():
-            raise  # said already, or nothing written: "stopped before training began"
-        status, why = getattr(err, "status", 130), getattr(err, "why", "Ctrl-C")
-        raise Interrupted(store.resume_hint(run_dir), status, why) from None
 
 
 def _about(what: str, config: RunConfig, mesh) -> str:
@@ -435,7 +364,8 @@ def train(
       recorders: recorders beside the run folder's own and the loggers ``config.loggers``
         names (:mod:`evorl_pop.run.loggers`; one given here replaces the config's of its class).
       time_limit: seconds this session may train; it stops with a checkpoint
-        before a chunk would pass them (``Interrupted``, status 124).
+        before a chunk would pass them (:class:`~evorl_pop.run.stop.Interrupted`,
+        status 124).
 
     Raises:
       ConfigError: a value that cannot run, before anything is written.
@@ -459,10 +389,20 @@ def train(
         if run_dir in store.RESERVED and not any(run_dir.iterdir()):
             run_dir.rmdir()
         raise
-    with _telling(run_dir), store.hold(run_dir, True, text, overwrite):
-        run = store.Run(run_dir, config, text, run_key, about, writer=jax.process_index() == 0,
-                        devices=mesh.size)  # fmt: skip
-        return _session(run, algorithm, state, recorders, progress, figure, time_limit)
+    try:
+        with store.hold(run_dir, True, text, overwrite):
+            run = store.Run(
+                run_dir,
+                config,
+                text,
+                run_key,
+                about,
+                writer=jax.process_index() == 0,
+                devices=mesh.size,
+            )
+            return _session(run, algorithm, state, recorders, progress, figure, time_limit)
+    except KeyboardInterrupt as err:  # before the session: what the run folder holds
+        raise stop_lib.told(err, run_dir) from None
 
 
 def resume(
@@ -499,63 +439,72 @@ def resume(
       ConfigError: a bad override.
     """
     run_dir = Path(run_dir)
-    with _telling(run_dir), store.hold(run_dir, False, read=restore.load_checkpoint) as held:
-        ckpt, source = held
-        saved = config_lib.from_dict(ckpt.config, check=False)
-        # A run over several processes uses all their devices, unless told otherwise.
-        multi = [f"devices={jax.device_count()}"] if jax.process_count() > 1 else []
-        total = [] if more is None else [f"generations={ckpt.generation + more}"]
-        config = config_lib.resolve_config(
-            [source, *([config_file] if config_file is not None else [])],
-            [*multi, *overrides, *total],
-            check=False,
+    try:
+        with store.hold(run_dir, False, read=restore.load_checkpoint) as held:
+            run, algorithm, state = _restored(run_dir, *held, overrides, config_file, more, force)
+            recorders = default_recorders(recorders, run.config)
+            return _session(run, algorithm, state, recorders, progress, figure, time_limit)
+    except KeyboardInterrupt as err:  # before the session: what the run folder holds
+        raise stop_lib.told(err, run_dir) from None
+
+
+def _restored(run_dir: Path, ckpt, source, overrides, config_file, more, force):
+    """The run, algorithm and state a resume continues from ``ckpt`` (see :func:`resume`);
+    ``metrics.csv`` made to hold the checkpoint's rows and ``config.yaml`` the config."""
+    saved = config_lib.from_dict(ckpt.config, check=False)
+    # A run over several processes uses all their devices, unless told otherwise.
+    multi = [f"devices={jax.device_count()}"] if jax.process_count() > 1 else []
+    total = [] if more is None else [f"generations={ckpt.generation + more}"]
+    config = config_lib.resolve_config(
+        [source, *([config_file] if config_file is not None else [])],
+        [*multi, *overrides, *total],
+        check=False,
+    )
+    changed = config_lib.differences(saved, config)
+    if changed and not force:
+        raise RunError(
+            f"The config differs from the checkpoint's ({'; '.join(changed)}): continuing "
+            "would not reproduce the run. Pass --force to continue with the new config anyway."
         )
-        changed = config_lib.differences(saved, config)
-        if changed and not force:
-            raise RunError(
-                f"The config differs from the checkpoint's ({'; '.join(changed)}): continuing "
-                "would not reproduce the run. Pass --force to continue with the new config anyway."
-            )
-        if config.generations < ckpt.generation:
-            raise RunError(
-                f"The checkpoint is at generation {ckpt.generation}, past the requested total "
-                f"of {config.generations}; ask for more (--generations N with N >= "
-                f"{ckpt.generation}, or --more N)."
-            )
-        try:
-            algorithm, mesh, template, _, text = build(config)
-        except jax.errors.JaxRuntimeError as err:
-            raise objective_error(err) from None
-        state = restore.restore_state(template, ckpt)
+    if config.generations < ckpt.generation:
+        raise RunError(
+            f"The checkpoint is at generation {ckpt.generation}, past the requested total "
+            f"of {config.generations}; ask for more (--generations N with N >= "
+            f"{ckpt.generation}, or --more N)."
+        )
+    try:
+        algorithm, mesh, template, _, text = build(config)
+    except jax.errors.JaxRuntimeError as err:
+        raise objective_error(err) from None
+    state = restore.restore_state(template, ckpt)
 
-        def repair():
-            path = run_dir / store.METRICS_FILENAME
-            columns, rows = ckpt.metrics_columns, ckpt.metrics_rows
-            if columns and rows is not None:
-                restore.restore_metrics(path, columns, rows)
-            else:  # a checkpoint from before rows were kept, or of generation 0
-                columns = restore.truncate_metrics(path, ckpt.generation) or ()
-                rows = "".join(read_text(path, "").splitlines(keepends=True)[1:]) if columns else ""
-            config_lib.save(config, run_dir / store.CONFIG_FILENAME)
-            return columns, rows
+    def repair():
+        path = run_dir / store.METRICS_FILENAME
+        columns, rows = ckpt.metrics_columns, ckpt.metrics_rows
+        if columns and rows is not None:
+            restore.restore_metrics(path, columns, rows)
+        else:  # a checkpoint from before rows were kept, or of generation 0
+            columns = restore.truncate_metrics(path, ckpt.generation) or ()
+            rows = "".join(read_text(path, "").splitlines(keepends=True)[1:]) if columns else ""
+        config_lib.save(config, run_dir / store.CONFIG_FILENAME)
+        return columns, rows
 
-        columns, rows = processes.share(repair)
-        what = f"resume from generation {ckpt.generation}"
-        what += f" with a changed config (--force: {'; '.join(changed)})" if changed else ""
-        run = store.Run(
-            run_dir, config, text, restore.restore_key(ckpt),
-            _about(what, config, mesh), ckpt.generation, ckpt.env_steps, ckpt.wall_time,
-            ckpt.generation, tuple(columns), rows.splitlines(keepends=True),
-            jax.process_index() == 0, devices=mesh.size,
-        )  # fmt: skip
-        if ckpt.devices and ckpt.devices != mesh.size and run.writer:
-            note = (
-                f"note: resuming on {mesh.size} device(s) a run checkpointed on {ckpt.devices}: "
-                "it continues as a fresh run on this count would, equal to float rounding, "
-                "which a chaotic run (e.g. CMA-ES's eigendecomposition) can amplify; resume "
-                f"with --devices {ckpt.devices} to continue bit for bit."
-            )
-            print(note, file=sys.stderr)
-            run.about += f"\n{note}"
-        recorders = default_recorders(recorders, config)
-        return _session(run, algorithm, state, recorders, progress, figure, time_limit)
+    columns, rows = processes.share(repair)
+    what = f"resume from generation {ckpt.generation}"
+    what += f" with a changed config (--force: {'; '.join(changed)})" if changed else ""
+    run = store.Run(
+        run_dir, config, text, restore.restore_key(ckpt),
+        _about(what, config, mesh), ckpt.generation, ckpt.env_steps, ckpt.wall_time,
+        ckpt.generation, tuple(columns), rows.splitlines(keepends=True),
+        jax.process_index() == 0, devices=mesh.size,
+    )  # fmt: skip
+    if ckpt.devices and ckpt.devices != mesh.size and run.writer:
+        note = (
+            f"note: resuming on {mesh.size} device(s) a run checkpointed on {ckpt.devices}: "
+            "it continues as a fresh run on this count would, equal to float rounding, "
+            "which a chaotic run (e.g. CMA-ES's eigendecomposition) can amplify; resume "
+            f"with --devices {ckpt.devices} to continue bit for bit."
+        )
+        print(note, file=sys.stderr)
+        run.about += f"\n{note}"
+    return run, algorithm, state

@@ -1,0 +1,238 @@
+"""How a run stops early: Ctrl-C, SIGTERM, SIGUSR1, its time limit, a launcher that is gone.
+
+::
+
+    what arrives                        what the run does                    exit status
+    Ctrl-C (SIGINT)                     stops after the current chunk;       130
+                                        a second one stops at once
+    SIGTERM, SIGUSR1 (a scheduler)      as Ctrl-C                            143, 138
+    the session's time limit            stops before a chunk would pass it   124
+    the launcher is gone (kill -9)      SIGTERM to itself; exits within a
+                                        minute in any case
+    a signal before the session         stops at once                        as above
+
+A stop after a chunk is the same on every process (:class:`Poll` asks them
+all), so they checkpoint the same generation. The run shell then raises
+:class:`Interrupted`, whose message says what the run folder holds and how to
+go on; the command line prints it (:func:`report`) and exits with its status.
+
+The run shell arms the controller: a :class:`Flag` handles the stop signals
+during a session (:data:`STOP_SIGNALS`), and the session reads it between
+chunks, through a :class:`Poll` when there is a time limit or other
+processes. The command line stops at once on a signal before the session
+(:func:`at_once`) and follows a launcher (:func:`watch_launcher`). A run that
+nothing stops runs none of this module's code.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import jax
+
+from evorl_pop.run import processes, store
+
+#: Signals that stop a run at the end of its chunk (SIGUSR1: SLURM's early notice).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+#: The exit status of a run that reached its time limit, as timeout(1) ends a command.
+TIME_LIMIT_STATUS = 124
+#: The variable that tells a launched process its launcher's pid (see :func:`watch_launcher`).
+LAUNCHER_PID = "EVORL_POP_LAUNCHER_PID"
+
+
+class Interrupted(KeyboardInterrupt):
+    """A run stopped early (Ctrl-C, a signal, its time limit), with a message that says
+    what the run folder holds now.
+
+    Attributes:
+      status: the command line's exit status.
+      why: what stopped it (``'Ctrl-C'``, ``'SIGTERM'``, ``'time limit of 60s'``).
+      generation: the generations completed, if the session had begun.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        status: int = 130,
+        why: str = "Ctrl-C",
+        generation: int | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.why = why
+        self.generation = generation
+
+
+class Requested(KeyboardInterrupt):
+    """:func:`~evorl_pop.run.shell.train_loop` stopped between chunks, as its ``stop`` asked."""
+
+
+def signal_name(signum: int) -> str:
+    """``'Ctrl-C'`` for SIGINT, else the signal's name (``'SIGTERM'``)."""
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
+class Flag(threading.Event):
+    """Set by the first stop signal of a session: the run stops after its current chunk.
+
+    :meth:`handler` is the session's handler of :data:`STOP_SIGNALS`; a second
+    signal stops at once. ``signum`` is the signal that set the flag.
+    """
+
+    signum: int | None = None
+
+    def handler(self, signum: int, frame) -> None:
+        if self.is_set():
+            raise KeyboardInterrupt  # the second signal: at once
+        self.signum = signum
+        self.set()
+        name = signal_name(signum)
+        print(
+            f"\n{name}: stopping after the current chunk ({name} again to stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+class Poll:
+    """Whether to stop before the next chunk, for a session with a time limit or with
+    other processes (without either, the :class:`Flag` alone answers).
+
+    It stops for the time limit when another chunk as long as the last would pass
+    it. Under ``jax.distributed`` the answer is a collective: every process stops
+    after the same chunk when one of them was told to stop.
+
+    Args:
+      flag: the session's flag.
+      time_limit: seconds the session may train, from now (``None``: no limit).
+    """
+
+    def __init__(self, flag: Flag, time_limit: float | None = None):
+        self.flag = flag
+        self.time_limit = time_limit
+        self.t0 = time.monotonic()
+        self.last = self.t0
+        self.out_of_time = False
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        chunk = now - self.last
+        self.last = now
+        if self.time_limit is not None and now - self.t0 + chunk > self.time_limit:
+            self.out_of_time = True
+        local = self.flag.is_set() or self.out_of_time
+        return local if jax.process_count() == 1 else processes.any_process(local)
+
+
+def reason(flag: Flag, poll) -> tuple[str, int]:
+    """What stopped a session that its poll stopped, and the exit status that says so.
+
+    Args:
+      flag: the session's flag.
+      poll: what the session asked between chunks (a :class:`Poll`, or the flag's ``is_set``).
+    """
+    if flag.signum is not None:
+        return signal_name(flag.signum), 128 + flag.signum
+    if isinstance(poll, Poll) and poll.out_of_time:
+        return f"time limit of {poll.time_limit:g}s", TIME_LIMIT_STATUS
+    return "another process was stopped", 128 + signal.SIGTERM
+
+
+def interrupted(err: KeyboardInterrupt, flag: Flag, poll, run: store.Run) -> Interrupted:
+    """The :class:`Interrupted` a session ends with, for the ``err`` that stopped it.
+
+    Args:
+      err: :class:`Requested` (the poll said stop: every process stopped after the
+        same chunk), an :class:`Interrupted` (a signal before the session's own
+        handlers) or a plain ``KeyboardInterrupt`` (a second signal, or Ctrl-C
+        before the session's handlers).
+      flag, poll: the session's flag and poll.
+      run: the run; its folder and generation go into the message.
+    """
+    if isinstance(err, Requested):
+        why, status = reason(flag, poll)
+    elif isinstance(err, Interrupted):
+        why = err.why
+        status = err.status
+    else:
+        signum = flag.signum or signal.SIGINT
+        why = signal_name(signum)
+        status = 128 + signum
+    return Interrupted(store.resume_hint(run.run_dir), status, why, run.generation)
+
+
+def told(err: KeyboardInterrupt, run_dir: Path) -> KeyboardInterrupt:
+    """A stop that came before the session's own handlers (while the run folder was
+    taken, the state built), with the message of what the run folder holds.
+
+    Returns:
+      ``err`` itself when it says so already, or when nothing was written (the
+      command line then says the run stopped before training began); else an
+      :class:`Interrupted` with the command that starts or resumes the run.
+    """
+    if str(err) or not (run_dir / store.CONFIG_FILENAME).exists():
+        return err
+    status = getattr(err, "status", 130)
+    why = getattr(err, "why", "Ctrl-C")
+    return Interrupted(store.resume_hint(run_dir), status, why)
+
+
+def at_once(signum: int, frame) -> None:
+    """The command line's handler of SIGTERM and SIGUSR1 until a session takes over:
+    the command ends as Ctrl-C ends it."""
+    raise Interrupted("", 128 + signum, signal.Signals(signum).name)
+
+
+def ignore_stop_signals() -> None:
+    """Ignores SIGTERM and SIGUSR1 in a multi-process run whose session has ended.
+
+    What is left is the exit, which waits for the other processes
+    (jax.distributed's shutdown barrier). A SIGTERM now, such as a dead launcher's
+    notice reaching a process that had already stopped with the others, would cut
+    the exit short and leave them waiting out their shutdown timeout. SIGKILL,
+    and the deadline of :func:`watch_launcher`, still end it.
+    """
+    for signum in STOP_SIGNALS[1:]:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def report(err: KeyboardInterrupt, command: str) -> int:
+    """Prints the line that ends an interrupted command; returns its exit status."""
+    why = getattr(err, "why", "Ctrl-C")
+    generation = getattr(err, "generation", None)
+    when = "" if generation is None else f" after generation {generation}"
+    what = str(err) or "stopped before training began"
+    print(f"\nevorl-pop {command}: interrupted ({why}){when}; {what}", file=sys.stderr)
+    return getattr(err, "status", 130)
+
+
+def watch_launcher(grace: float = 60.0, every: float = 0.5) -> None:
+    """In a process that ``evorl-pop launch`` started: when the launcher is gone
+    (killed, even by SIGKILL), stop as SIGTERM stops a run (after the current chunk,
+    with a checkpoint), and exit after ``grace`` seconds in any case.
+
+    Output goes to ``/dev/null`` from then on: nothing reads it. A thread polls the
+    parent's pid, which works on every POSIX system (Linux's parent-death signal
+    would reach JAX's own SIGTERM handler before the run's). Without
+    :data:`LAUNCHER_PID` in the environment it does nothing.
+    """
+    pid = os.environ.get(LAUNCHER_PID, "")
+    if not pid.isdigit():
+        return
+
+    def watch():
+        while os.getppid() == int(pid):
+            time.sleep(every)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, sys.stderr.fileno())
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace)
+        os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=watch, name="watch-launcher", daemon=True).start()
