@@ -7,10 +7,12 @@ tanh into ``[low, high]``), twin critics trained towards the smaller of two
 target values, clipped noise on the target action, and actor / target
 updates every ``policy_delay`` critic updates.
 
-Every gradient step goes through :func:`evorl_pop.distributed.gradient_update`:
-with ``dp_axis_name`` set, each device of the data-parallel axis holds a
-contiguous slice of the global minibatch and the gradients are averaged with
-``pmean``, which gives the full-batch step. Target-policy noise is drawn from
+Every gradient step goes through :func:`evorl_pop.distributed.agent_gradient_update`
+on the learner's :class:`TD3State`, its ``detach_fn`` / ``attach_fn`` taking the
+critics' or the actor's parameters out of the state and back: with ``dp_axis_name``
+set, each device of the data-parallel axis holds a contiguous slice of the global
+minibatch and the gradients are averaged with ``pmean``, which gives the
+full-batch step. Target-policy noise is drawn from
 each sample's position in the *global* minibatch, so the update does not
 depend on the device count.
 """
@@ -125,6 +127,26 @@ def polyak(target: Any, online: Any, tau: float) -> Any:
     return jax.tree.map(lambda t, o: (1.0 - tau) * t + tau * o, target, online)
 
 
+# The parts of a TD3State that a gradient step trains: agent_gradient_update's
+# detach_fn and attach_fn.
+
+
+def _critic_params(state: TD3State) -> Any:
+    return state.critic.params
+
+
+def _with_critic_params(state: TD3State, params: Any) -> TD3State:
+    return state.replace(critic=state.critic.replace(params=params))
+
+
+def _actor_params(state: TD3State) -> Any:
+    return state.actor.params
+
+
+def _with_actor_params(state: TD3State, params: Any) -> TD3State:
+    return state.replace(actor=state.actor.replace(params=params))
+
+
 class TD3:
     """TD3 for an environment spec: networks, optimizers and the update.
 
@@ -235,18 +257,17 @@ class TD3:
 
     def critic_update(
         self,
-        critic: CriticState,
-        actor_target_params: Any,
+        state: TD3State,
         batch: Transition,
         key: jax.Array,
         dp_axis_name: str | None = None,
         index: jax.Array | None = None,
-    ) -> tuple[CriticState, jax.Array]:
+    ) -> tuple[TD3State, jax.Array]:
         """One gradient step of the twin critics.
 
         Args:
-          critic: the critic state (replicated over ``dp_axis_name``).
-          actor_target_params: the target actor used for the TD target.
+          state: the learner (replicated over ``dp_axis_name``): its critics are
+            trained, its target critics and target actor give the TD target.
           batch: this device's slice of the global minibatch.
           key: noise key, the same on every device.
           dp_axis_name: the data-parallel axis the batch is split over, or ``None``.
@@ -254,43 +275,61 @@ class TD3:
             device's contiguous slice, see :func:`~evorl_pop.rl.replay.global_batch_index`).
 
         Returns:
-          ``(critic, loss)``: the loss is the global minibatch mean.
+          ``(state, loss)``: the state with the critics and their optimizer state
+          stepped; the loss is the global minibatch mean.
         """
         if index is None:
             index = replay.global_batch_index(batch.reward.shape[0], dp_axis_name)
-        step = dist.gradient_update(self.critic_loss, self.critic_optimizer, dp_axis_name)
-        loss, params, opt_state = step(
-            critic.opt_state,
-            critic.params,
-            critic.target_params,
-            actor_target_params,
-            batch,
-            key,
-            index,
+
+        def loss_fn(state, batch, key, index):
+            critic = state.critic
+            actor_target = state.actor.target_params
+            return self.critic_loss(
+                critic.params, critic.target_params, actor_target, batch, key, index
+            )
+
+        step = dist.agent_gradient_update(
+            loss_fn,
+            self.critic_optimizer,
+            dp_axis_name,
+            attach_fn=_with_critic_params,
+            detach_fn=_critic_params,
         )
-        return critic.replace(params=params, opt_state=opt_state), dist.pmean(loss, dp_axis_name)
+        loss, state, opt_state = step(state.critic.opt_state, state, batch, key, index)
+        state = state.replace(critic=state.critic.replace(opt_state=opt_state))
+        return state, dist.pmean(loss, dp_axis_name)
 
     def actor_update(
         self,
-        actor: ActorState,
-        critic_params: Any,
+        state: TD3State,
         batch: Transition,
         dp_axis_name: str | None = None,
-    ) -> tuple[ActorState, jax.Array]:
-        """One deterministic policy-gradient step of the actor.
+    ) -> tuple[TD3State, jax.Array]:
+        """One deterministic policy-gradient step of the actor, following the first critic.
 
         Args:
-          actor: the actor state (replicated over ``dp_axis_name``).
-          critic_params: the twin critics (the first one is followed).
+          state: the learner (replicated over ``dp_axis_name``).
           batch: this device's slice of the global minibatch.
           dp_axis_name: the data-parallel axis, or ``None``.
 
         Returns:
-          ``(actor, loss)`` with the actor's target not yet moved.
+          ``(state, loss)``: the state with the actor and its optimizer state
+          stepped, the actor's target not yet moved.
         """
-        step = dist.gradient_update(self.actor_loss, self.actor_optimizer, dp_axis_name)
-        loss, params, opt_state = step(actor.opt_state, actor.params, critic_params, batch.obs)
-        return actor.replace(params=params, opt_state=opt_state), dist.pmean(loss, dp_axis_name)
+
+        def loss_fn(state, obs):
+            return self.actor_loss(state.actor.params, state.critic.params, obs)
+
+        step = dist.agent_gradient_update(
+            loss_fn,
+            self.actor_optimizer,
+            dp_axis_name,
+            attach_fn=_with_actor_params,
+            detach_fn=_actor_params,
+        )
+        loss, state, opt_state = step(state.actor.opt_state, state, batch.obs)
+        state = state.replace(actor=state.actor.replace(opt_state=opt_state))
+        return state, dist.pmean(loss, dp_axis_name)
 
     def update(
         self,
@@ -314,24 +353,24 @@ class TD3:
           ``(state, metrics)`` with ``critic_loss`` and ``actor_loss`` (NaN
           when the actor was not updated).
         """
-        critic, critic_loss = self.critic_update(
-            state.critic, state.actor.target_params, batch, key, dp_axis_name, index
-        )
+        state, critic_loss = self.critic_update(state, batch, key, dp_axis_name, index)
         tau = self.config.tau
 
-        def delayed(actor, critic):
-            actor, loss = self.actor_update(actor, critic.params, batch, dp_axis_name)
+        def delayed(state):
+            state, loss = self.actor_update(state, batch, dp_axis_name)
+            actor = state.actor
+            critic = state.critic
             actor = actor.replace(target_params=polyak(actor.target_params, actor.params, tau))
             critic = critic.replace(target_params=polyak(critic.target_params, critic.params, tau))
-            return actor, critic, loss
+            return state.replace(actor=actor, critic=critic), loss
 
-        def skip(actor, critic):
-            return actor, critic, jnp.float32(jnp.nan)
+        def skip(state):
+            return state, jnp.float32(jnp.nan)
 
-        actor, critic, actor_loss = jax.lax.cond(
-            state.updates % self.config.policy_delay == 0, delayed, skip, state.actor, critic
+        state, actor_loss = jax.lax.cond(
+            state.updates % self.config.policy_delay == 0, delayed, skip, state
         )
-        state = TD3State(actor=actor, critic=critic, updates=state.updates + 1)
+        state = state.replace(updates=state.updates + 1)
         return state, {"critic_loss": critic_loss, "actor_loss": actor_loss}
 
     def learn(
