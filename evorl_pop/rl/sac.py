@@ -17,7 +17,9 @@ One update takes the three gradient steps from the same state (the critic
 with the current actor and temperature, the actor with the critics before
 their step, as brax's SAC does), then moves the targets.
 
-Every gradient step goes through :func:`evorl_pop.distributed.gradient_update`:
+Every gradient step goes through :func:`evorl_pop.distributed.agent_gradient_update`
+on the learner's :class:`SACState`, its ``detach_fn`` / ``attach_fn`` taking the
+temperature, the critics' or the actor's parameters out of the state and back:
 with ``dp_axis_name`` set, each device holds a contiguous slice of the global
 minibatch and the gradients are averaged with ``pmean``. The actions sampled
 for sample ``i`` use ``fold_in(key, i)`` with ``i`` its position in the
@@ -76,6 +78,46 @@ class SACState:
     critic: CriticState  # the twin critics, stacked: every leaf has a leading axis of 2
     log_alpha: jax.Array  # float32 scalar
     alpha_opt_state: Any
+
+
+# The parts of a SACState that a gradient step trains: agent_gradient_update's
+# detach_fn and attach_fn.
+
+
+def _log_alpha(state: SACState) -> jax.Array:
+    return state.log_alpha
+
+
+def _with_log_alpha(state: SACState, log_alpha: jax.Array) -> SACState:
+    return state.replace(log_alpha=log_alpha)
+
+
+def _critic_params(state: SACState) -> Any:
+    return state.critic.params
+
+
+def _with_critic_params(state: SACState, params: Any) -> SACState:
+    return state.replace(critic=state.critic.replace(params=params))
+
+
+def _actor_params(state: SACState) -> Any:
+    return state.actor.params
+
+
+def _with_actor_params(state: SACState, params: Any) -> SACState:
+    return state.replace(actor=state.actor.replace(params=params))
+
+
+def _agent_loss(
+    loss: Callable[..., jax.Array], detach_fn: Callable[[SACState], Any]
+) -> Callable[..., jax.Array]:
+    """A loss ``loss(part, state, *args)`` as ``agent_gradient_update``'s
+    ``loss_fn(state, *args)``, ``part`` taken out of ``state`` by ``detach_fn``."""
+
+    def loss_fn(state, *args):
+        return loss(detach_fn(state), state, *args)
+
+    return loss_fn
 
 
 def alpha_loss(
@@ -309,18 +351,41 @@ class SACLearner:
         index = replay.global_batch_index(batch.reward.shape[0], dp_axis_name)
         alpha_key, critic_key, actor_key = jax.random.split(key, 3)
         actor_opt, critic_opt, alpha_opt = self.optimizers(hp)
-        step = dist.gradient_update(self.temperature_loss, alpha_opt, dp_axis_name)
-        a_loss, log_alpha, alpha_opt_state = step(
-            state.alpha_opt_state, state.log_alpha, state, batch, hp, alpha_key, index
+        # Each step starts from ``state``: the critics' target takes the temperature
+        # before its step, the actor the critics before theirs.
+        step = dist.agent_gradient_update(
+            _agent_loss(self.temperature_loss, _log_alpha),
+            alpha_opt,
+            dp_axis_name,
+            attach_fn=_with_log_alpha,
+            detach_fn=_log_alpha,
         )
-        step = dist.gradient_update(self.critic_loss, critic_opt, dp_axis_name)
-        c_loss, critic_params, critic_opt_state = step(
-            state.critic.opt_state, state.critic.params, state, batch, hp, critic_key, index
+        a_loss, stepped, alpha_opt_state = step(
+            state.alpha_opt_state, state, batch, hp, alpha_key, index
         )
-        step = dist.gradient_update(self.actor_loss, actor_opt, dp_axis_name)
-        p_loss, actor_params, actor_opt_state = step(
-            state.actor.opt_state, state.actor.params, state, batch, actor_key, index
+        log_alpha = _log_alpha(stepped)
+        step = dist.agent_gradient_update(
+            _agent_loss(self.critic_loss, _critic_params),
+            critic_opt,
+            dp_axis_name,
+            attach_fn=_with_critic_params,
+            detach_fn=_critic_params,
         )
+        c_loss, stepped, critic_opt_state = step(
+            state.critic.opt_state, state, batch, hp, critic_key, index
+        )
+        critic_params = _critic_params(stepped)
+        step = dist.agent_gradient_update(
+            _agent_loss(self.actor_loss, _actor_params),
+            actor_opt,
+            dp_axis_name,
+            attach_fn=_with_actor_params,
+            detach_fn=_actor_params,
+        )
+        p_loss, stepped, actor_opt_state = step(
+            state.actor.opt_state, state, batch, actor_key, index
+        )
+        actor_params = _actor_params(stepped)
         target = polyak(state.critic.target_params, critic_params, self.tau)
         new = SACState(
             actor=ActorState(actor_params, actor_opt_state),
