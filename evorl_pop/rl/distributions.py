@@ -180,7 +180,7 @@ def for_spec(spec) -> Categorical | TanhNormal:
     """The distribution of an environment's action space.
 
     Args:
-      spec: an :class:`~evorl_pop.tasks.envs.EnvSpec`.
+      spec: an :class:`~evorl_pop.base.EnvSpec`.
 
     Returns:
       A :class:`Categorical` for discrete actions, else a :class:`TanhNormal`.
