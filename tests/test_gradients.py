@@ -1,4 +1,5 @@
-"""DP-averaged gradient updates equal the full-batch update on one device."""
+"""DP-averaged gradient updates equal the full-batch update on one device, the
+learners' updates (agent_gradient_update steps) among them."""
 
 import flax.struct
 import jax
@@ -9,7 +10,11 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop import distributed, make_mesh
+from evorl_pop.base import EnvSpec
 from evorl_pop.distributed.gradients import loss_and_pgrad
+from evorl_pop.rl import ppo, sac
+from evorl_pop.rl.td3 import TD3, ActorState, CriticState, TD3Config, TD3State, polyak
+from evorl_pop.tasks.rollout import Transition
 
 BATCH = 32
 
@@ -192,3 +197,203 @@ def test_errors_of_the_loss_propagate_unchanged(error):
     # the user's own exception: same type and arguments, not chained to another
     assert info.type is error and info.value.args[0] == "mine"
     assert info.value.__cause__ is None
+
+
+# --- the learners' gradient steps are agent_gradient_update's ------------------------
+
+SPEC = EnvSpec("box", (3,), False, 2, (-1.0, -1.0), (1.0, 1.0), 100)
+SAC_HP = sac.Hyperparameters.create(
+    actor_lr=1e-3, critic_lr=2e-3, alpha_lr=5e-3, target_entropy_scale=0.5, discount=0.9
+)
+PPO_HP = ppo.Hyperparameters.create(
+    learning_rate=1e-2, clip_epsilon=0.2, entropy_cost=0.05, gae_lambda=0.9, discount=0.95
+)
+
+
+def _transitions(key):
+    k = jax.random.split(key, 5)
+    obs = jax.random.normal(k[0], (BATCH, *SPEC.obs_shape))
+    return Transition(
+        obs=obs,
+        action=jax.random.uniform(k[1], (BATCH, SPEC.action_dim), minval=-1.0, maxval=1.0),
+        reward=jax.random.normal(k[2], (BATCH,)),
+        next_obs=obs + 0.1 * jax.random.normal(k[3], obs.shape),
+        terminal=(jax.random.uniform(k[4], (BATCH,)) < 0.2).astype(jnp.float32),
+    )
+
+
+def _full_batch_step(loss, optimizer, opt_state, params, *args):
+    """One optimizer step on the whole batch's gradient of ``loss(params, *args)``."""
+    grads = jax.grad(loss)(params, *args)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+
+def _td3():
+    """TD3's first update: the critics' step, then the delayed actor's and the targets'."""
+    td3 = TD3(SPEC, TD3Config(actor_hidden_sizes=(8,), critic_hidden_sizes=(16,)))
+
+    def update(state, batch, key, axis):
+        return td3.update(state, batch, key, axis)[0]
+
+    def reference(state, batch, key):
+        actor = state.actor
+        critic = state.critic
+        params, opt_state = _full_batch_step(
+            td3.critic_loss,
+            td3.critic_optimizer,
+            critic.opt_state,
+            critic.params,
+            critic.target_params,
+            actor.target_params,
+            batch,
+            key,
+            jnp.arange(BATCH),
+        )
+        critic = critic.replace(params=params, opt_state=opt_state)
+        params, opt_state = _full_batch_step(
+            td3.actor_loss, td3.actor_optimizer, actor.opt_state, actor.params, params, batch.obs
+        )
+        tau = td3.config.tau
+        target = polyak(actor.target_params, params, tau)
+        actor = ActorState(params=params, target_params=target, opt_state=opt_state)
+        critic = critic.replace(target_params=polyak(critic.target_params, critic.params, tau))
+        return TD3State(actor=actor, critic=critic, updates=state.updates + 1)
+
+    return update, reference, td3.init(jax.random.key(0)), 2
+
+
+def _sac():
+    """SAC's update: temperature, critics and actor from the same state, then the target."""
+    learner = sac.SACLearner(SPEC, (16,), (16,), reward_scaling=2.0, init_alpha=0.5)
+
+    def update(state, batch, key, axis):
+        return learner.update(state, batch, SAC_HP, key, axis)[0]
+
+    def reference(state, batch, key):
+        index = jnp.arange(BATCH)
+        alpha_key, critic_key, actor_key = jax.random.split(key, 3)
+        actor_opt, critic_opt, alpha_opt = learner.optimizers(SAC_HP)
+        log_alpha, alpha_opt_state = _full_batch_step(
+            learner.temperature_loss,
+            alpha_opt,
+            state.alpha_opt_state,
+            state.log_alpha,
+            state,
+            batch,
+            SAC_HP,
+            alpha_key,
+            index,
+        )
+        critic, critic_opt_state = _full_batch_step(
+            learner.critic_loss,
+            critic_opt,
+            state.critic.opt_state,
+            state.critic.params,
+            state,
+            batch,
+            SAC_HP,
+            critic_key,
+            index,
+        )
+        actor, actor_opt_state = _full_batch_step(
+            learner.actor_loss,
+            actor_opt,
+            state.actor.opt_state,
+            state.actor.params,
+            state,
+            batch,
+            actor_key,
+            index,
+        )
+        target = polyak(state.critic.target_params, critic, learner.tau)
+        return sac.SACState(
+            actor=sac.ActorState(actor, actor_opt_state),
+            critic=CriticState(critic, target, critic_opt_state),
+            log_alpha=log_alpha,
+            alpha_opt_state=alpha_opt_state,
+        )
+
+    return update, reference, learner.init(jax.random.key(0), SAC_HP), 3
+
+
+def _ppo():
+    """PPO's minibatch step on both networks, advantages standardised over the batch."""
+    learner = ppo.PPOLearner(SPEC, (16,), (16,))
+    params = learner.init(jax.random.key(0))
+    optimizer = learner.optimizer(PPO_HP.learning_rate)
+
+    def update(state, transitions, key, axis):
+        params, opt_state = state
+        batch = _ppo_samples(transitions)
+        params, opt_state, _ = learner.update(params, opt_state, None, batch, PPO_HP, key, axis)
+        return params, opt_state
+
+    def reference(state, transitions, key):
+        params, opt_state = state
+        batch = _ppo_samples(transitions)
+        advantage = batch.advantage - jnp.mean(batch.advantage)
+        advantage = advantage / (jnp.sqrt(jnp.mean(advantage**2)) + 1e-8)
+        batch = batch.replace(advantage=advantage)
+
+        def loss(params, *args):
+            return learner.loss(params, *args)[0]
+
+        args = (None, batch, PPO_HP, key, jnp.arange(BATCH))
+        return _full_batch_step(loss, optimizer, opt_state, params, *args)
+
+    return update, reference, (params, optimizer.init(params)), 1
+
+
+def _ppo_samples(t):
+    """PPO's samples made of a batch of transitions: their actions, rewards and next
+    observations' first coordinate as the samples' log-probabilities, advantages and targets."""
+    return ppo.Samples(
+        obs=t.obs,
+        raw_action=0.5 * t.action,
+        log_prob=-1.0 + 0.3 * t.next_obs[:, 0],
+        advantage=t.reward,
+        target=t.next_obs[:, 1],
+    )
+
+
+LEARNERS = {"td3": _td3, "sac": _sac, "ppo": _ppo}
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("name", sorted(LEARNERS))
+def test_learner_update_on_dp_devices_equals_full_batch_step(monkeypatch, name, n):
+    """A learner's update takes its gradient steps through agent_gradient_update (and
+    never gradient_update itself); with the minibatch split over n 'DP' devices it
+    equals the whole batch's optimizer steps written out with jax.grad, without a mesh."""
+    update, reference, state, steps = LEARNERS[name]()
+    calls = []
+
+    def spy(fn):
+        def wrapped(*args, **kwargs):
+            calls.append(fn.__name__)
+            return fn(*args, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(
+        distributed, "agent_gradient_update", spy(distributed.agent_gradient_update)
+    )
+    monkeypatch.setattr(distributed, "gradient_update", spy(distributed.gradient_update))
+    batch = _transitions(jax.random.key(1))
+    key = jax.random.key(2)
+    ref = jax.jit(reference)(state, batch, key)
+    mesh = make_mesh(n, axis_name=distributed.DP_AXIS_NAME)
+    sharded = jax.shard_map(
+        lambda s, b, k: update(s, b, k, distributed.DP_AXIS_NAME),
+        mesh=mesh,
+        in_specs=(P(), P(distributed.DP_AXIS_NAME), P()),
+        out_specs=P(),
+    )
+    got = jax.jit(sharded)(state, batch, key)
+    assert calls == ["agent_gradient_update"] * steps
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    # the reference moved every network, target and optimizer moment
+    for after, before in zip(jax.tree.leaves(ref), jax.tree.leaves(state), strict=True):
+        assert after.ndim == 0 or not np.array_equal(after, before)

@@ -19,10 +19,11 @@ whole environments (as brax's PPO does). A step at the time limit has no success
 the unroll (the environment restarted), so it carries no advantage and no
 value target (brax's default); a terminal step bootstraps from zero.
 
-The gradient steps go through :func:`evorl_pop.distributed.gradient_update`:
-with ``dp_axis_name`` set, every device holds the whole batch of samples,
-draws the same permutation, and differentiates its contiguous slice of each
-minibatch; the gradients are averaged with ``pmean``, the step's one
+The gradient steps go through :func:`evorl_pop.distributed.agent_gradient_update`
+on an :class:`AgentState` (the networks it trains, as its ``params``, beside the
+observation normaliser): with ``dp_axis_name`` set, every device holds the whole
+batch of samples, draws the same permutation, and differentiates its contiguous
+slice of each minibatch; the gradients are averaged with ``pmean``, the step's one
 collective (the losses :meth:`PPOLearner.train` reports are averaged over the
 devices once, after the epochs). Advantages are normalised with the minibatch's global mean and
 std, which each device computes from the whole minibatch it holds (of lanes'
@@ -165,6 +166,15 @@ def normalize_advantages(
 class Params:
     policy: Any  # the policy network: distribution parameters of one observation
     value: Any  # the value network: V(s)
+
+
+@flax.struct.dataclass
+class AgentState:
+    """The agent state a gradient step takes (:func:`evorl_pop.distributed.agent_gradient_update`
+    trains its ``params``, the seed's default ``detach_fn`` / ``attach_fn``)."""
+
+    params: Params  # both networks, trained together on the one PPO loss
+    obs_norm: ObsNorm | None  # the normaliser the samples were collected with, or None
 
 
 @flax.struct.dataclass
@@ -326,13 +336,17 @@ class PPOLearner:
         """Lanes' samples, their advantages from the value network ``params`` holds now
         (brax's PPO); flattened lane by lane, each lane's steps in turn."""
         time_major = lambda x: jnp.swapaxes(x, 0, 1)  # noqa: E731
-        rollout = Rollout(*(time_major(getattr(segments, f.name))
-                            for f in dataclasses.fields(Rollout)))  # fmt: skip
+        fields = dataclasses.fields(Rollout)
+        rollout = Rollout(*(time_major(getattr(segments, f.name)) for f in fields))
         advantage, target = self.advantages(params, obs_norm, rollout, segments.bootstrap_obs, hp)
         lanes = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731
-        return Samples(lanes(segments.obs), lanes(segments.raw_action),
-                       lanes(segments.log_prob), lanes(time_major(advantage)),
-                       lanes(time_major(target)))  # fmt: skip
+        return Samples(
+            obs=lanes(segments.obs),
+            raw_action=lanes(segments.raw_action),
+            log_prob=lanes(segments.log_prob),
+            advantage=lanes(time_major(advantage)),
+            target=lanes(time_major(target)),
+        )
 
     def advantages(
         self,
@@ -357,8 +371,15 @@ class PPOLearner:
         value = self.values(params, obs_norm, rollout.obs)
         bootstrap = self.values(params, obs_norm, bootstrap_obs)
         reward = rollout.reward * self.reward_scaling
-        return gae(reward, value, bootstrap, rollout.terminal, rollout.truncated,
-                   hp.discount, hp.gae_lambda)  # fmt: skip
+        return gae(
+            reward,
+            value,
+            bootstrap,
+            rollout.terminal,
+            rollout.truncated,
+            hp.discount,
+            hp.gae_lambda,
+        )
 
     # --- learning --------------------------------------------------------------------
 
@@ -440,11 +461,16 @@ class PPOLearner:
             advantage = normalize_advantages(batch.advantage, dp_axis_name, whole_advantage)
             batch = batch.replace(advantage=advantage)
         index = replay.global_batch_index(batch.advantage.shape[0], dp_axis_name)
-        step = dist.gradient_update(
-            self.loss, self.optimizer(hp.learning_rate), dp_axis_name, has_aux=True
+
+        def loss_fn(agent, batch, hp, key, index):
+            return self.loss(agent.params, agent.obs_norm, batch, hp, key, index)
+
+        step = dist.agent_gradient_update(
+            loss_fn, self.optimizer(hp.learning_rate), dp_axis_name, has_aux=True
         )
-        (loss, parts), params, opt_state = step(opt_state, params, obs_norm, batch, hp, key, index)
-        return params, opt_state, dist.pmean({"loss": loss, **parts}, metrics_axis)
+        agent = AgentState(params=params, obs_norm=obs_norm)
+        (loss, parts), agent, opt_state = step(opt_state, agent, batch, hp, key, index)
+        return agent.params, opt_state, dist.pmean({"loss": loss, **parts}, metrics_axis)
 
     def train(
         self,
@@ -479,7 +505,8 @@ class PPOLearner:
             indices, key = xs
             local = jax.tree.map(lambda x: x[replay.dp_slice(indices, dp_axis_name)], samples)
             if isinstance(local, Segments):  # advantages computed on each device's lanes
-                local, whole = self.segment_samples(carry[0], obs_norm, local, hp), None
+                local = self.segment_samples(carry[0], obs_norm, local, hp)
+                whole = None
             else:  # every device holds the whole minibatch's advantages
                 whole = samples.advantage[indices]
             params, opt_state, metrics = self.update(
@@ -490,8 +517,10 @@ class PPOLearner:
         def epoch(carry, key):
             perm_key, minibatch_key = jax.random.split(key)
             order = jax.random.permutation(perm_key, self.num_minibatches * size)
-            xs = (order.reshape(self.num_minibatches, size),
-                  jax.random.split(minibatch_key, self.num_minibatches))  # fmt: skip
+            xs = (
+                order.reshape(self.num_minibatches, size),
+                jax.random.split(minibatch_key, self.num_minibatches),
+            )
             return jax.lax.scan(minibatch, carry, xs)
 
         keys = jax.random.split(key, self.num_epochs)
