@@ -129,9 +129,12 @@ class DataParallel:
         """Makes :meth:`step` run ``local_step`` on every device's lanes, in ``shard_map``."""
         specs = state_specs(state_class)
         self._sharded_step = jax.shard_map(
-            self.local_step, mesh=self.mesh, in_specs=(specs, P()), out_specs=(specs, P()),
+            self.local_step,
+            mesh=self.mesh,
+            in_specs=(specs, P()),
+            out_specs=(specs, P()),
             check_vma=False,  # brax's scans start from constants the checks would reject
-        )  # fmt: skip
+        )
 
     def init(self, key: jax.Array) -> Any:
         """:meth:`fresh`'s state laid out as :meth:`step` returns it (``envs`` split over
