@@ -20,11 +20,10 @@ from evorl_pop.run import config, restore, store
 
 # A job that compiles quickly and then runs long enough (a few seconds) to be
 # killed in the middle: OpenES on CartPole, small population, 2 generations a chunk.
-JOB = [
-    "--strategy", "Open_ES", "--task", "CartPole-v1", "--pop", "32", "--seed", "5",
-    "--chunk", "2", "--checkpoint-every", "2", "--devices", "2",
-    "--set", "sigma_init=0.1", "--set", "learning_rate=0.05",
-]  # fmt: skip
+JOB = (
+    "--strategy Open_ES --task CartPole-v1 --pop 32 --seed 5 --chunk 2 --checkpoint-every 2 "
+    "--devices 2 --set sigma_init=0.1 --set learning_rate=0.05"
+).split()
 GENERATIONS = 120
 
 
@@ -60,22 +59,21 @@ def _rows(path):
 def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     killed, whole = tmp_path / "killed", tmp_path / "whole"
     ckpt_path = killed / store.CHECKPOINT_FILENAME
+    job = [sys.executable, "-m", "evorl_pop.cli", "train", *JOB, "-g", str(GENERATIONS), "-q"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "evorl_pop.cli", "train", *JOB,
-         "--generations", str(GENERATIONS), "--out", str(killed), "--quiet", "--no-figure"],
+        [*job, "--out", str(killed), "--no-figure"],
         env=_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-    )  # fmt: skip
+    )
     # Meanwhile, the same job uninterrupted (the two share the cores).
     reference = subprocess.Popen(
-        [sys.executable, "-m", "evorl_pop.cli", "train", *JOB,
-         "--generations", str(GENERATIONS), "--out", str(whole), "--quiet"],
+        [*job, "--out", str(whole)],
         env=_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-    )  # fmt: skip
+    )
     deadline = time.time() + 300
     while not ckpt_path.exists():
         assert proc.poll() is None, proc.communicate()[1].decode()[-3000:]
@@ -140,10 +138,10 @@ def test_train_names_its_run_folder_once_the_run_is_built(tmp_path, capsys):
 
 # --- in-process commands (the 8 simulated devices of conftest) -------------------------
 
-SMALL = [
-    "--strategy", "CMA_ES", "--task", "sphere", "--pop", "8", "--set", "num_dims=3",
-    "--chunk", "2", "--checkpoint-every", "2", "--devices", "2", "--quiet",
-]  # fmt: skip
+SMALL = (
+    "--strategy CMA_ES --task sphere --pop 8 --set num_dims=3 --chunk 2 --checkpoint-every 2 "
+    "--devices 2 --quiet"
+).split()
 
 
 def _train(out, *extra):
@@ -256,8 +254,8 @@ def test_print_config_takes_scientific_notation_and_every_algorithm(capsys):
     assert cli.main(["train", "--set", "learning_rate=1e-3", "--print-config"]) == 0
     assert "learning_rate: 0.001" in capsys.readouterr().out
     for algorithm in ("cemrl", "erl"):
-        args = ["train", "-a", algorithm, "--set", "task=MountainCarContinuous-v0",
-                "--set", "population_size=6", "--print-config"]  # fmt: skip
+        settings = "--set task=MountainCarContinuous-v0 --set population_size=6".split()
+        args = ["train", "-a", algorithm, *settings, "--print-config"]
         assert cli.main(args) == 0, capsys.readouterr().err
         out = capsys.readouterr().out
         assert f"algorithm: {algorithm}" in out and "task: MountainCarContinuous-v0" in out
@@ -292,8 +290,10 @@ def test_devices_auto_equals_the_explicit_count(tmp_path, monkeypatch):
 
     monkeypatch.setattr(processes, "available_cores", lambda: 2)
     monkeypatch.setenv("XLA_FLAGS", "")  # no user count: auto follows the cores
-    job = ["train", "--task", "CartPole-v1", "--pop", "128", "-g", "2", "--chunk", "2", "-q",
-           "--set", "hidden_sizes=[4]", "--set", "eval_episodes=0", "--no-figure"]  # fmt: skip
+    job = (
+        "train --task CartPole-v1 --pop 128 -g 2 --chunk 2 -q --set hidden_sizes=[4] "
+        "--set eval_episodes=0 --no-figure"
+    ).split()
     assert cli.main([*job, "--out", str(tmp_path / "auto")]) == 0
     assert cli.main([*job, "--devices", "2", "--out", str(tmp_path / "two")]) == 0
     assert "2 device(s) on the population axis" in (tmp_path / "auto" / "train.log").read_text()
@@ -304,10 +304,8 @@ def test_devices_auto_equals_the_explicit_count(tmp_path, monkeypatch):
 
 
 def test_launch_without_out_records_its_processes_in_the_run_folder(tmp_path):
-    result = _cli(
-        "launch", "-n", "1", "--", "train", "--task", "sphere", "--pop", "8", "-g", "1",
-        "--set", "num_dims=2", "--runs-root", str(tmp_path), "-q", "--no-figure",
-    )  # fmt: skip
+    train = "train --task sphere --pop 8 -g 1 --set num_dims=2 -q --no-figure".split()
+    result = _cli("launch", "-n", "1", "--", *train, "--runs-root", str(tmp_path))
     assert result.returncode == 0, result.stderr
     (run,) = tmp_path.iterdir()
     assert (run / "config.yaml").exists()
@@ -345,8 +343,8 @@ def test_console_script_help():
 def test_list(capsys):
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out
-    for word in ["algorithms:", "es ", "CMA_ES", "Open_ES", "CartPole-v1", "sphere", "rosenbrock",
-                 "playground/CheetahRun", "gym:ID"]:  # fmt: skip
+    words = ["algorithms:", "es ", "CMA_ES", "Open_ES", "CartPole-v1", "sphere", "rosenbrock"]
+    for word in [*words, "playground/CheetahRun", "gym:ID"]:
         assert word in out
     # every name whole, never split at a line end ("Freeway-" / "MinAtar")
     from evorl_pop.algorithms.es import STRATEGIES
@@ -413,14 +411,22 @@ def test_plot_of_other_algorithms_labels_them_briefly_and_shows_a_lone_point(
     for algorithm, generations in (("erl", 1), ("cemrl", 3), ("pbt", 3)):
         runs.append(tmp_path / algorithm)
         runs[-1].mkdir()
-        config.save(config.resolve_config([], [f"algorithm={algorithm}"]),
-                        runs[-1] / "config.yaml")  # fmt: skip
+        config.save(config.resolve_config([], [f"algorithm={algorithm}"]), runs[-1] / "config.yaml")
         columns = store.columns_for(("fitness_best", "fitness_mean", "fitness_worst"))
-        rows = [dict(generation=g, env_steps=100 * g, wall_time=0.1 * g, fitness_best=-g,
-                     fitness_mean=-2 * g, fitness_worst=-3 * g)
-                for g in range(1, generations + 1)]  # fmt: skip
-        restore.restore_metrics(runs[-1] / store.METRICS_FILENAME, columns,
-                                     "".join(store.csv_lines(rows, columns)))  # fmt: skip
+        rows = [
+            dict(
+                generation=g,
+                env_steps=100 * g,
+                wall_time=0.1 * g,
+                fitness_best=-g,
+                fitness_mean=-2 * g,
+                fitness_worst=-3 * g,
+            )
+            for g in range(1, generations + 1)
+        ]
+        restore.restore_metrics(
+            runs[-1] / store.METRICS_FILENAME, columns, "".join(store.csv_lines(rows, columns))
+        )
     out = tmp_path / "all.png"
     assert cli.main(["plot", *map(str, runs), "--out", str(out), "--svg"]) == 0
     svg = out.with_suffix(".svg").read_text()

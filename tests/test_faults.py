@@ -25,10 +25,10 @@ from evorl_pop.base import CheckpointError
 from evorl_pop.run import plotting, restore, shell, stop, store
 
 # A black-box run whose chunks take milliseconds: a signal finds it mid-run.
-FAST = [
-    "--strategy", "Open_ES", "--task", "sphere", "--pop", "8", "--set", "num_dims=4",
-    "--chunk", "1", "--checkpoint-every", "100000", "--quiet", "--no-figure",
-]  # fmt: skip
+FAST = (
+    "--strategy Open_ES --task sphere --pop 8 --set num_dims=4 --chunk 1 "
+    "--checkpoint-every 100000 --quiet --no-figure"
+).split()
 COLUMNS = ("generation", "fitness_best", "fitness_mean", "env_steps")
 
 
@@ -44,9 +44,14 @@ def _env(**extra):
 
 def _start(*args, launch=False):
     command = ["launch", "-n", "2", "--", *args] if launch else list(args)
-    return subprocess.Popen([sys.executable, "-m", "evorl_pop.cli", *command], env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "evorl_pop.cli", *command],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _rows(run) -> int:
@@ -108,8 +113,9 @@ def test_a_signal_checkpoints_tells_how_to_resume_and_the_resume_is_exact(tmp_pa
 
 def test_a_time_limit_stops_with_a_checkpoint(tmp_path, capsys):
     run = tmp_path / "run"
-    status, err = _main(capsys, ["train", *FAST, "-g", "100000000", "--time-limit", "2s",
-                                 "--out", str(run)])  # fmt: skip
+    status, err = _main(
+        capsys, ["train", *FAST, "-g", "100000000", "--time-limit", "2s", "--out", str(run)]
+    )
     assert status == 124, err
     generation = restore.load_checkpoint(run).generation
     assert 0 < generation < 100000000 and _rows(run) == generation
@@ -172,8 +178,9 @@ def test_a_launch_whose_terminal_is_gone_still_drains_its_processes_output():
             pass
 
     lines = 20_000  # about 1 MB
-    child = subprocess.Popen([sys.executable, "-c", f"for i in range({lines}): print('x' * 50)"],
-                             stdout=subprocess.PIPE)  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-c", f"for i in range({lines}): print('x' * 50)"], stdout=subprocess.PIPE
+    )
     args = (child.stdout, ClosedTerminal(), "[p0] ", threading.Lock())
     forward = threading.Thread(target=launcher._forward, args=args)
     forward.start()
@@ -237,8 +244,9 @@ def test_ctrl_c_in_a_python_objective_is_a_keyboard_interrupt(tmp_path):
         "except KeyboardInterrupt:\n"
         "    print('caught KeyboardInterrupt')\n"
     )
-    out = subprocess.run([sys.executable, str(script)], env=_env(), capture_output=True,
-                         text=True, timeout=300)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(script)], env=_env(), capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0 and "caught KeyboardInterrupt" in out.stdout, out.stderr[-3000:]
 
 
@@ -382,14 +390,16 @@ class _OneSlowDevice:
     def step(self, state, key):
         def per_device(x, generation):
             index = jax.lax.axis_index("POP")
-            done = jax.pure_callback(self.host, jax.ShapeDtypeStruct((), jnp.float32),
-                                     index, generation)  # fmt: skip
+            done = jax.pure_callback(
+                self.host, jax.ShapeDtypeStruct((), jnp.float32), index, generation
+            )
             return x + 0 * done  # device 1's value is dropped: P() keeps device 0's
 
         mesh = Mesh(np.array(jax.devices()[:2]), ("POP",))
         # check_vma=False: the output is replicated only by this test's construction.
-        x = jax.shard_map(per_device, mesh=mesh, in_specs=P(), out_specs=P(),
-                          check_vma=False)(state.x, state.generation)  # fmt: skip
+        x = jax.shard_map(per_device, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False)(
+            state.x, state.generation
+        )
         return _Slow(state.generation + 1, x), {"fitness_best": x, "fitness_mean": x}
 
 
@@ -399,6 +409,5 @@ def test_train_loop_returns_after_every_device_has_run():
     state = _Slow(jnp.int32(0), jnp.float32(1))
     # The first chunk (which compiles) waits for every device, and each chunk waits for
     # the last one's outputs on every device: the last chunk is the one that can outrun.
-    shell.train_loop(_OneSlowDevice(finished), state, jax.random.key(0), 3, chunk=1,
-                     progress=False)  # fmt: skip
+    shell.train_loop(_OneSlowDevice(finished), state, jax.random.key(0), 3, chunk=1, progress=False)
     assert sorted(finished) == [0, 0, 0, 1, 1, 1]

@@ -20,10 +20,10 @@ from evorl_pop.run.config import resolve_config
 pytest.importorskip("tensorboard")
 pytest.importorskip("tensorboardX")
 
-SMALL = [
-    "--task", "CartPole-v1", "--pop", "8", "--set", "episode_length=20", "--set",
-    "hidden_sizes=[4]", "--set", "eval_episodes=1", "--devices", "1", "--quiet", "--no-figure",
-]  # fmt: skip
+SMALL = (
+    "--task CartPole-v1 --pop 8 --set episode_length=20 --set hidden_sizes=[4] "
+    "--set eval_episodes=1 --devices 1 --quiet --no-figure"
+).split()
 
 
 @pytest.fixture(autouse=True)
@@ -42,12 +42,25 @@ def _kill_past_checkpoint(run, logged, *args):
     """Starts a long run, and kills it (SIGKILL to its process group, as a scheduler does:
     W&B's service with it) once ``logged(run)`` holds a generation past its checkpoint;
     returns the checkpoint's generation and the last generation logged."""
+    long_run = "--generations 100000 --chunk 1 --checkpoint-every 3".split()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "evorl_pop.cli", "train", *SMALL, "--generations", "100000",
-         "--chunk", "1", "--checkpoint-every", "3", "--out", str(run), *args],
-        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "evorl_pop.cli",
+            "train",
+            *SMALL,
+            *long_run,
+            "--out",
+            str(run),
+            *args,
+        ],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         start_new_session=True,
-    )  # fmt: skip
+    )
     deadline = time.time() + 300
     try:
         while True:
@@ -86,7 +99,8 @@ def _tb_last(run):
 
 
 def _check_tensorboard(run):
-    ea, metrics = _tb_generations(run), store.read_metrics(run)
+    ea = _tb_generations(run)
+    metrics = store.read_metrics(run)
     generations, steps = metrics["generation"].tolist(), metrics["env_steps"].tolist()
     assert generations == list(range(1, len(generations) + 1))
     tags = set(ea.Tags()["scalars"])
@@ -113,10 +127,11 @@ def test_tensorboard_holds_every_row_across_kill_and_resume(tmp_path):
     assert ea.Images("fitness")[-1].step == total  # the figure at the end
     # a second run beside it, from Python, the logger as an object
     other = tmp_path / "second"
-    config = resolve_config(
-        [], ["task=CartPole-v1", "population_size=8", "episode_length=20", "hidden_sizes=[4]",
-             "seed=1", "generations=3", "devices=1"],
-    )  # fmt: skip
+    settings = (
+        "task=CartPole-v1 population_size=8 episode_length=20 hidden_sizes=[4] seed=1 "
+        "generations=3 devices=1"
+    )
+    config = resolve_config([], settings.split())
     shell.train(config, other, progress=False, recorders=[loggers.TensorBoard()])
     _check_tensorboard(other)
 
@@ -151,7 +166,9 @@ class Rows(store.Recorder):
     """A user's recorder: keeps what it is given."""
 
     def __init__(self):
-        self.rows, self.images, self.ended = [], [], None
+        self.rows = []
+        self.images = []
+        self.ended = None
 
     def row(self, row):
         self.rows.append(row)
@@ -164,8 +181,8 @@ class Rows(store.Recorder):
 
 
 def test_a_users_recorder_gets_every_row(tmp_path):
-    config = resolve_config([], ["task=sphere", "num_dims=3", "population_size=8",
-                                 "generations=4", "chunk=3", "devices=1"])  # fmt: skip
+    settings = "task=sphere num_dims=3 population_size=8 generations=4 chunk=3 devices=1"
+    config = resolve_config([], settings.split())
     mine = Rows()
     shell.train(config, tmp_path / "r", progress=False, recorders=[mine])
     metrics = store.read_metrics(tmp_path / "r")

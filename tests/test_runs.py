@@ -16,10 +16,10 @@ import pytest
 from evorl_pop import cli
 from evorl_pop.run import config, restore, store
 
-SMALL = [
-    "--strategy", "CMA_ES", "--task", "sphere", "--pop", "8", "--set", "num_dims=3",
-    "--chunk", "2", "--devices", "2", "--quiet", "--no-figure",
-]  # fmt: skip
+SMALL = (
+    "--strategy CMA_ES --task sphere --pop 8 --set num_dims=3 --chunk 2 --devices 2 --quiet "
+    "--no-figure"
+).split()
 RECORDS = ("config.yaml", "metrics.csv", "checkpoint.msgpack")
 
 
@@ -82,17 +82,23 @@ def _snapshot(run):
 
 def test_a_second_writer_fails_at_once_and_a_killed_holder_does_not_block(tmp_path):
     run = tmp_path / "run"
-    holder = _start("train", *SMALL, "--generations", "100000", "--checkpoint-every", "2",
-                    "--out", str(run))  # fmt: skip
+    holder = _start(
+        "train", *SMALL, "--generations", "100000", "--checkpoint-every", "2", "--out", str(run)
+    )
     try:
         _wait_for(run / store.CHECKPOINT_FILENAME, holder)
-        for args in (["train", *SMALL, "--generations", "4", "--out", str(run)],
-                     ["resume", str(run), "--more", "4", "-q"]):  # fmt: skip
+        for args in (
+            ["train", *SMALL, "--generations", "4", "--out", str(run)],
+            ["resume", str(run), "--more", "4", "-q"],
+        ):
             before = time.time()
             second = subprocess.run(
                 [sys.executable, "-m", "evorl_pop.cli", *args],
-                env=_env(), capture_output=True, text=True, timeout=120,
-            )  # fmt: skip
+                env=_env(),
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert second.returncode == 1, second.stderr[-2000:]
             line = _last_line(second.stderr)
             assert str(run) in line and f"pid {holder.pid}" in line, line
@@ -103,11 +109,14 @@ def test_a_second_writer_fails_at_once_and_a_killed_holder_does_not_block(tmp_pa
         holder.wait()
     # The kernel dropped the dead holder's lock: its run resumes.
     at_kill = restore.load_checkpoint(run).generation
+    resume = ["resume", str(run), "--generations", str(at_kill + 2), "-q", "--no-figure"]
     resumed = subprocess.run(
-        [sys.executable, "-m", "evorl_pop.cli", "resume", str(run), "--generations",
-         str(at_kill + 2), "-q", "--no-figure"],
-        env=_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [sys.executable, "-m", "evorl_pop.cli", *resume],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     rows = store.read_metrics(run)["generation"].tolist()
     assert rows == list(range(1, at_kill + 3))
@@ -116,12 +125,8 @@ def test_a_second_writer_fails_at_once_and_a_killed_holder_does_not_block(tmp_pa
 def test_runs_started_at_once_get_their_own_folders(tmp_path):
     root = tmp_path / "sweep"
     rates = ("0.1", "0.01")
-    procs = [
-        _start("train", "--task", "sphere", "--pop", "16", "--generations", "3", "--devices",
-               "1", "--set", f"learning_rate={lr}", "--runs-root", str(root), "-q",
-               "--no-figure")
-        for lr in rates
-    ]  # fmt: skip
+    job = "train --task sphere --pop 16 --generations 3 --devices 1 -q --no-figure".split()
+    procs = [_start(*job, "--set", f"learning_rate={lr}", "--runs-root", str(root)) for lr in rates]
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-2000:]
@@ -286,16 +291,25 @@ def _one_line_error(capsys, argv, code, *words):
 def test_unwritable_run_folders_are_one_line_errors(tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
-    _one_line_error(capsys, ["train", *SMALL, "--out", str(blocker / "run")], 1,
-                    "Cannot create the run folder", str(blocker / "run"))  # fmt: skip
+    _one_line_error(
+        capsys,
+        ["train", *SMALL, "--out", str(blocker / "run")],
+        1,
+        "Cannot create the run folder",
+        str(blocker / "run"),
+    )
     read_only = tmp_path / "read-only"
     read_only.mkdir()
     read_only.chmod(0o555)
     if os.access(read_only, os.W_OK):  # root writes anyway: use a read-only file system
         read_only = next((p for p in ("/sys", "/proc/sys") if not os.access(p, os.W_OK)), None)
     if read_only is not None:
-        _one_line_error(capsys, ["train", *SMALL, "--out", f"{read_only}/run"], 1,
-                        "Cannot create the run folder")  # fmt: skip
+        _one_line_error(
+            capsys,
+            ["train", *SMALL, "--out", f"{read_only}/run"],
+            1,
+            "Cannot create the run folder",
+        )
 
 
 def test_a_full_disk_is_a_one_line_error_and_changes_nothing(tmp_path, capsys, monkeypatch):
@@ -321,26 +335,35 @@ def test_a_full_disk_is_a_one_line_error_and_changes_nothing(tmp_path, capsys, m
 
 def test_a_population_too_large_for_memory_is_refused_before_compiling(tmp_path, capsys):
     out = tmp_path / "huge"
-    _one_line_error(capsys, ["train", "--pop", "1000000000", "--out", str(out), "-q"], 1,
-                    "population_size=1,000,000,000", "GiB", "lower population_size")  # fmt: skip
+    _one_line_error(
+        capsys,
+        ["train", "--pop", "1000000000", "--out", str(out), "-q"],
+        1,
+        "population_size=1,000,000,000",
+        "GiB",
+        "lower population_size",
+    )
     assert not out.exists()
 
 
 def test_bad_coordinators_fail_fast_with_one_line(tmp_path, capsys):
     for address, words in (("nohost", ["HOST:PORT"]), ("no-such-host.invalid:1234", ["resolve"])):
-        _one_line_error(capsys, ["train", *SMALL, "--out", str(tmp_path / "r"), "--coordinator",
-                                 address, "--num-processes", "2", "--process-id", "1"], 2,
-                        *words)  # fmt: skip
+        second = ["--coordinator", address, "--num-processes", "2", "--process-id", "1"]
+        argv = ["train", *SMALL, "--out", str(tmp_path / "r"), *second]
+        _one_line_error(capsys, argv, 2, *words)
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     start = time.time()
+    second = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", "1"]
+    argv = ["train", *SMALL, "--out", str(tmp_path / "r"), *second, "--heartbeat-timeout", "3"]
     lonely = subprocess.run(
-        [sys.executable, "-m", "evorl_pop.cli", "train", *SMALL, "--out", str(tmp_path / "r"),
-         "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", "1",
-         "--heartbeat-timeout", "3"],
-        env=_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-m", "evorl_pop.cli", *argv],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert time.time() - start < 60
     assert lonely.returncode == 2, lonely.stderr[-2000:]
     assert "No coordinator answered" in _last_line(lonely.stderr)
@@ -362,8 +385,13 @@ def test_plot_of_a_file_that_is_not_metrics_names_it(tmp_path, capsys):
     for name, data in (("notes.txt", b"hello\n"), ("image.png", b"\x89PNG\r\n\x1a\n\xff")):
         path = tmp_path / name
         path.write_bytes(data)
-        _one_line_error(capsys, ["plot", str(path), "--out", str(tmp_path / "f.png")], 2,
-                        str(path), "not an evorl-pop metrics CSV")  # fmt: skip
+        _one_line_error(
+            capsys,
+            ["plot", str(path), "--out", str(tmp_path / "f.png")],
+            2,
+            str(path),
+            "not an evorl-pop metrics CSV",
+        )
 
 
 # --- precision ---------------------------------------------------------------------------
@@ -382,23 +410,25 @@ def test_resume_refuses_a_checkpoint_of_another_precision(tmp_path, capsys):
 def _example(name, tmp_path, *args):
     """The command line of ``examples/NAME`` on one device, quiet, writing under ``tmp_path``."""
     path = os.path.join(os.path.dirname(__file__), os.pardir, "examples", name)
-    return [sys.executable, path, *args, "--devices", "1", "--quiet",
-            "--runs", str(tmp_path / "runs"), "--figures", str(tmp_path / "figures")]  # fmt: skip
+    folders = ["--runs", str(tmp_path / "runs"), "--figures", str(tmp_path / "figures")]
+    return [sys.executable, path, *args, "--devices", "1", "--quiet", *folders]
 
 
 def test_minatar_example_restarts_and_continues_the_best(tmp_path):
     """examples/openes_minatar.py --restarts: every restart trains, the best by its
     mean policy's last 10 generations is continued to the total, and the figure is drawn."""
-    argv = _example("openes_minatar.py", tmp_path, "--policy", "keypoints", "--elite", "0.1",
-                    "--pop", "16", "--restarts", "3", "--restart-generations", "2",
-                    "--generations", "4")  # fmt: skip
+    options = (
+        "--policy keypoints --elite 0.1 --pop 16 --restarts 3 --restart-generations 2 "
+        "--generations 4"
+    )
+    argv = _example("openes_minatar.py", tmp_path, *options.split())
     out = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     scores = {}
     for line in out.stdout.splitlines():
         if line.startswith("seed "):
-            seed, score = line.split(":")[0].split()[1], line.split("mean policy ")[1].split()[0]
-            scores[int(seed)] = float(score)
+            seed = int(line.split(":")[0].split()[1])
+            scores[seed] = float(line.split("mean policy ")[1].split()[0])
     assert sorted(scores) == [0, 1, 2]
     best = max(scores, key=scores.get)  # the first of ties, as the example
     assert f"continued seed {best} " in out.stdout and "over 64 fresh episodes" in out.stdout
@@ -413,8 +443,11 @@ def test_ctrl_c_ends_an_example_in_one_line_with_its_checkpoint(tmp_path):
     run = tmp_path / "runs" / "openes-pendulum"
     proc = subprocess.Popen(
         _example("openes_pendulum.py", tmp_path, "--generations", "100000"),
-        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _wait_for(run / store.METRICS_FILENAME, proc)  # a chunk has run
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=300)

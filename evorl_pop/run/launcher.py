@@ -106,7 +106,9 @@ def launch(
       0 when every process succeeded; else the failed process's exit code
       (128 + the signal number when it was killed), 130 after Ctrl-C.
     """
-    out, err, command = out or sys.stdout, err or sys.stderr, list(command)
+    out = out or sys.stdout
+    err = err or sys.stderr
+    command = list(command)
     command = command[1:] if command[:1] == ["--"] else command
     if not command or command[0] not in ("train", "resume"):
         raise LaunchError(
@@ -115,8 +117,11 @@ def launch(
         )
     if reserved := [a.split("=")[0] for a in command if a.split("=")[0] in RESERVED_OPTIONS]:
         raise LaunchError(f"{reserved[0]} is set by launch itself; leave it out.")
-    counts = (("-n", num_processes), ("--devices-per-process", devices_per_process),
-              ("--gpus-per-process", gpus_per_process))  # fmt: skip
+    counts = (
+        ("-n", num_processes),
+        ("--devices-per-process", devices_per_process),
+        ("--gpus-per-process", gpus_per_process),
+    )
     for name, value in counts:
         if value is not None and value < 1:
             raise LaunchError(f"{name} must be >= 1, got {value}.")
@@ -128,6 +133,7 @@ def launch(
             err.write(f"[launch] {message}\n")
             err.flush()
 
+    joining = ["--coordinator", coordinator, "--num-processes", str(num_processes)]
     children: list[subprocess.Popen] = []
     for i in range(num_processes):
         env = {**os.environ, "PYTHONUNBUFFERED": "1", stop.LAUNCHER_PID: str(os.getpid())}
@@ -138,20 +144,30 @@ def launch(
         if gpus_per_process is not None:
             ids = range(i * gpus_per_process, (i + 1) * gpus_per_process)
             env["JAX_LOCAL_DEVICE_IDS"] = ",".join(map(str, ids))
-        argv = [python, "-m", "evorl_pop.cli", *command, "--coordinator", coordinator,
-                "--num-processes", str(num_processes), "--process-id", str(i)]  # fmt: skip
+        argv = [python, "-m", "evorl_pop.cli", *command, *joining, "--process-id", str(i)]
         # Own process groups: a terminal's Ctrl-C reaches the launcher only, which
         # passes it on once to each process.
-        children.append(subprocess.Popen(
-            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_child_setup,
-        ))  # fmt: skip
+        children.append(
+            subprocess.Popen(
+                argv,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_child_setup,
+            )
+        )
         say(f"process {i}: pid {children[i].pid}")
     if pid_file is not None:
-        record = dict(coordinator=coordinator, num_processes=num_processes, command=command,
-                      devices_per_process=devices_per_process, launcher_pid=os.getpid(),
-                      processes=[dict(process_id=i, pid=c.pid) for i, c in enumerate(children)],
-                      )  # fmt: skip
+        record = dict(
+            coordinator=coordinator,
+            num_processes=num_processes,
+            command=command,
+            devices_per_process=devices_per_process,
+            launcher_pid=os.getpid(),
+            processes=[dict(process_id=i, pid=c.pid) for i, c in enumerate(children)],
+        )
         try:
             Path(pid_file).parent.mkdir(parents=True, exist_ok=True)
             write_atomic(pid_file, (json.dumps(record, indent=2) + "\n").encode())

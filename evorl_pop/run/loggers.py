@@ -100,7 +100,9 @@ def truncate_events(tb_dir: Path, generation: int, env_steps: int) -> int:
 
     last = 0
     for path in sorted(tb_dir.glob("events.out.tfevents.*")):
-        data, kept, dropped = path.read_bytes(), [], False
+        data = path.read_bytes()
+        kept = []
+        dropped = False
         for raw, payload in _records(data):
             event = event_pb2.Event.FromString(payload)
             if event.HasField("summary") and event.summary.value:
@@ -132,7 +134,9 @@ class TensorBoard(Recorder):
 
     def __init__(self, log_dir: str | os.PathLike | None = None, flush_secs: int = 30):
         require("tensorboard")
-        self.log_dir, self.flush_secs, self.writer = log_dir, flush_secs, None
+        self.log_dir = log_dir
+        self.flush_secs = flush_secs
+        self.writer = None
 
     def start(self, run: Run, state) -> None:
         if not run.writer:
@@ -168,8 +172,10 @@ class TensorBoard(Recorder):
         add(Summary(value=[Summary.Value(tag=n, simple_value=v) for n, v in values]), generation)
         if steps > 0:  # none before the first step (black-box tasks take none)
             prefix = ENV_STEPS_PREFIX
-            add(Summary(value=[Summary.Value(tag=prefix + n, simple_value=v) for n, v in values]),
-                steps)  # fmt: skip
+            add(
+                Summary(value=[Summary.Value(tag=prefix + n, simple_value=v) for n, v in values]),
+                steps,
+            )
         self.generation = generation
 
     def image(self, name: str, path: Path) -> None:
@@ -219,10 +225,14 @@ class WandB(Recorder):
       **init: further keywords for ``wandb.init`` (tags, group, notes, ...).
     """
 
-    def __init__(self, project: str | None = None, entity: str | None = None,
-                 mode: str | None = None, **init):  # fmt: skip
+    def __init__(
+        self, project: str | None = None, entity: str | None = None, mode: str | None = None, **init
+    ):
         require("wandb")
-        self.project, self.entity, self.mode, self.init = project, entity, mode, init
+        self.project = project
+        self.entity = entity
+        self.mode = mode
+        self.init = init
         self.run = None
 
     def _mode(self) -> str:
@@ -243,20 +253,25 @@ class WandB(Recorder):
             run_id = secrets.token_hex(4)  # W&B ids: lowercase letters and digits
             write_atomic(id_path, f"{run_id}\n".encode())
         self.generation = run.generation
+        project = self.project or config.wandb_project or os.environ.get("WANDB_PROJECT")
         self.run = wandb.init(
-            project=self.project or config.wandb_project or os.environ.get("WANDB_PROJECT")
-            or "evorl-pop",
+            project=project or "evorl-pop",
             entity=self.entity or config.wandb_entity or os.environ.get("WANDB_ENTITY"),
-            id=run_id, resume="allow", dir=str(run.run_dir), mode=self._mode(),
-            name=run.run_dir.name, config=config_lib.to_dict(config),
+            id=run_id,
+            resume="allow",
+            dir=str(run.run_dir),
+            mode=self._mode(),
+            name=run.run_dir.name,
+            config=config_lib.to_dict(config),
             settings=wandb.Settings(silent=True, console="off"),
             **{"reinit": "create_new", **self.init},
-        )  # fmt: skip
+        )
         # What the W&B run holds already: its own step counter (online), the files of earlier
         # sessions (offline; a killed process may have lost its last rows, or all).
         self.logged = max(self.run.starting_step - 1, last_offline_step(run.run_dir, run_id))
         # W&B's client takes milliseconds a row: a thread of its own passes them on
-        self.queue, self.errors = queue.Queue(), []
+        self.queue = queue.Queue()
+        self.errors = []
         self.thread = threading.Thread(target=self._pass_on, daemon=True, name="wandb-log")
         self.thread.start()
         for row in parse_rows(run.columns, run.lines):  # rows up to the checkpoint it lacks
@@ -327,8 +342,9 @@ def from_config(config: RunConfig, given=()) -> list[Recorder]:
             continue
         if name not in LOGGER_CLASSES:
             hint = did_you_mean(name, config_lib.LOGGERS)
-            raise ConfigError(f"loggers: unknown logger {name!r}.{hint} Valid: "
-                              f"{', '.join(config_lib.LOGGERS)}.")  # fmt: skip
+            raise ConfigError(
+                f"loggers: unknown logger {name!r}.{hint} Valid: {', '.join(config_lib.LOGGERS)}."
+            )
         cls = LOGGER_CLASSES[name]
         if not any(isinstance(r, cls) for r in given):
             out.append(cls())
@@ -340,8 +356,8 @@ def parse_rows(columns, lines) -> list[dict]:
     out = []
     for line in lines:
         values = line.rstrip("\n").split(",")
-        out.append({c: int(v) if v.lstrip("-").isdigit() else float(v)
-                    for c, v in zip(columns, values, strict=True) if v})  # fmt: skip
+        pairs = [(c, v) for c, v in zip(columns, values, strict=True) if v]
+        out.append({c: int(v) if v.lstrip("-").isdigit() else float(v) for c, v in pairs})
     return out
 
 
@@ -357,14 +373,18 @@ def read_wandb_history(path: str | os.PathLike) -> list[dict]:
     from google.protobuf.message import DecodeError
     from wandb.proto import wandb_internal_pb2 as pb
 
-    data, out, buf = Path(path).read_bytes(), [], b""
-    pos, block = 7, 32768  # a 7-byte W&B header, then LevelDB log blocks
+    data = Path(path).read_bytes()
+    out = []
+    buf = b""
+    block = 32768  # LevelDB log blocks
+    pos = 7  # after a 7-byte W&B header
     while pos + 7 <= len(data):
         if block - pos % block < 7:
             pos += block - pos % block  # a block's padding
             continue
         _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        chunk = data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
         buf = chunk if kind in (1, 2) else buf + chunk
         if kind not in (1, 4):
             continue

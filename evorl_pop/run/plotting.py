@@ -41,7 +41,8 @@ def load_run(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:
 
 
 def _label(config: dict, differing: Sequence[str]) -> str:
-    algo, named = config.get("algorithm_config") or {}, ("algorithm", "strategy", "task")
+    algo = config.get("algorithm_config") or {}
+    named = ("algorithm", "strategy", "task")
     parts = [str(config.get("algorithm", "run")), *(str(algo[n]) for n in named if algo.get(n))]
     extra = [f"{k}={algo.get(k, config.get(k))}" for k in differing if k not in named]
     extra = extra[:4] + ["..."] * (len(extra) > 4)  # a legend, not a config dump
@@ -132,7 +133,8 @@ def plot_runs(
     style = {"axes.titlesize": 10, "axes.grid": True, "grid.alpha": 0.3, "legend.fontsize": 7}
     with plt.rc_context(style):
         fig, axes = plt.subplots(1, panels, figsize=(3 + 4 * panels, 4.2), dpi=120, squeeze=False)
-        ax, xlabel = axes[0, 0], "generation" if x == "generation" else "environment steps"
+        ax = axes[0, 0]
+        xlabel = "generation" if x == "generation" else "environment steps"
         xs = loaded[0][1]["generation" if x == "generation" else "env_steps"]
         # Row g's values were used from the end of interval g - 1 to the end of interval g.
         edges = np.concatenate([[0], xs])

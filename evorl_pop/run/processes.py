@@ -41,7 +41,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from evorl_pop import jax_private
 from evorl_pop.tasks.blackbox import BLACKBOX_TASKS
-from evorl_pop.tasks.envs import GYM_PREFIX
+from evorl_pop.tasks.gym_envs import GYM_PREFIX
 
 DEVICE_FLAG = "--xla_force_host_platform_device_count"
 #: Simulated CPU devices beyond this abort XLA (1,024 does) or only cost memory.
@@ -330,8 +330,10 @@ def initialize(
             f"A multi-process run needs {', '.join(missing)} as well (or {' / '.join(ENV)}); no "
             "cluster environment (SLURM, Open MPI, ...) was detected to fill them in."
         )
-    for name, value in (("--num-processes", num_processes), ("--heartbeat-timeout",
-                                                             heartbeat_timeout)):  # fmt: skip
+    for name, value in (
+        ("--num-processes", num_processes),
+        ("--heartbeat-timeout", heartbeat_timeout),
+    ):
         if value is not None and value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}.")
     if None not in (process_id, num_processes) and not 0 <= process_id < num_processes:

@@ -118,7 +118,8 @@ def restore_state(template: Any, ckpt: Checkpoint):
     def place(saved, like, original):
         saved = np.asarray(saved)
         # Only shapes and dtypes are compared: no transfer of arrays that span processes.
-        shape, dtype = np.shape(like), np.dtype(getattr(like, "dtype", np.asarray(like).dtype))
+        shape = np.shape(like)
+        dtype = np.dtype(getattr(like, "dtype", np.asarray(like).dtype))
         if saved.shape != shape or saved.dtype != dtype:
             raise CheckpointError(
                 f"{unfit} an array of {saved.shape} {saved.dtype} where {shape} {dtype} was "
@@ -139,7 +140,8 @@ def restore_state(template: Any, ckpt: Checkpoint):
 def restore_metrics(path: str | os.PathLike, columns, rows: str) -> None:
     """Makes the file hold exactly a header of ``columns`` and ``rows`` (atomically):
     a resumed run so drops rows past its checkpoint and writes back lost or cut ones."""
-    path, data = Path(path), ",".join(columns) + "\n" + rows
+    path = Path(path)
+    data = ",".join(columns) + "\n" + rows
     if not (path.exists() and _text_or_none(path) == data):
         write_atomic(path, data.encode())
 
@@ -150,8 +152,10 @@ def _text_or_none(path: Path) -> str | None:
     try:
         return read_text(path, "a metrics CSV")
     except ValueError as err:
-        print(f"warning: {err} It is rebuilt from the checkpoint, which holds every row.",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"warning: {err} It is rebuilt from the checkpoint, which holds every row.",
+            file=sys.stderr,
+        )
         return None
 
 

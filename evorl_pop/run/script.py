@@ -45,11 +45,10 @@ def _one_line_exit(kind, value, traceback):
     if not issubclass(kind, KeyboardInterrupt):
         return sys.__excepthook__(kind, value, traceback)
     # The run shell's message says how to continue the run (a checkpoint is written on Ctrl-C).
-    print(f"\n{name}: interrupted{f'; {value}' if str(value) else ''}", file=sys.stderr,
-          flush=True)  # fmt: skip
+    print(f"\n{name}: interrupted{f'; {value}' if str(value) else ''}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     # End as Python ends on Ctrl-C, killed by SIGINT (it does so only for KeyboardInterrupt
-    # itself, not for the run shell's subclass of it).
+    # itself, not for its subclass evorl_pop.run.stop.Interrupted).
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGINT)
 
@@ -109,7 +108,7 @@ def start(
             default=ROOT / "figures",
             help="folder for the figure (default %(default)s)",
         )
-        parser.add_argument("--quiet", action="store_true", help="no progress bar")  # fmt: skip
+        parser.add_argument("--quiet", action="store_true", help="no progress bar")
     if add_arguments:
         add_arguments(parser)
     args = parser.parse_args()
@@ -152,22 +151,32 @@ def train(
     """
     from evorl_pop.run import plotting  # matplotlib: only when a figure is drawn
 
-    run_dirs, results = [], {}
+    run_dirs = []
+    results = {}
     for name, algorithm_config in configs.items():
         config = config_lib.RunConfig(
-            config_lib.name_of(algorithm_config), algorithm_config=algorithm_config,
-            generations=args.generations, devices=args.devices, **settings,
-        )  # fmt: skip
+            config_lib.name_of(algorithm_config),
+            algorithm_config=algorithm_config,
+            generations=args.generations,
+            devices=args.devices,
+            **settings,
+        )
         for seed in range(args.seed, args.seed + args.seeds):
             run_dir = args.runs / (name if args.seeds == 1 else f"{name}-seed{seed}")
-            result = shell.train(dataclasses.replace(config, seed=seed), run_dir,
-                                 progress=not args.quiet, overwrite=True, figure=False)  # fmt: skip
+            result = shell.train(
+                dataclasses.replace(config, seed=seed),
+                run_dir,
+                progress=not args.quiet,
+                overwrite=True,
+                figure=False,
+            )
             run_dirs.append(run_dir)
             results.setdefault(name, result)
     args.figures.mkdir(parents=True, exist_ok=True)
     if args.seeds > 1:
         title = f"{title}: mean of {args.seeds} seeds, min-max band"
-    paths = plotting.plot_runs(run_dirs, out=args.figures / figure, x=x, title=title,
-                               metrics=metrics)  # fmt: skip
+    paths = plotting.plot_runs(
+        run_dirs, out=args.figures / figure, x=x, title=title, metrics=metrics
+    )
     print(f"figure: {paths[0]}")
     return results

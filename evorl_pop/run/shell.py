@@ -187,8 +187,9 @@ def build(config: RunConfig):
     init_key, run_key = jax.random.split(jax.random.key(config.seed))
     init = jax.jit(algorithm.init).trace(init_key)
     leaves = jax.tree.leaves(init.out_info)
-    dims = max((x.shape[-1] for x in leaves if x.ndim and jnp.issubdtype(x.dtype, jnp.floating)),
-               default=1)  # fmt: skip
+    dims = max(
+        (x.shape[-1] for x in leaves if x.ndim and jnp.issubdtype(x.dtype, jnp.floating)), default=1
+    )
     population = getattr(config.algorithm_config, "population_size", 0) or 0
     # Per device: the replicated state, and its slice of the population held
     # about three times over (candidates, noise, the updated copy).
@@ -240,7 +241,8 @@ def _rows(run: store.Run, metrics: dict, wall: float) -> list[dict]:
             wall_time=run.wall_time + (wall - run.wall_time) * (i + 1) / n,
         )
         rows.append(row)
-    run.wall_time, run.generation = wall, run.generation + n
+    run.wall_time = wall
+    run.generation += n
     return rows
 
 
@@ -319,8 +321,11 @@ def _figure(run: store.Run, recorders) -> None:
     except (ValueError, OSError) as err:  # no rows yet; a full disk
         what = err.strerror if isinstance(err, OSError) and err.strerror else err
         logger.info("no figure: %s", what)
-        print(f"warning: no figure ({what}); `evorl-pop plot {shlex.quote(str(run.run_dir))} "
-              "--out FILE` draws it later", file=sys.stderr)  # fmt: skip
+        print(
+            f"warning: no figure ({what}); `evorl-pop plot {shlex.quote(str(run.run_dir))} "
+            "--out FILE` draws it later",
+            file=sys.stderr,
+        )
         return
     for recorder in recorders:
         recorder.image("fitness", path)
@@ -493,11 +498,20 @@ def _restored(run_dir: Path, ckpt, source, overrides, config_file, more, force):
     what = f"resume from generation {ckpt.generation}"
     what += f" with a changed config (--force: {'; '.join(changed)})" if changed else ""
     run = store.Run(
-        run_dir, config, text, restore.restore_key(ckpt),
-        _about(what, config, mesh), ckpt.generation, ckpt.env_steps, ckpt.wall_time,
-        ckpt.generation, tuple(columns), rows.splitlines(keepends=True),
-        jax.process_index() == 0, devices=mesh.size,
-    )  # fmt: skip
+        run_dir,
+        config,
+        text,
+        key=restore.restore_key(ckpt),
+        about=_about(what, config, mesh),
+        generation=ckpt.generation,
+        env_steps=ckpt.env_steps,
+        wall_time=ckpt.wall_time,
+        start_generation=ckpt.generation,
+        columns=tuple(columns),
+        lines=rows.splitlines(keepends=True),
+        writer=jax.process_index() == 0,
+        devices=mesh.size,
+    )
     if ckpt.devices and ckpt.devices != mesh.size and run.writer:
         note = (
             f"note: resuming on {mesh.size} device(s) a run checkpointed on {ckpt.devices}: "

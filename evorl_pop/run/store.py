@@ -119,8 +119,13 @@ def _new_run_dir(config: RunConfig, root: str | os.PathLike) -> Path:
 
 
 @contextlib.contextmanager
-def hold(run_dir: Path, new: bool, config_text: str | None = None, overwrite: bool = False,
-         read: Callable[[Path], Any] | None = None):  # fmt: skip
+def hold(
+    run_dir: Path,
+    new: bool,
+    config_text: str | None = None,
+    overwrite: bool = False,
+    read: Callable[[Path], Any] | None = None,
+):
     """Holds the run folder's lock while the run writes it; a failed write into the
     folder in the body is a one-line :class:`RunError` (see :func:`writing`).
 
@@ -393,7 +398,8 @@ class MetricsCSV(Recorder):
     """``metrics.csv``: the chunk's rows in one append, after each chunk."""
 
     def start(self, run: Run, state) -> None:
-        self.path, self.written = run.run_dir / METRICS_FILENAME, len(run.lines)
+        self.path = run.run_dir / METRICS_FILENAME
+        self.written = len(run.lines)
 
     def flush(self, run: Run, state) -> None:
         if not run.writer or self.written == len(run.lines):
@@ -416,7 +422,8 @@ class TrainLog(Recorder):
     checkpoints, warnings, how it ended."""
 
     def start(self, run: Run, state) -> None:
-        self.nonfinite, self.last = [], {}
+        self.nonfinite = []
+        self.last = {}
         writer = run.writer
         self.handler = logging.FileHandler(run.run_dir / LOG_FILENAME) if writer else None
         if self.handler is not None:
@@ -444,18 +451,29 @@ class TrainLog(Recorder):
             print(f"warning: {text}", file=sys.stderr)
         self.nonfinite = []
         best, mean = (float(self.last.get(f"fitness_{k}", np.nan)) for k in ("best", "mean"))
-        logger.info("generation %d/%d  best %.6g  mean %.6g  env steps %d  %.1fs",
-                    run.generation, run.config.generations, best, mean, run.env_steps,
-                    run.wall_time)  # fmt: skip
+        logger.info(
+            "generation %d/%d  best %.6g  mean %.6g  env steps %d  %.1fs",
+            run.generation,
+            run.config.generations,
+            best,
+            mean,
+            run.env_steps,
+            run.wall_time,
+        )
 
     def finish(self, run: Run, completed: bool) -> None:
         if completed:
-            logger.info("done: generation %d, %d env steps, %.1fs",
-                        run.generation, run.env_steps, run.wall_time)  # fmt: skip
+            logger.info(
+                "done: generation %d, %d env steps, %.1fs",
+                run.generation,
+                run.env_steps,
+                run.wall_time,
+            )
         else:
             why = f" ({run.stopped})" if run.stopped else ""
-            logger.info("stopped%s after generation %d; %s", why, run.generation,
-                        resume_hint(run.run_dir))  # fmt: skip
+            logger.info(
+                "stopped%s after generation %d; %s", why, run.generation, resume_hint(run.run_dir)
+            )
         if self.handler is not None:
             logger.removeHandler(self.handler)
             self.handler.close()
@@ -504,10 +522,18 @@ class Checkpoints(Recorder):
             host, key = jax.tree.map(processes.to_host, state), processes.to_host(run.key)
         if run.writer:
             ckpt = Checkpoint(
-                host, key, str(jax.random.key_impl(run.key)), yaml.safe_load(run.config_text),
-                run.generation, run.env_steps, run.wall_time, run.columns, "".join(run.lines),
-                precision(state), run.devices,
-            )  # fmt: skip
+                state=host,
+                key=key,
+                key_impl=str(jax.random.key_impl(run.key)),
+                config=yaml.safe_load(run.config_text),
+                generation=run.generation,
+                env_steps=run.env_steps,
+                wall_time=run.wall_time,
+                metrics_columns=run.columns,
+                metrics_rows="".join(run.lines),
+                precision=precision(state),
+                devices=run.devices,
+            )
             save_checkpoint(run.run_dir / CHECKPOINT_FILENAME, ckpt)
             logger.info("checkpoint at generation %d", run.generation)
         self.saved = run.generation
