@@ -42,17 +42,19 @@ from evorl_pop.base import ConfigError
 from evorl_pop.core.engine import Engine, make_mesh
 from evorl_pop.rl.hybrid import EvoRLConfig
 from evorl_pop.rl.replay import ReplayBuffer
-from evorl_pop.rl.td3 import CriticState
+from evorl_pop.rl.sac import SACConfig
+from evorl_pop.rl.td3 import HYBRID_SETTINGS, TD3Config
 from evorl_pop.tasks.control import ControlTask
 
 
 @dataclasses.dataclass(frozen=True)
 class Config(EvoRLConfig):
-    """CEM-RL settings: the shared ones of :class:`~evorl_pop.rl.hybrid.EvoRLConfig`
-    (``task``, ``population_size``, buffer, episodes, ``learner``: ``'td3'`` or
-    ``'sac'``, ``td3``, ``sac``) and these.
+    """CEM-RL settings: the task, population, replay buffer and ``learner`` of
+    :class:`~evorl_pop.rl.hybrid.EvoRLConfig`, and these.
 
     Attributes:
+      td3: TD3's settings, for ``learner='td3'``.
+      sac: SAC's settings, for ``learner='sac'``.
       num_elites: the best actors the distribution is fitted to.
       num_rl_actors: actors that get TD3 (or SAC) updates before evaluation (the
         paper uses half the population).
@@ -66,6 +68,8 @@ class Config(EvoRLConfig):
         step, which learned no better here at twice the cost.
     """
 
+    td3: TD3Config = HYBRID_SETTINGS
+    sac: SACConfig = SACConfig()
     num_elites: int = 5
     num_rl_actors: int = 5
     sigma_init: float = 1e-3
@@ -149,7 +153,7 @@ class CEM(DistributionBasedAlgorithm):
 class LearnerState:
     """The shared critic and the replay buffer every actor's steps go into."""
 
-    critic: CriticState | Any  # SAC: the twin critics and the temperature (rl.sac.SoftCritic)
+    critic: Any  # what the actors share: TD3's twin critics; SAC's and its temperature
     buffer: ReplayBuffer
 
 
@@ -167,7 +171,7 @@ class CEMRLLearner:
         self.train_actors = self.rl.train_actors
 
     def init(self, key: jax.Array) -> LearnerState:
-        return LearnerState(*self.rl.init_critic_and_buffer(key))
+        return LearnerState(self.rl.init_shared(key), self.rl.empty_buffer())
 
     def step(self, key, state: LearnerState, population, strategy_state):
         n, ready = self.num_rl, self.rl.ready(state.buffer)

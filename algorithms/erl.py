@@ -43,17 +43,19 @@ from evorl_pop.base import ConfigError
 from evorl_pop.core.engine import Engine, make_mesh
 from evorl_pop.rl.hybrid import EvoRLConfig
 from evorl_pop.rl.replay import ReplayBuffer
-from evorl_pop.rl.td3 import TD3State
+from evorl_pop.rl.sac import SACConfig
+from evorl_pop.rl.td3 import HYBRID_SETTINGS, TD3Config
 from evorl_pop.tasks.control import ControlTask
 
 
 @dataclasses.dataclass(frozen=True)
 class Config(EvoRLConfig):
-    """ERL settings: the shared ones of :class:`~evorl_pop.rl.hybrid.EvoRLConfig`
-    (``task``, ``population_size``, buffer, episodes, ``learner``: ``'td3'`` or
-    ``'sac'``, ``td3``, ``sac``) and these.
+    """ERL settings: the task, population, replay buffer and ``learner`` of
+    :class:`~evorl_pop.rl.hybrid.EvoRLConfig`, and these.
 
     Attributes:
+      td3: TD3's settings, for ``learner='td3'``.
+      sac: SAC's settings, for ``learner='sac'``.
       num_elites: best actors copied unchanged into the next generation.
       tournament_size: contestants per tournament selection.
       crossover_prob: probability that a child mixes two parents (else it
@@ -69,6 +71,8 @@ class Config(EvoRLConfig):
       updates_per_generation: TD3 iterations (critic steps; SAC: updates) per generation.
     """
 
+    td3: TD3Config = HYBRID_SETTINGS
+    sac: SACConfig = SACConfig()
     num_elites: int = 2
     tournament_size: int = 3
     crossover_prob: float = 0.5
@@ -164,7 +168,7 @@ class GA(PopulationBasedAlgorithm):
 class LearnerState:
     """The learner, the shared replay buffer, and where its actor went."""
 
-    learner: TD3State | Any  # actor, twin critics, targets, optimizers (SAC: rl.sac.SACState)
+    learner: Any  # the learner's actor, critics, targets and optimizers
     buffer: ReplayBuffer
     slot: jax.Array  # int32: the slot the actor took (or would have) this generation
     injected: jax.Array  # bool: whether it entered the population this generation
@@ -187,12 +191,13 @@ class ERLLearner:
 
     def eval_solution(self, state: LearnerState) -> jax.Array:
         """The learner's actor, flat: what ``eval_return`` reports."""
-        return ravel_pytree(state.learner.actor.params)[0]
+        return ravel_pytree(self.rl.actor(state.learner))[0]
 
     def step(self, key, state: LearnerState, population, strategy_state):
         cfg = self.config
         explore_key, learn_key = jax.random.split(key)
-        actor, rl = state.learner.actor.params, self.rl
+        rl = self.rl
+        actor = rl.actor(state.learner)
         episodes = jax.vmap(lambda k: rl.explore(actor, k, cfg.exploration_noise))(
             jax.random.split(explore_key, cfg.rl_episodes)
         )
@@ -204,7 +209,7 @@ class ERLLearner:
         # ranked last: a bred child's, whatever the ties, since num_elites < population_size
         inject = (strategy_state.generation_counter + 1) % cfg.sync_period == 0
         slot = jnp.argmax(ranks(strategy_state.fitness)).astype(jnp.int32)
-        flat = ravel_pytree(learner.actor.params)[0]
+        flat = ravel_pytree(rl.actor(learner))[0]
         population = population.at[slot].set(jnp.where(inject, flat, population[slot]))
         metrics = {
             **losses,

@@ -1,7 +1,8 @@
-"""PBT: population-based training of TD3, PPO or SAC learners.
+"""PBT: population-based training of TD3, PPO, SAC or a plug-in's learners.
 
 Jaderberg et al. (2017), "Population Based Training of Neural Networks". A
-population of whole learners (``learner``: ``'td3'``, ``'ppo'`` or ``'sac'``),
+population of whole learners (``learner``: ``'td3'``, ``'ppo'``, ``'sac'`` or a
+registered learner with a PBT member, :func:`evorl_pop.registry.register_learner`),
 each with its own networks, optimiser states, experience and
 hyperparameters, sharded over the ``POP`` axis. One interval (one ``step``)
 of TD3 members::
@@ -23,7 +24,9 @@ of TD3 members::
 
 A PPO or SAC member (:mod:`~evorl_pop.algorithms.pbt_members`) runs the
 learner's own iterations on its running episodes instead (SAC into its own
-buffer), and keeps those episodes and that buffer when it copies a donor.
+buffer), and keeps those episodes and that buffer when it copies a donor. PBT
+builds each member from its learner's spec (:class:`~evorl_pop.registry.MemberPart`):
+what it searches and reports come from there.
 
 Every draw of member ``i`` comes from ``fold_in(key, i)`` with its global
 index, so 1, 2 or 4 devices give the same run. Padded members (a population
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 import flax.struct
 import jax
@@ -50,36 +54,10 @@ from jax.sharding import PartitionSpec as P
 from evorl_pop import distributed as dist
 from evorl_pop import registry
 from evorl_pop.algorithms import ppo, sac
-from evorl_pop.algorithms.pbt_members import SEARCHABLE as LEARNER_SEARCHABLE
-from evorl_pop.algorithms.pbt_members import Member
 from evorl_pop.base import ConfigError, EvalInfo, did_you_mean
 from evorl_pop.core.engine import check_pop_axis, evaluate, make_mesh
-from evorl_pop.rl.replay import ReplayBuffer
-from evorl_pop.rl.td3 import (
-    TD3,
-    HybridConfig,
-    TD3Learner,
-    TD3State,
-    check_continuous,
-    example_transition,
-)
-from evorl_pop.tasks.rollout import evaluate_episodes, rollout
-
-#: TD3Config fields PBT can search; policy_delay and tau stay fixed (they are
-#: checked, or drive control flow, as Python values).
-TD3_HYPERPARAMETERS = ("actor_lr", "critic_lr", "discount", "policy_noise", "noise_clip")
-#: The names a :class:`Hyperparameter` may take, by learner.
-SEARCHABLE = {"td3": (*TD3_HYPERPARAMETERS, "exploration_noise"), **LEARNER_SEARCHABLE}
-#: What each learner searches unless told otherwise.
-DEFAULT_SEARCH = {
-    "td3": (("actor_lr", 1e-5, 1e-2, True), ("critic_lr", 1e-5, 1e-2, True),
-            ("exploration_noise", 0.05, 0.5, False), ("discount", 0.9, 0.995, False)),
-    "ppo": (("learning_rate", 1e-4, 3e-3, True), ("clip_epsilon", 0.1, 0.3, False),
-            ("entropy_cost", 1e-4, 3e-2, True), ("gae_lambda", 0.9, 1.0, False),
-            ("discount", 0.95, 0.999, False)),
-    "sac": (("actor_lr", 1e-4, 1e-2, True), ("critic_lr", 1e-4, 1e-2, True),
-            ("target_entropy_scale", 0.5, 2.0, False), ("discount", 0.95, 0.995, False)),
-}  # fmt: skip
+from evorl_pop.rl.hybrid import HybridConfig
+from evorl_pop.rl.td3 import HYBRID_SETTINGS, TD3Config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +65,8 @@ class Hyperparameter:
     """One searched hyperparameter: its initial range, which is also its bound.
 
     Attributes:
-      name: one of the learner's :data:`SEARCHABLE`.
+      name: one of the hyperparameters the learner's spec makes searchable
+        (:class:`~evorl_pop.registry.MemberPart`).
       low: the smallest value.
       high: the largest value.
       log: draw the initial value log-uniformly (learning rates); else uniformly.
@@ -100,11 +79,12 @@ class Hyperparameter:
 
     def validate(self, learner: str = "td3") -> None:
         """Raises a ConfigError for a name ``learner`` does not have, or an empty range."""
-        if self.name not in SEARCHABLE[learner]:
-            hint = did_you_mean(self.name, SEARCHABLE[learner])
+        searchable = registry.LEARNERS.get(learner).member.searchable
+        if self.name not in searchable:
+            hint = did_you_mean(self.name, searchable)
             raise ConfigError(
                 f"PBT cannot search the hyperparameter {self.name!r} of {learner}.{hint} "
-                f"Use one of {', '.join(map(repr, SEARCHABLE[learner]))}."
+                f"Use one of {', '.join(map(repr, searchable))}."
             )
         if not self.low < self.high or (self.log and self.low <= 0):
             raise ConfigError(
@@ -115,19 +95,19 @@ class Hyperparameter:
 
 @dataclasses.dataclass(frozen=True)
 class Config(HybridConfig):
-    """PBT settings: the shared ones of :class:`~evorl_pop.rl.td3.HybridConfig`
-    (``task``, ``population_size``: learners trained side by side, buffer,
-    episodes, ``td3``: network sizes, batch size, the unsearched
-    hyperparameters) and these.
+    """PBT settings: the task, population (``population_size``: learners trained side
+    by side), replay buffer, episodes and ``learner`` of
+    :class:`~evorl_pop.rl.hybrid.HybridConfig`, and these.
 
     Attributes:
-      learner: what each member is: ``'td3'``, ``'ppo'`` or ``'sac'``.
+      td3: the TD3 members' settings (network sizes, batch size, the unsearched
+        hyperparameters).
       ppo: the PPO members' settings (its ``task`` and ``episode_length``
         are PBT's); one iteration's ``num_envs * unroll_length`` must divide ``interval``.
       sac: the SAC members' settings, likewise.
       search: the searched hyperparameters with their ranges (``None``: the
-        learner's :data:`DEFAULT_SEARCH`); every other one keeps its value from
-        ``td3`` / ``exploration_noise``, ``ppo`` or ``sac``.
+        learner's default search); every other one keeps its value from
+        ``td3`` / ``exploration_noise``, ``ppo``, ``sac`` or ``learner_settings``.
       truncation: the fraction of members replaced each interval, in (0, 0.5]:
         the bottom ``max(1, floor(truncation * population_size))`` copy a random
         member among as many at the top.
@@ -144,9 +124,9 @@ class Config(HybridConfig):
     population_size: int = 8
     learning_starts: int = 1000
     buffer_capacity: int = 100_000
-    learner: str = "td3"
-    ppo: ppo.Config = ppo.Config(num_envs=8, unroll_length=125, num_minibatches=4, num_epochs=4)
-    sac: sac.Config = sac.Config(num_envs=5, unroll_length=200)
+    td3: TD3Config = HYBRID_SETTINGS
+    ppo: ppo.Config = ppo.MEMBER_SETTINGS
+    sac: sac.Config = sac.MEMBER_SETTINGS
     search: tuple[Hyperparameter, ...] | None = None
     truncation: float = 0.25
     perturb_factors: tuple[float, float] = (0.8, 1.2)
@@ -156,6 +136,8 @@ class Config(HybridConfig):
     updates_per_step: float = 1.0
     exploration_noise: float = 0.1
 
+    ROLE = "member"
+
     def __post_init__(self):
         # A config file gives the searched hyperparameters as mappings.
         if self.search is not None:
@@ -163,21 +145,14 @@ class Config(HybridConfig):
             object.__setattr__(self, "search", tuple(search))
 
     def searched(self) -> tuple[Hyperparameter, ...]:
-        """``search``, or the learner's :data:`DEFAULT_SEARCH` when it is ``None``."""
+        """``search``, or the learner's default search when it is ``None``."""
         if self.search is not None:
             return self.search
-        return tuple(Hyperparameter(*h) for h in DEFAULT_SEARCH.get(self.learner, ()))
+        return tuple(Hyperparameter(*h) for h in self.learner_part().default_search)
 
     def validate(self) -> None:
         """Raises a ConfigError naming a setting that cannot run."""
         super().validate()
-        if self.learner not in SEARCHABLE:
-            raise ConfigError(
-                f"learner: unknown value {self.learner!r}.{did_you_mean(self.learner, SEARCHABLE)}"
-                f" Valid: {', '.join(SEARCHABLE)}."
-            )
-        if self.learner != "td3":
-            self.learner_config().validate()
         for h in self.searched():
             h.validate(self.learner)
         if not 0.0 < self.truncation <= 0.5:
@@ -194,26 +169,29 @@ class Config(HybridConfig):
             raise ConfigError(f"updates_per_step must be > 0, got {self.updates_per_step}.")
 
     def learner_config(self):
-        """The PPO or SAC members' config, on PBT's task."""
-        config = getattr(self, self.learner)
-        return dataclasses.replace(config, task=self.task, episode_length=self.episode_length)
+        """The members' settings, with PBT's ``task`` and ``episode_length`` where they
+        have those fields."""
+        settings = super().learner_config()
+        names = {f.name for f in dataclasses.fields(settings)}
+        shared = {n: getattr(self, n) for n in ("task", "episode_length") if n in names}
+        return dataclasses.replace(settings, **shared)
 
 
 @flax.struct.dataclass
 class State:
     """Everything that changes between intervals; member leaves lead with population_size."""
 
-    learners: TD3State  # every member's actor, critics, targets and Adam states (PPO, SAC:
-    #   the parts a replaced member copies, pbt_members.Member.split)
-    buffers: ReplayBuffer  # every member's own replay buffer (PPO, SAC: the parts it keeps)
+    learners: Any  # every member's learner part, which a replaced member copies (TD3: its
+    #   actor, critics, targets and Adam states; see pbt_members)
+    buffers: Any  # every member's own part, which it keeps (TD3: its replay buffer)
     hyperparameters: jax.Array  # shape=(population_size, len(search)), float32
     returns: jax.Array  # shape=(population_size,): returns of the last evaluation
     generation: jax.Array  # int32: intervals so far
 
 
 class PBT:
-    """Population-based training of TD3, PPO or SAC learners sharded over the devices of
-    ``mesh``.
+    """Population-based training of a registered learner's members, sharded over the
+    devices of ``mesh``.
 
     Args:
       config: a :class:`Config`.
@@ -222,35 +200,25 @@ class PBT:
 
     Raises:
       ConfigError: a setting that cannot run (see ``Config.validate``), a
-        discrete-action environment, or an interval that is not a whole
-        number of episodes.
+        discrete-action environment for TD3, or an interval that is not a whole
+        number of episodes (TD3) or iterations (PPO, SAC).
     """
 
     def __init__(self, config: Config = Config(), mesh: Mesh | None = None):
         config.validate()
         self.config = config
         self.mesh = check_pop_axis(make_mesh() if mesh is None else mesh)
-        if config.learner != "td3":
-            self.members = Member(config.learner, config.learner_config(), config.interval)
-            self.env, self.episode_length = self.members.env, self.members.env.spec.max_steps
-        else:
-            self.members = None
-            self.task = config.actor_task()
-            self.env, self.policy = self.task.env, self.task.policy
-            check_continuous(self.env.spec, "PBT with TD3 members (try learner=ppo)")
-            self.episode_length = t = self.env.spec.max_steps
-            if config.interval < t or config.interval % t:
-                raise ConfigError(
-                    f"interval={config.interval} must be a whole number of {t}-step episodes, "
-                    f"e.g. {max(1, config.interval // t) * t}."
-                )
-            self.td3 = TD3(self.env.spec, config.td3, policy=self.policy)
+        #: The learner's spec part that builds the members.
+        self.part = config.learner_part()
+        #: One member's init, train and evaluate (pbt_members.Member).
+        self.members = self.part.member(config.learner_config(), config)
+        self.env = self.members.env
+        self.episode_length = self.env.spec.max_steps
         self.search = config.searched()
         self.names = tuple(h.name for h in self.search)
         self.low = jnp.asarray([h.low for h in self.search], jnp.float32)
         self.high = jnp.asarray([h.high for h in self.search], jnp.float32)
         self.num_replaced = max(1, int(config.truncation * config.population_size))
-        self.num_updates = max(1, round(config.updates_per_step * self.episode_length))
         # Members stay on their devices when they split evenly; otherwise (and
         # on one device, where jit reports P('POP') as P()) replicated.
         n = self.mesh.shape[dist.POP_AXIS_NAME]
@@ -294,20 +262,6 @@ class PBT:
         )
         return jnp.clip(new, self.low, self.high)
 
-    def hyperparameter(self, hyperparameters: jax.Array, name: str):
-        """The value of ``name``: the member's searched one, or the fixed setting."""
-        if name in self.names:
-            return hyperparameters[self.names.index(name)]
-        if name == "exploration_noise":
-            return self.config.exploration_noise
-        return getattr(self.config.td3 if self.members is None else self.members.config, name)
-
-    def learner(self, hyperparameters: jax.Array) -> TD3:
-        """TD3 with one member's (traced) learning rates, discount and target noise."""
-        searched = {n: self.hyperparameter(hyperparameters, n) for n in TD3_HYPERPARAMETERS}
-        td3 = dataclasses.replace(self.config.td3, **searched)
-        return TD3(self.env.spec, td3, policy=self.policy)
-
     # --- state -----------------------------------------------------------------------
 
     def _place(self, state: State) -> State:
@@ -329,15 +283,9 @@ class PBT:
         learner_key, hp_key = jax.random.split(key)
         pop = self.config.population_size
         index = jnp.arange(pop)
-        if self.members is not None:
-            learners, buffers = jax.vmap(
-                lambda i: self.members.init(jax.random.fold_in(learner_key, i))
-            )(index)
-        else:
-            learners = jax.vmap(lambda i: self.td3.init(jax.random.fold_in(learner_key, i)))(index)
-            buffer = ReplayBuffer.create(example_transition(self.env.spec),
-                                         self.config.buffer_capacity)  # fmt: skip
-            buffers = jax.tree.map(lambda x: jnp.broadcast_to(x, (pop, *x.shape)), buffer)
+        learners, buffers = jax.vmap(
+            lambda i: self.members.init(jax.random.fold_in(learner_key, i))
+        )(index)
         state = State(
             learners=learners,
             buffers=buffers,
@@ -352,59 +300,27 @@ class PBT:
     # --- one interval ----------------------------------------------------------------
 
     def member(self, member, key: jax.Array):
-        """One member's interval, for the engine's evaluator: episodes into its own
-        buffer with TD3 after each, then a noise-free evaluation.
+        """One member's interval, for the engine's evaluator: its training, then a
+        noise-free evaluation.
 
         Args:
-          member: ``(learner, buffer, hyperparameters)``: its TD3 state, its
-            replay buffer, its searched values (shape ``(len(search),)``).
+          member: ``(learner, own, hyperparameters)``: its learner part, its own
+            part (TD3: its replay buffer) and its searched values (shape
+            ``(len(search),)``).
           key: its own PRNG key.
 
         Returns:
-          ``(eval_return, EvalInfo, (learner, buffer, hyperparameters, losses))``:
-          the info counts the training steps and episodes, ``losses`` are the
-          interval's mean TD3 losses (NaN before learning starts).
+          ``(eval_return, EvalInfo, (learner, own, hyperparameters, losses))``: the
+          info counts the training steps and episodes, ``losses`` are the means over
+          the interval of the learner's losses (NaN before learning starts).
         """
-        learner, buffer, hyperparameters = member
-        cfg = self.config
-        if self.members is not None:
-            return self._learner_member(member, key)
-        td3 = self.learner(hyperparameters)
-        noise = self.hyperparameter(hyperparameters, "exploration_noise")
-        start = max(cfg.learning_starts, cfg.td3.batch_size)
-
-        def episode(carry, key):
-            learner, buffer = carry
-            collect_key, train_key = jax.random.split(key)
-            ep = rollout(self.env, self.policy, learner.actor.params, collect_key, None,
-                         self.episode_length, noise, collect=True)  # fmt: skip
-            buffer = buffer.add(ep.transitions, ep.valid)
-            learner, losses = TD3Learner.learn_if(
-                buffer.size >= start,
-                lambda s: td3.learn(s, buffer, train_key, self.num_updates),
-                learner,
-            )
-            return (learner, buffer), (ep.steps, losses)
-
-        train_key, eval_key = jax.random.split(key)
-        num_episodes = cfg.interval // self.episode_length
-        (learner, buffer), (steps, losses) = jax.lax.scan(
-            episode, (learner, buffer), jax.random.split(train_key, num_episodes)
-        )
-        stats = evaluate_episodes(self.env, self.policy, learner.actor.params, eval_key,
-                                  cfg.eval_episodes, None, self.episode_length)  # fmt: skip
-        info = EvalInfo(jnp.sum(steps), jnp.int32(num_episodes))
-        losses = jax.tree.map(jnp.nanmean, losses)
-        return stats.episode_return, info, (learner, buffer, hyperparameters, losses)
-
-    def _learner_member(self, member, key: jax.Array):
-        """:meth:`member` of a PPO or SAC member: its own iterations, then an evaluation."""
         learner, own, hyperparameters = member
         values = {n: hyperparameters[j] for j, n in enumerate(self.names)}
         train_key, eval_key = jax.random.split(key)
-        learner, own, steps, episodes, losses = self.members.train(learner, own, values, train_key)
+        learner, own, steps, episodes, metrics = self.members.train(learner, own, values, train_key)
         score = self.members.evaluate(learner, own, eval_key, self.config.eval_episodes)
         info = EvalInfo(steps, episodes.astype(jnp.int32))
+        losses = {k: jnp.nanmean(metrics[k]) for k in self.part.losses}
         return score, info, (learner, own, hyperparameters, losses)
 
     def select_donors(self, fitness: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -428,12 +344,12 @@ class PBT:
         return jnp.where(replaced, top[pick], jnp.arange(pop)), replaced
 
     def exploit(
-        self, learners: TD3State, hyperparameters: jax.Array, fitness: jax.Array, key: jax.Array
-    ) -> tuple[TD3State, jax.Array]:
+        self, learners: Any, hyperparameters: jax.Array, fitness: jax.Array, key: jax.Array
+    ) -> tuple[Any, jax.Array]:
         """Exploit and explore over a padded population sharded over ``POP``.
 
         Args:
-          learners: every member's TD3 state, leading axis the padded population.
+          learners: every member's learner part, leading axis the padded population.
           hyperparameters: their values, shape ``(padded, len(search))``.
           fitness: evosax fitness (minimised) of the ``population_size`` real
             members (the padded ones are never ranked).
@@ -485,7 +401,7 @@ class PBT:
           ``(state, metrics)``: the members' evaluation returns (``fitness_best``,
           ``fitness_mean``, ``fitness_worst``, ``fitness_std``), training
           ``env_steps`` and ``episodes`` of this interval, ``replaced`` members,
-          mean TD3 losses, and per member ``member{i}_return`` with the
+          the learner's mean losses, and per member ``member{i}_return`` with the
           hyperparameters it trained with, ``member{i}_{name}``.
         """
         cfg, pop = self.config, self.config.population_size

@@ -1,118 +1,141 @@
-"""PPO and SAC learners as PBT members: what a member keeps, trains and is judged by.
+"""Learners as PBT members: what a member keeps, trains and is judged by.
 
-:mod:`~evorl_pop.algorithms.pbt` runs a population of whole learners. A
-member here is split in two parts::
+:mod:`~evorl_pop.algorithms.pbt` runs a population of whole learners, each
+built by its learner's spec (:class:`~evorl_pop.registry.MemberPart`). A
+member is split in two parts::
 
-    learner part  (PPO: networks, Adam state, observation statistics;
+    learner part  (TD3: actor, twin critics, targets, Adam states;
+                   PPO: networks, Adam state, observation statistics;
                    SAC: actor, twin critics, targets, temperature, Adam states)
                   -> copied from a donor when the member is replaced
-    own part      (PPO: its running episodes; SAC: its replay buffer and episodes)
-                  -> always kept, as a TD3 member keeps its buffer
+    own part      (TD3: its replay buffer; PPO: its running episodes;
+                   SAC: its replay buffer and episodes)
+                  -> always kept
 
-One interval runs ``interval / (num_envs * unroll_length)`` of the learner's
-own iterations on one device (``local_step(axis=None)``: every lane and
-every minibatch there), with the member's searched hyperparameters set in
-the learner's traced :class:`Hyperparameters` (changing them never
-recompiles), then evaluates its deterministic policy.
+:class:`Member` is what PBT calls. TD3 is one through
+:class:`~evorl_pop.rl.hybrid.ReplayMember`; an algorithm on a ``'DP'`` mesh
+(PPO, SAC) through :class:`AlgorithmMember`: one interval runs
+``interval / (num_envs * unroll_length)`` of its own iterations on one device
+(``local_step(axis=None)``: every lane and every minibatch there), with the
+member's searched hyperparameters set in the algorithm's traced
+``Hyperparameters`` (changing them never recompiles), then evaluates its
+deterministic policy.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
 
-from evorl_pop.algorithms import ppo, sac
 from evorl_pop.base import ConfigError
 
-#: The learners a PBT member can be besides TD3, by ``Config.learner`` name.
-LEARNERS = {"ppo": (ppo.PPO, ppo.Config), "sac": (sac.SAC, sac.Config)}
-#: What each can search: its traced hyperparameters.
-SEARCHABLE = {
-    "ppo": tuple(f.name for f in dataclasses.fields(ppo.Hyperparameters)),
-    "sac": tuple(f.name for f in dataclasses.fields(sac.Hyperparameters)),
-}
-#: Losses each reports (means over the interval), in its metrics.
-LOSSES = {
-    "ppo": ("loss", "policy_loss", "value_loss", "entropy", "approx_kl"),
-    "sac": ("critic_loss", "actor_loss", "alpha_loss", "alpha"),
-}
 
+@runtime_checkable
+class Member(Protocol):
+    """One learner of a PBT population, on one device (inside the engine's evaluator)."""
 
-class Member:
-    """One learner of a PBT population on one device.
+    #: The environment it trains on (its ``spec.max_steps`` is PBT's episode length).
+    env: Any
 
-    Args:
-      name: ``'ppo'`` or ``'sac'``.
-      config: the learner's config; its ``task`` and ``episode_length`` are PBT's.
-      interval: environment steps of each member between two exploits.
-
-    Raises:
-      ConfigError: an interval that is not a whole number of the learner's iterations.
-    """
-
-    def __init__(self, name: str, config, interval: int):
-        algorithm_class, _ = LEARNERS[name]
-        self.name, self.config = name, config
-        self.algorithm = algorithm_class(config)
-        self.env = self.algorithm.env
-        per = config.num_envs * config.unroll_length
-        if interval < per or interval % per:
-            raise ConfigError(
-                f"interval={interval} must be a whole number of {name} iterations of "
-                f"num_envs x unroll_length = {per} steps, e.g. {max(1, interval // per) * per}."
-            )
-        self.steps_per_iteration = per
-        self.iterations = interval // per
-
-    def split(self, state):
-        """``(learner part, own part)`` of the learner's state."""
-        if self.name == "ppo":
-            return (state.params, state.opt_state, state.obs_norm), state.envs
-        return state.learner, (state.buffer, state.envs)
-
-    def join(self, learner, own, hyperparameters):
-        """The learner's state from its parts and its traced hyperparameters."""
-        zero = jnp.int32(0)  # the iterations do not read it
-        if self.name == "ppo":
-            params, opt_state, obs_norm = learner
-            return ppo.State(params, opt_state, obs_norm, hyperparameters, own, zero)
-        buffer, envs = own
-        return sac.State(learner, buffer, hyperparameters, envs, zero)
-
-    def init(self, key: jax.Array):
+    def init(self, key: jax.Array) -> tuple[Any, Any]:
         """A fresh member: ``(learner part, own part)``."""
-        return self.split(self.algorithm.fresh(key))
 
-    def hyperparameters(self, values: dict):
-        """The learner's :class:`Hyperparameters`: ``values`` (name to traced scalar)
-        where given, the config's elsewhere."""
-        fixed = self.config.hyperparameters()
-        return fixed.replace(**{k: jnp.asarray(v, jnp.float32) for k, v in values.items()})
-
-    def train(self, learner, own, values: dict, key: jax.Array):
-        """One interval of the learner's iterations.
+    def train(
+        self, learner: Any, own: Any, values: dict, key: jax.Array
+    ) -> tuple[Any, Any, jax.Array, jax.Array, dict]:
+        """One interval of training.
 
         Args:
-          learner, own: the member's parts.
+          learner: the member's learner part.
+          own: its own part.
           values: its searched hyperparameters, name to traced scalar.
           key: its PRNG key.
 
         Returns:
-          ``(learner, own, steps, episodes, losses)``: the losses are the
-          interval's means (NaN before SAC's learning starts).
+          ``(learner, own, steps, episodes, metrics)``: the environment steps and
+          episodes it trained on, and the metrics of each of its iterations (leading
+          axis the iterations; PBT reports the mean of the spec's ``losses``).
         """
+
+    def evaluate(self, learner: Any, own: Any, key: jax.Array, episodes: int) -> jax.Array:
+        """The mean return of the member's deterministic policy over ``episodes``."""
+
+
+class AlgorithmMember:
+    """An algorithm on a ``'DP'`` mesh (PPO, SAC) as a :class:`Member`.
+
+    Args:
+      algorithm_class: ``algorithm_class(settings)``, with ``env``, ``fresh(key)``,
+        ``local_step(state, key, axis)`` and ``evaluate(state, key, episodes)``.
+      split: ``split(state) -> (learner part, own part)``.
+      join: ``join(learner part, own part, hyperparameters) -> state``.
+      settings: the algorithm's config (with ``num_envs``, ``unroll_length`` and
+        ``hyperparameters()``); its ``task`` and ``episode_length`` are PBT's.
+      config: PBT's config (``learner``, ``interval``).
+
+    Raises:
+      ConfigError: an interval that is not a whole number of the algorithm's iterations.
+    """
+
+    def __init__(
+        self, algorithm_class: type, split: Callable, join: Callable, settings: Any, config: Any
+    ):
+        self.settings = settings
+        self.split = split
+        self.join = join
+        self.algorithm = algorithm_class(settings)
+        self.env = self.algorithm.env
+        per = settings.num_envs * settings.unroll_length
+        interval = config.interval
+        if interval < per or interval % per:
+            raise ConfigError(
+                f"interval={interval} must be a whole number of {config.learner} iterations "
+                f"of num_envs x unroll_length = {per} steps, e.g. "
+                f"{max(1, interval // per) * per}."
+            )
+        self.steps_per_iteration = per
+        self.iterations = interval // per
+
+    def init(self, key: jax.Array) -> tuple[Any, Any]:
+        """A fresh member: ``(learner part, own part)``."""
+        return self.split(self.algorithm.fresh(key))
+
+    def hyperparameters(self, values: dict) -> Any:
+        """The algorithm's ``Hyperparameters``: ``values`` (name to traced scalar)
+        where given, the settings' elsewhere."""
+        fixed = self.settings.hyperparameters()
+        return fixed.replace(**{k: jnp.asarray(v, jnp.float32) for k, v in values.items()})
+
+    def train(self, learner: Any, own: Any, values: dict, key: jax.Array):
+        """:meth:`Member.train`: the interval's iterations of the algorithm."""
         state = self.join(learner, own, self.hyperparameters(values))
-        step = lambda s, k: self.algorithm.local_step(s, k, None)  # noqa: E731
+
+        def step(state, key):
+            return self.algorithm.local_step(state, key, None)
+
         keys = jax.random.split(key, self.iterations)
         state, metrics = jax.lax.scan(step, state, keys)
         learner, own = self.split(state)
-        losses = {k: jnp.nanmean(metrics[k]) for k in LOSSES[self.name]}
         steps = jnp.int32(self.iterations * self.steps_per_iteration)
-        return learner, own, steps, jnp.sum(metrics["episodes"]), losses
+        return learner, own, steps, jnp.sum(metrics["episodes"]), metrics
 
-    def evaluate(self, learner, own, key: jax.Array, episodes: int) -> jax.Array:
-        """The mean return of the member's deterministic policy."""
-        state = self.join(learner, own, self.config.hyperparameters())
+    def evaluate(self, learner: Any, own: Any, key: jax.Array, episodes: int) -> jax.Array:
+        """:meth:`Member.evaluate`."""
+        state = self.join(learner, own, self.settings.hyperparameters())
         return self.algorithm.evaluate(state, key, episodes)
+
+
+def algorithm_member(algorithm_class: type, split: Callable, join: Callable) -> Callable:
+    """A :class:`~evorl_pop.registry.MemberPart`'s ``member`` for an algorithm on a
+    ``'DP'`` mesh: ``member(settings, config)`` builds its :class:`AlgorithmMember`.
+
+    Args:
+      algorithm_class: the algorithm (see :class:`AlgorithmMember`).
+      split: ``state -> (learner part, own part)``.
+      join: ``(learner part, own part, hyperparameters) -> state``.
+    """
+    return functools.partial(AlgorithmMember, algorithm_class, split, join)

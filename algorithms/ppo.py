@@ -39,6 +39,7 @@ from jax.sharding import Mesh
 
 from evorl_pop import distributed as dist
 from evorl_pop import registry
+from evorl_pop.algorithms.pbt_members import algorithm_member
 from evorl_pop.base import ConfigError, check_config
 from evorl_pop.rl import data_parallel, replay, vec_env
 from evorl_pop.rl.ppo import Hyperparameters, Params, PPOLearner, Rollout, Samples, Segments
@@ -350,3 +351,42 @@ class PPO(data_parallel.DataParallel):
 
 
 registry.register_algorithm("ppo", Config, PPO, "PPO: clipped surrogate, GAE(lambda)")
+
+# --- PPO as a PBT member -----------------------------------------------------------------
+
+#: PPO's settings as a PBT member: fewer epochs and minibatches of iterations that divide
+#: PBT's interval.
+MEMBER_SETTINGS = Config(num_envs=8, unroll_length=125, num_minibatches=4, num_epochs=4)
+
+
+def split_member(state: State) -> tuple[Any, Any]:
+    """A PBT member's parts: ``(networks, Adam state, observation statistics)``, which
+    a replaced member copies, and its running episodes, which it keeps."""
+    return (state.params, state.opt_state, state.obs_norm), state.envs
+
+
+def join_member(learner: Any, envs: Any, hyperparameters: Hyperparameters) -> State:
+    """The state of a PBT member's parts (:func:`split_member`)."""
+    params, opt_state, obs_norm = learner
+    return State(params, opt_state, obs_norm, hyperparameters, envs, jnp.int32(0))
+
+
+registry.register_learner(
+    "ppo",
+    registry.LearnerSpec(
+        member=registry.MemberPart(
+            defaults=MEMBER_SETTINGS,
+            member=algorithm_member(PPO, split_member, join_member),
+            searchable=tuple(f.name for f in dataclasses.fields(Hyperparameters)),
+            default_search=(
+                ("learning_rate", 1e-4, 3e-3, True),
+                ("clip_epsilon", 0.1, 0.3, False),
+                ("entropy_cost", 1e-4, 3e-2, True),
+                ("gae_lambda", 0.9, 1.0, False),
+                ("discount", 0.95, 0.999, False),
+            ),
+            losses=("loss", "policy_loss", "value_loss", "entropy", "approx_kl"),
+        ),
+        description="PPO: on-policy, its own running episodes (a PBT member)",
+    ),
+)

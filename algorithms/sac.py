@@ -37,11 +37,20 @@ from jax.sharding import Mesh
 
 from evorl_pop import distributed as dist
 from evorl_pop import registry
+from evorl_pop.algorithms.pbt_members import algorithm_member
 from evorl_pop.base import ConfigError, check_config
 from evorl_pop.rl import data_parallel, replay, vec_env
+from evorl_pop.rl.hybrid import example_transition
 from evorl_pop.rl.replay import ReplayBuffer
-from evorl_pop.rl.sac import Hyperparameters, SACLearner, SACState, check_settings
-from evorl_pop.rl.td3 import example_transition
+from evorl_pop.rl.sac import (
+    Hyperparameters,
+    SACConfig,
+    SACHybridLearner,
+    SACLearner,
+    SACState,
+    actor_task,
+    check_settings,
+)
 from evorl_pop.tasks.envs import env_names
 from evorl_pop.tasks.rollout import Transition, evaluate_episodes
 
@@ -275,3 +284,41 @@ class SAC(data_parallel.DataParallel):
 
 
 registry.register_algorithm("sac", Config, SAC, "SAC: soft actor-critic, twin critics")
+
+# --- SAC as CEM-RL's and ERL's RL part and as a PBT member --------------------------------
+
+#: SAC's settings as a PBT member: an iteration of whole Pendulum-v1 episodes.
+MEMBER_SETTINGS = Config(num_envs=5, unroll_length=200)
+
+
+def split_member(state: State) -> tuple[SACState, tuple[ReplayBuffer, vec_env.EnvBatch]]:
+    """A PBT member's parts: its learner, which a replaced member copies, and its replay
+    buffer and running episodes, which it keeps."""
+    return state.learner, (state.buffer, state.envs)
+
+
+def join_member(learner: SACState, own: tuple, hyperparameters: Hyperparameters) -> State:
+    """The state of a PBT member's parts (:func:`split_member`)."""
+    buffer, envs = own
+    return State(learner, buffer, hyperparameters, envs, jnp.int32(0))
+
+
+registry.register_learner(
+    "sac",
+    registry.LearnerSpec(
+        hybrid=registry.HybridPart(SACConfig(), actor_task, SACHybridLearner),
+        member=registry.MemberPart(
+            defaults=MEMBER_SETTINGS,
+            member=algorithm_member(SAC, split_member, join_member),
+            searchable=tuple(f.name for f in dataclasses.fields(Hyperparameters)),
+            default_search=(
+                ("actor_lr", 1e-4, 1e-2, True),
+                ("critic_lr", 1e-4, 1e-2, True),
+                ("target_entropy_scale", 0.5, 2.0, False),
+                ("discount", 0.95, 0.995, False),
+            ),
+            losses=SACHybridLearner.LOSSES,
+        ),
+        description="SAC: a tanh-Gaussian actor, twin critics, a learned temperature",
+    ),
+)

@@ -49,7 +49,7 @@ BUILTIN: dict[str, tuple[str, ...]] = {
         "evorl_pop.algorithms.sac",
     ),
     "strategy": ("evorl_pop.algorithms.es", "evorl_pop.algorithms.cma_es"),
-    "learner": (),
+    "learner": ("evorl_pop.rl.td3", "evorl_pop.algorithms.sac", "evorl_pop.algorithms.ppo"),
     "environment family": (),
 }
 
@@ -287,23 +287,117 @@ def strategy(name: str | None = None) -> Callable[[type], type]:
 
 # --- learners ----------------------------------------------------------------------------
 
+
+@dataclasses.dataclass(frozen=True)
+class HybridPart:
+    """A learner as the RL part of CEM-RL and ERL: the population's members are its actors,
+    trained from the replay buffer their evaluations fill.
+
+    Attributes:
+      defaults: its settings in those algorithms' configs, where no field carries its
+        name (``learner_settings`` changes them there): a frozen dataclass with
+        ``validate()`` and ``batch_size``, the global minibatch that the replay buffer
+        must hold and the devices split.
+      actor_task: ``actor_task(config, settings)``: the population's
+        :class:`~evorl_pop.tasks.control.ControlTask` on ``config.task``, whose policy is
+        the learner's actor and whose episodes keep their transitions.
+      learner: ``learner(task, config, settings, mesh, num_updates, algorithm)``: the
+        :class:`~evorl_pop.core.interfaces.ReplayLearner` beside the population, taking
+        ``num_updates`` gradient updates per ``learn`` (``algorithm`` names it in errors).
+    """
+
+    defaults: Any
+    actor_task: Callable[..., Any]
+    learner: Callable[..., Any]
+
+    @property
+    def replay(self) -> bool:
+        """Always: a hybrid's learner learns from the buffer its population fills."""
+        return True
+
+
+@dataclasses.dataclass(frozen=True)
+class MemberPart:
+    """A learner as one member of PBT's population of whole learners.
+
+    Attributes:
+      defaults: its settings in PBT's config, where no field carries its name.
+      member: ``member(settings, config)``: what PBT trains and evaluates on one device
+        (:class:`~evorl_pop.algorithms.pbt_members.Member`); ``settings`` take PBT's
+        ``task`` and ``episode_length`` where they have those fields.
+      searchable: the hyperparameters PBT may search: values a member trains with as
+        traced scalars, so a new value never recompiles.
+      default_search: ``(name, low, high, log)`` of those PBT searches unless told otherwise.
+      losses: the metrics of a member's training that PBT reports, each its mean over
+        the interval (NaN before it learns).
+      replay: whether the members learn from PBT's own replay buffer (``buffer_capacity``,
+        ``learning_starts``), which must then hold one ``batch_size`` of the settings.
+    """
+
+    defaults: Any
+    member: Callable[..., Any]
+    searchable: tuple[str, ...]
+    default_search: tuple[tuple[str, float, float, bool], ...] = ()
+    losses: tuple[str, ...] = ()
+    replay: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerSpec:
+    """One learner: what the algorithms whose config names it in ``learner`` build.
+
+    Attributes:
+      hybrid: its part as CEM-RL's and ERL's RL part (``None``: it cannot be one).
+      member: its part as a PBT member (``None``: it cannot be one).
+      description: one line for ``evorl-pop list``.
+    """
+
+    hybrid: HybridPart | None = None
+    member: MemberPart | None = None
+    description: str = ""
+
+
 #: Learners by name (``learner:`` of CEM-RL, ERL and PBT; see :func:`register_learner`).
-LEARNERS: Registry[Any] = Registry("learner", BUILTIN["learner"])
+LEARNERS: Registry[LearnerSpec] = Registry("learner", BUILTIN["learner"])
 
 
-def register_learner(name: str, spec: Any) -> Any:
-    """Registers a learner's spec under ``name``; returns it."""
+def register_learner(name: str, spec: LearnerSpec) -> LearnerSpec:
+    """Registers a learner under ``name`` (``learner=NAME`` in a config); returns ``spec``.
+
+    Args:
+      name: the learner's name; a config whose algorithm has a field of that name
+        (``td3``, ``sac``, ``ppo``) takes its settings from there, any other from
+        the algorithm's ``learner_settings``.
+      spec: its :class:`LearnerSpec`.
+    """
+    if not isinstance(spec, LearnerSpec):
+        raise TypeError(f"register_learner takes a LearnerSpec, got {type(spec).__name__}.")
     return LEARNERS.register(name, spec)
+
+
+def learners_with(part: str) -> list[str]:
+    """The names of the learners that have ``part`` (``'hybrid'`` or ``'member'``), sorted."""
+    return [name for name, spec in LEARNERS.items() if getattr(spec, part) is not None]
 
 
 # --- environment families ------------------------------------------------------------------
 
-#: Environment families by name (gymnax, brax, Playground, Gymnasium, ...).
+#: Environment families by name (gymnax, brax, Playground, Gymnasium, ...): who builds an
+#: environment name (:func:`evorl_pop.tasks.envs.env_family`).
 ENV_FAMILIES: Registry[Any] = Registry(
     "environment family", BUILTIN["environment family"], "environment families"
 )
 
 
 def register_env_family(name: str, family: Any) -> Any:
-    """Registers an environment family under ``name``; returns it."""
+    """Registers an environment family under ``name``; returns it.
+
+    Args:
+      name: the family's name (``'brax'``, ``'gym'``, ...), for ``evorl-pop list``.
+      family: an :class:`~evorl_pop.core.interfaces.EnvFamily` (the environments
+        whose names it :meth:`~evorl_pop.core.interfaces.EnvFamily.owns`).
+
+    Returns:
+      ``family``.
+    """
     return ENV_FAMILIES.register(name, family)

@@ -282,7 +282,7 @@ def test_buffer_smaller_than_batch_rejected(module):
 def test_batch_not_divisible_by_devices_rejected(module):
     algo = cemrl.CEMRL if module is cemrl else erl.ERL
     td3 = TD3Config(actor_hidden_sizes=(8,), critic_hidden_sizes=(16,), batch_size=30)
-    with pytest.raises(ValueError, match=r"batch size 30 .* 4 devices.*28 or 32"):
+    with pytest.raises(ValueError, match=r"TD3 minibatch's samples \(30\) .* 4 devices.*28 or 32"):
         algo(module.Config(td3=td3), make_mesh(4))
 
 

@@ -23,8 +23,8 @@ from evorl_pop import cli, make_mesh
 from evorl_pop.algorithms import cemrl, erl
 from evorl_pop.base import ConfigError
 from evorl_pop.rl import sac
-from evorl_pop.rl.hybrid import SACConfig
 from evorl_pop.rl.replay import ReplayBuffer
+from evorl_pop.rl.sac import SACConfig
 from evorl_pop.tasks.rollout import Transition
 
 TINY_SAC = SACConfig(
@@ -111,7 +111,7 @@ def test_cemrl_actor_updates_equal_standalone_sac():
     algo = cemrl.CEMRL(CEM_CONFIG, make_mesh(2))
     spec, n = algo.task.spec, CEM_CONFIG.updates_per_actor
     buffer = _buffer(spec, 100, jax.random.key(1))
-    critic, _ = algo.learner.rl.init_critic_and_buffer(jax.random.key(2))
+    critic = algo.learner.rl.init_shared(jax.random.key(2))
     flat = jax.vmap(algo.task.init_solution)(jax.random.split(jax.random.key(3), 2))
     key = jax.random.key(4)
     new_critic, trained, losses = jax.jit(algo.learner.train_actors)(critic, flat, buffer, key)
@@ -191,7 +191,7 @@ def test_cli_trains_cemrl_with_sac(tmp_path, capsys):
         (["-a", "cemrl", "--set", "learner=sac", "--task", "CartPole-v1"],
          ["needs continuous actions", "'Pendulum-v1'"]),
         (["-a", "cemrl", "--set", "learner=sac", "--set", "sac.batch_size=30", "--devices", "4"],
-         ["SAC batch size 30", "4 devices", "28 or 32"]),
+         ["SAC minibatch's samples (30)", "4 devices", "28 or 32", "sac.batch_size"]),
     ],
     ids=["unknown-learner", "discrete-task", "batch-split"],
 )  # fmt: skip
@@ -205,7 +205,8 @@ def test_cli_config_errors_are_one_line(tmp_path, capsys, args, words):
 
 
 def test_config_errors():
-    with pytest.raises(ConfigError, match=r"learner: unknown value 'ppo'\. Valid: td3, sac\."):
+    with pytest.raises(ConfigError, match=r"learner: 'ppo' cannot be the RL part of CEM-RL or "
+                                          r"ERL\. Valid: sac, td3\."):  # fmt: skip
         cemrl.Config(learner="ppo").validate()
     with pytest.raises(ConfigError, match="smaller than one SAC batch"):
         erl.Config(learner="sac", buffer_capacity=16, learning_starts=0, sac=TINY_SAC).validate()

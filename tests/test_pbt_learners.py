@@ -10,7 +10,6 @@ import pytest
 
 from evorl_pop import cli, make_mesh
 from evorl_pop.algorithms import pbt, ppo, sac
-from evorl_pop.algorithms.pbt_members import Member
 from evorl_pop.base import ConfigError
 from evorl_pop.run import restore, store
 
@@ -70,7 +69,7 @@ def test_same_members_and_history_on_1_and_2_devices(config):
 
 def test_a_members_searched_learning_rate_is_the_one_it_trains_with():
     """The traced value reaches PPO's Adam: 0 leaves the networks as they were."""
-    member = Member("ppo", PPO_MEMBERS.learner_config(), PPO_MEMBERS.interval)
+    member = pbt.PBT(PPO_MEMBERS, make_mesh(1)).members
     learner, own = member.init(jax.random.key(0))
     train = jax.jit(member.train)
     still, *_ = train(learner, own, {"learning_rate": jnp.float32(0.0)}, jax.random.key(1))

@@ -5,6 +5,7 @@ The engine, the run shell and the algorithms call only what these declare::
     Strategy    init / ask / tell            (evosax's; any evosax strategy is one)
     Task        evaluate a flat candidate    (black-box functions, environments)
     Learner     step / observe beside a population (CEM-RL's, ERL's RL part)
+    ReplayLearner  actors trained from a population's replay buffer (TD3, SAC, yours)
     Algorithm   init(key) -> state, step(state, key) -> (state, metrics)
     Recorder    what a run records (metrics.csv, TensorBoard, W&B, yours)
     Env         reset / step in JAX; EnvFamily builds them by name
@@ -178,6 +179,62 @@ class ReportsSolution(Protocol):
 
     def eval_solution(self, learner_state: Any) -> jax.Array:
         """The flat solution to evaluate."""
+
+
+@runtime_checkable
+class ReplayLearner(Protocol):
+    """An off-policy learner whose actors are a population's members: the RL part of CEM-RL
+    and ERL, fed by the replay buffer that the population's evaluations fill.
+
+    A learner spec's ``hybrid.learner`` builds one (:mod:`evorl_pop.registry`). An actor's
+    parameters are a member's flat weights unravelled by the population's task; a learner
+    state holds an actor and the part every actor shares (the critics). Subclassing
+    :class:`evorl_pop.rl.hybrid.ReplayLearner` gives the buffer, the learning gate and
+    CEM-RL's :meth:`train_actors`; a learner then defines the other methods.
+    """
+
+    #: The metrics :meth:`learn` returns, NaN in a generation that does not learn.
+    LOSSES: tuple[str, ...]
+
+    def init(self, key: jax.Array) -> Any:
+        """A fresh learner state, with an actor of its own (ERL's learner)."""
+
+    def init_shared(self, key: jax.Array) -> Any:
+        """A fresh shared part, without an actor (CEM-RL's critic)."""
+
+    def actor(self, learner_state: Any) -> Any:
+        """The actor's parameters in a learner state."""
+
+    def shared(self, learner_state: Any) -> Any:
+        """The part of a learner state that the actors share."""
+
+    def with_actor(self, shared: Any, params: Any) -> Any:
+        """The learner state of actor ``params`` beside ``shared``, its optimiser fresh."""
+
+    def learn(self, learner_state: Any, buffer: Any, key: jax.Array) -> tuple[Any, dict]:
+        """``(learner_state, losses)`` after gradient updates on minibatches of ``buffer``
+        (replicated in and out; the minibatches split over the devices)."""
+
+    def explore(self, params: Any, key: jax.Array, noise_std: float) -> Any:
+        """An exploration episode of actor ``params``, its transitions collected
+        (:class:`~evorl_pop.tasks.rollout.Episode`); ``noise_std``: ERL's
+        ``exploration_noise``, for a learner that adds action noise."""
+
+    def empty_buffer(self) -> Any:
+        """An empty replay buffer (:class:`~evorl_pop.rl.replay.ReplayBuffer`)."""
+
+    def ready(self, buffer: Any) -> jax.Array:
+        """Whether ``buffer`` holds enough steps to learn from (the learning gate)."""
+
+    def learn_if(self, ready: jax.Array, fn: Any, *operands: Any) -> Any:
+        """``fn(*operands)`` (which returns ``(*operands, losses)``) when ``ready``, else
+        the operands unchanged and NaN :attr:`LOSSES`."""
+
+    def train_actors(
+        self, shared: Any, flat: jax.Array, buffer: Any, key: jax.Array
+    ) -> tuple[Any, jax.Array, dict]:
+        """``(shared, flat, losses)``: each actor of ``flat`` (``(actors, num_params)``) in
+        turn trained by :meth:`learn` against ``shared``, which trains along."""
 
 
 # --- algorithms and what records them ----------------------------------------------------

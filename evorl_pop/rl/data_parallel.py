@@ -19,7 +19,6 @@ from jax.sharding import PartitionSpec as P
 from evorl_pop import distributed as dist
 from evorl_pop.base import ConfigError
 from evorl_pop.core.engine import make_mesh
-from evorl_pop.rl import td3
 
 
 def dp_mesh(mesh: Mesh | None) -> Mesh:
@@ -46,7 +45,7 @@ def dp_mesh(mesh: Mesh | None) -> Mesh:
             f"and minibatches over {axis!r}: build it with evorl_pop.make_mesh(n, axis_name="
             f"{axis!r})."
         )
-    return td3.dp_mesh(mesh, mesh.devices.size)  # the learners check their own splits
+    return Mesh(mesh.devices.reshape(-1), (axis,))  # the learners check their own splits
 
 
 def check_split(name: str, value: int, num_devices: int, what: str) -> None:

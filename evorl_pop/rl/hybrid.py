@@ -1,123 +1,229 @@
-"""The hybrids that evolve their learner's actors (CEM-RL, ERL): TD3 or SAC beside the population.
+"""What the algorithms with RL learners beside a population share (CEM-RL, ERL, PBT).
 
-``learner`` picks the RL part:
+Their settings (:class:`HybridConfig`): the task, the population, the replay
+buffer, and ``learner``, the name of a registered learner
+(:func:`evorl_pop.registry.register_learner`). A config field named after the
+learner (``td3``, ``sac``, PBT's ``ppo``) holds its settings; any other learner's
+(a plug-in's) are its spec's defaults changed by ``learner_settings``::
 
-* ``'td3'`` (the default): :class:`~evorl_pop.rl.td3.TD3Learner`; the members
-  are deterministic actors, TD3's actor network.
-* ``'sac'``: :class:`~evorl_pop.rl.sac.SACHybridLearner`; the members are
-  SAC's tanh-Gaussian actors (a location and a scale per action dimension),
-  evaluated with their deterministic action, the squashed location
-  (:class:`~evorl_pop.tasks.policies.GaussianPolicy`), and trained against twin
-  critics and a learned temperature.
+    evorl-pop train -a cemrl --plugin my_learner --set learner=mine \\
+        --set learner_settings.batch_size=64
 
-Either learner shares :class:`~evorl_pop.rl.td3.ReplayLearner`'s replay
-buffer, learning gate and ``'DP'`` split; SAC's module is imported only by a
-config that chooses it.
+:class:`ReplayLearner` is the half of a hybrid's RL part
+(:class:`~evorl_pop.core.interfaces.ReplayLearner`) that every learner shares: the
+replay buffer that takes every valid step of the population's evaluations, the
+learning gate (:func:`when_ready`), the ``'DP'`` split of each minibatch over the
+population's devices, and CEM-RL's training of several actors against one shared
+critic. Each learner's own half sits beside it (:class:`~evorl_pop.rl.td3.TD3Learner`,
+:class:`~evorl_pop.rl.sac.SACHybridLearner`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
 
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
-from evorl_pop.base import ConfigError, did_you_mean
-from evorl_pop.rl.td3 import HybridConfig, ReplayLearner, TD3Config, TD3Learner
-from evorl_pop.tasks.control import ControlTask
-from evorl_pop.tasks.envs import make_env
-from evorl_pop.tasks.policies import gaussian_policy
+from evorl_pop import registry
+from evorl_pop.base import ConfigError, EnvSpec, check_config, did_you_mean
+from evorl_pop.rl import data_parallel
+from evorl_pop.rl.replay import ReplayBuffer
+from evorl_pop.tasks.rollout import Transition, evaluate_episodes, rollout
 
-#: The RL parts a hybrid can have.
-LEARNERS = ("td3", "sac")
+#: gymnax environments with continuous actions (those an actor-critic learner can learn).
+CONTINUOUS_ENVS = (
+    "Pendulum-v1",
+    "MountainCarContinuous-v0",
+    "Reacher-misc",
+    "Swimmer-misc",
+    "PointRobot-misc",
+)
+
+#: What a learner spec's part makes of a learner, for messages.
+_ROLES = {"hybrid": "the RL part of CEM-RL or ERL", "member": "a PBT member"}
+
+
+def check_continuous(spec: EnvSpec, algorithm: str) -> None:
+    """Raises a ConfigError, in one line, when ``spec`` has discrete actions.
+
+    Args:
+      spec: the environment's spec.
+      algorithm: what needs continuous actions, for the message (``'TD3'``).
+    """
+    if spec.discrete:
+        raise ConfigError(
+            f"{algorithm} needs continuous actions (an actor of actions and critics Q(s, a)), "
+            f"but {spec.name!r} has {spec.action_dim} discrete actions: use a continuous task, "
+            f"e.g. {', '.join(map(repr, CONTINUOUS_ENVS[:2]))} or 'brax/hopper', or PPO "
+            "(-a ppo)."
+        )
+
+
+def _fits(default: Any, value: Any) -> bool:
+    """Whether ``value`` may replace a setting whose default is ``default``."""
+    if isinstance(default, bool) or isinstance(value, bool):
+        return type(value) is type(default)
+    if isinstance(default, float):
+        return isinstance(value, int | float)
+    if isinstance(default, int | str):
+        return type(value) is type(default)
+    if isinstance(default, tuple):
+        return isinstance(value, list | tuple)
+    return True  # an optional or structured setting: the learner's validate() decides
+
+
+def changed_settings(defaults: Any, changes: Mapping[str, Any], prefix: str) -> Any:
+    """``defaults`` (a frozen config dataclass) with the settings ``changes`` names.
+
+    Args:
+      defaults: the learner's default settings.
+      changes: setting name to value, as a config file or ``--set`` gives them (lists for
+        tuples).
+      prefix: where the changes come from, for messages (``'learner_settings.'``).
+
+    Raises:
+      ConfigError: a name the settings do not have, or a value of the wrong kind.
+    """
+    names = [f.name for f in dataclasses.fields(defaults)]
+    values = {}
+    for name, value in changes.items():
+        if name not in names:
+            hint = did_you_mean(name, names)
+            raise ConfigError(
+                f"{prefix}{name}: not a setting of {type(defaults).__name__}.{hint} "
+                f"Valid: {', '.join(names)}."
+            )
+        default = getattr(defaults, name)
+        if not _fits(default, value):
+            raise ConfigError(
+                f"{prefix}{name}: expected a value like {default!r}, got {value!r} "
+                f"({type(value).__name__})."
+            )
+        values[name] = tuple(value) if isinstance(value, list) else value
+    return dataclasses.replace(defaults, **values)
 
 
 @dataclasses.dataclass(frozen=True)
-class SACConfig:
-    """SAC hyper-parameters of a hybrid's learner (the SAC algorithm's defaults, smaller nets).
+class HybridConfig:
+    """Settings every algorithm with RL learners beside a population has (CEM-RL, ERL and
+    PBT add their own, among them a field for each built-in learner's settings).
 
     Attributes:
-      actor_hidden_sizes: hidden widths of the actor (the population's network).
-      activation: the actor's ``'relu'``, ``'tanh'`` or ``'elu'`` (the critics use relu).
-      critic_hidden_sizes: hidden widths of each critic.
-      actor_lr: Adam's step size for the actors.
-      critic_lr: for the critics.
-      alpha_lr: for the log-temperature.
-      target_entropy_scale: the target entropy is ``-scale * action_dim``.
-      discount: the discount factor gamma.
-      tau: Polyak averaging rate of the target critics.
-      init_alpha: the initial temperature.
-      reward_scaling: rewards are multiplied by it in the critics' target.
-      batch_size: global minibatch size, split over the devices.
+      task: a continuous-action environment.
+      population_size: actors (or learners) evaluated per generation.
+      learning_starts: replay buffer size before gradient updates begin.
+      buffer_capacity: replay buffer size.
+      episode_length: steps per episode (``None``: the environment's limit).
+      eval_episodes: noise-free episodes that evaluate the algorithm's actor
+        each generation (``eval_return``).
+      learner: the RL learner, by its registered name: ``'td3'`` or ``'sac'`` (CEM-RL,
+        ERL, PBT), ``'ppo'`` (PBT), or a plug-in's (``--plugin MODULE``).
+      learner_settings: the settings of a learner without a field of its own in this
+        config (a plug-in's), as changes to its defaults, e.g. ``{batch_size: 64}``
+        (``--set learner_settings.batch_size=64``); the learner checks them.
     """
 
-    actor_hidden_sizes: tuple[int, ...] = (64, 64)
-    activation: str = "relu"
-    critic_hidden_sizes: tuple[int, ...] = (128, 128)
-    actor_lr: float = 1e-3
-    critic_lr: float = 1e-3
-    alpha_lr: float = 1e-3
-    target_entropy_scale: float = 1.0
-    discount: float = 0.99
-    tau: float = 0.005
-    init_alpha: float = 1.0
-    reward_scaling: float = 1.0
-    batch_size: int = 128
+    task: str = "Pendulum-v1"
+    population_size: int = 10
+    learning_starts: int = 2000
+    buffer_capacity: int = 200_000
+    episode_length: int | None = None
+    eval_episodes: int = 5
+    learner: str = "td3"
+    learner_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    #: The part of a learner's spec the algorithm builds
+    #: (:class:`~evorl_pop.registry.LearnerSpec`): ``'hybrid'`` or ``'member'``.
+    ROLE = "hybrid"
 
     def validate(self) -> None:
         """Raises a ConfigError naming a setting that cannot run."""
-        if self.batch_size < 1:
-            raise ConfigError(f"sac.batch_size must be at least 1, got {self.batch_size}.")
-        from evorl_pop.rl import sac  # only a config that chooses SAC imports it
+        part = self.learner_part()
+        settings = self.learner_config()
+        settings.validate()
+        least = {"population_size": 2, "eval_episodes": 1, "learning_starts": 0}
+        check_config(self, least={**least, "episode_length": 1})
+        if part.replay and self.buffer_capacity < settings.batch_size:
+            batch = settings.batch_size
+            raise ConfigError(
+                f"The replay buffer capacity {self.buffer_capacity} is smaller than one "
+                f"{self.learner.upper()} batch ({batch}); make buffer_capacity at least {batch}."
+            )
+        if self.learning_starts > self.buffer_capacity:
+            raise ConfigError(
+                f"learning_starts={self.learning_starts} exceeds the buffer capacity "
+                f"{self.buffer_capacity}, so gradient updates would never start; lower it or "
+                "enlarge the buffer."
+            )
 
-        sac.check_settings(self, "sac.")
+    def learner_part(self) -> Any:
+        """The part of the chosen learner's spec that this algorithm builds (:attr:`ROLE`).
+
+        Raises:
+          ConfigError: an unknown learner, or one without that part, naming the valid ones.
+        """
+        spec = registry.LEARNERS.find(self.learner)
+        part = None if spec is None else getattr(spec, self.ROLE)
+        if part is not None:
+            return part
+        valid = registry.learners_with(self.ROLE)
+        listed = f"Valid: {', '.join(valid)}."
+        if spec is not None:
+            raise ConfigError(
+                f"learner: {self.learner!r} cannot be {_ROLES[self.ROLE]}. {listed}"
+            )
+        hint = did_you_mean(self.learner, valid)
+        raise ConfigError(
+            f"learner: unknown value {self.learner!r}.{hint} {listed} A learner of your own: "
+            "--plugin MODULE."
+        )
+
+    def _has_section(self) -> bool:
+        names = {f.name for f in dataclasses.fields(self)}
+        return self.learner in names and dataclasses.is_dataclass(getattr(self, self.learner))
+
+    def learner_config(self) -> Any:
+        """The chosen learner's settings: this config's field of its name, else its spec's
+        defaults changed by ``learner_settings``.
+
+        Raises:
+          ConfigError: ``learner_settings`` given for a learner with a field of its own,
+            or naming settings the learner does not have.
+        """
+        part = self.learner_part()
+        if not self._has_section():
+            return changed_settings(part.defaults, self.learner_settings, "learner_settings.")
+        if self.learner_settings:
+            example = next(iter(self.learner_settings))
+            raise ConfigError(
+                f"learner_settings: {self.learner}'s settings are under {self.learner} "
+                f"(--set {self.learner}.{example}=...); leave learner_settings empty."
+            )
+        return getattr(self, self.learner)
+
+    def setting_name(self, name: str) -> str:
+        """Where the learner's setting ``name`` is given (``'td3.batch_size'``,
+        ``'learner_settings.batch_size'``), for messages."""
+        return f"{self.learner if self._has_section() else 'learner_settings'}.{name}"
 
 
 @dataclasses.dataclass(frozen=True)
 class EvoRLConfig(HybridConfig):
-    """Settings of a hybrid that evolves its learner's actors (CEM-RL, ERL): the shared
-    ones of :class:`~evorl_pop.rl.td3.HybridConfig` and these.
+    """Settings of a hybrid that evolves its learner's actors (CEM-RL, ERL): those of
+    :class:`HybridConfig`, whose ``learner`` is the RL part (its spec's ``hybrid``)."""
 
-    Attributes:
-      learner: the RL part: ``'td3'`` (deterministic actors) or ``'sac'``
-        (tanh-Gaussian actors, evaluated with their squashed mean).
-      sac: SAC's hyper-parameters when ``learner='sac'`` (``td3`` holds TD3's).
-    """
+    def actor_task(self) -> Any:
+        """The control task of the actors: the learner's actor network on ``task``; its
+        episodes keep their transitions for the learner."""
+        return self.learner_part().actor_task(self, self.learner_config())
 
-    learner: str = "td3"
-    sac: SACConfig = SACConfig()
-
-    def validate(self) -> None:
-        """Raises a ConfigError naming a setting that cannot run."""
-        if self.learner not in LEARNERS:
-            raise ConfigError(
-                f"learner: unknown value {self.learner!r}.{did_you_mean(self.learner, LEARNERS)}"
-                f" Valid: {', '.join(LEARNERS)}."
-            )
-        if self.learner == "sac":
-            self.sac.validate()
-        super().validate()
-
-    def learner_config(self) -> TD3Config | SACConfig:
-        """The chosen learner's settings: ``td3`` or ``sac``."""
-        return getattr(self, self.learner)
-
-    def minibatch(self) -> tuple[str, int]:
-        """The learner's name and its global minibatch size, which the buffer must hold."""
-        return self.learner.upper(), self.learner_config().batch_size
-
-    def actor_task(self) -> ControlTask:
-        """The control task of the actors: the learner's actor network on ``task``
-        (SAC's acts with its squashed mean); its episodes keep their transitions."""
-        if self.learner == "td3":
-            return super().actor_task()
-        env = make_env(self.task, episode_length=self.episode_length)
-        policy = gaussian_policy(env.spec, self.sac.actor_hidden_sizes, self.sac.activation)
-        return ControlTask(env, policy=policy, episode_length=self.episode_length,
-                           transitions=True)  # fmt: skip
-
-    def rl_learner(
-        self, task: ControlTask, mesh: Mesh, num_updates: int, algorithm: str
-    ) -> ReplayLearner:
+    def rl_learner(self, task: Any, mesh: Mesh, num_updates: int, algorithm: str) -> Any:
         """The learner beside the population.
 
         Args:
@@ -127,10 +233,216 @@ class EvoRLConfig(HybridConfig):
           algorithm: the algorithm's name, for errors.
 
         Returns:
-          A :class:`~evorl_pop.rl.td3.TD3Learner` or :class:`~evorl_pop.rl.sac.SACHybridLearner`.
+          A :class:`~evorl_pop.core.interfaces.ReplayLearner`.
         """
-        if self.learner == "td3":
-            return TD3Learner(task, self, mesh, num_updates, algorithm)
-        from evorl_pop.rl.sac import SACHybridLearner  # TD3 runs never load SAC
+        part = self.learner_part()
+        return part.learner(task, self, self.learner_config(), mesh, num_updates, algorithm)
 
-        return SACHybridLearner(task, self, mesh, num_updates, algorithm)
+
+def example_transition(spec: EnvSpec) -> Transition:
+    """A zero transition with the shapes of a continuous-action environment's steps."""
+    obs = jnp.zeros(spec.obs_shape, jnp.float32)
+    action = jnp.zeros((spec.action_dim,), jnp.float32)
+    zero = jnp.float32(0.0)
+    return Transition(obs=obs, action=action, reward=zero, next_obs=obs, terminal=zero)
+
+
+def when_ready(ready: jax.Array, fn: Callable, losses: tuple[str, ...], *operands: Any) -> Any:
+    """The learning gate: ``fn(*operands)`` when ``ready``, else the operands unchanged
+    and NaN ``losses`` (``fn`` returns ``(*operands, losses)``)."""
+    nan = jnp.float32(jnp.nan)
+
+    def skip(*operands):
+        return (*operands, dict.fromkeys(losses, nan))
+
+    return jax.lax.cond(ready, fn, skip, *operands)
+
+
+class ReplayLearner:
+    """The shared half of a learner fed by a population's evaluations
+    (:class:`~evorl_pop.core.interfaces.ReplayLearner`).
+
+    The replay buffer takes every valid step the population's evaluation
+    collects; gradient updates start once it holds ``learning_starts`` steps
+    (and a batch), and split each minibatch over a ``'DP'`` mesh on the
+    population's devices. A subclass sets :attr:`learn` (``(state, buffer, key)
+    -> (state, losses)``, made by :meth:`data_parallel`) and defines ``init``,
+    ``actor``, ``shared``, ``with_actor`` and ``explore``.
+
+    Args:
+      task: the control task the population is evaluated on (its policy is the actor).
+      config: the algorithm's :class:`HybridConfig`.
+      mesh: the population's ``'POP'`` mesh.
+      batch_size: the learner's global minibatch size.
+      learner: its name, for errors.
+
+    Raises:
+      ConfigError: a batch the devices do not split.
+    """
+
+    collect = True  # the engine's evaluations return transitions
+    #: The losses a generation that does not learn reports as NaN.
+    LOSSES = ("critic_loss", "actor_loss")
+
+    def __init__(self, task, config: HybridConfig, mesh: Mesh, batch_size: int, learner: str):
+        self.task = task
+        self.config = config
+        self.batch_size = batch_size
+        self.dp_mesh = data_parallel.dp_mesh(mesh)
+        what = f"A {learner} minibatch's samples"
+        name = config.setting_name("batch_size")
+        data_parallel.check_split(name, batch_size, self.dp_mesh.size, what)
+
+    def data_parallel(self, local: Callable) -> Callable:
+        """``local(state, buffer, key)`` on every device of the ``'DP'`` mesh, its
+        arguments and results replicated (its gradients averaged over ``'DP'``)."""
+        return jax.shard_map(local, mesh=self.dp_mesh, in_specs=(P(), P(), P()), out_specs=P())
+
+    def empty_buffer(self) -> ReplayBuffer:
+        """An empty replay buffer of the config's capacity."""
+        example = example_transition(self.task.spec)
+        return ReplayBuffer.create(example, self.config.buffer_capacity)
+
+    def ready(self, buffer: ReplayBuffer) -> jax.Array:
+        """Whether ``buffer`` holds enough steps to learn from (the learning gate)."""
+        return buffer.size >= max(self.config.learning_starts, self.batch_size)
+
+    def learn_if(self, ready: jax.Array, fn: Callable, *operands: Any) -> Any:
+        """:func:`when_ready` with this learner's :attr:`LOSSES`."""
+        return when_ready(ready, fn, self.LOSSES, *operands)
+
+    def init_shared(self, key: jax.Array) -> Any:
+        """A fresh shared part (CEM-RL's): that of a fresh learner state."""
+        return self.shared(self.init(key))
+
+    def train_actors(self, shared: Any, flat: jax.Array, buffer: ReplayBuffer, key: jax.Array):
+        """The learner's updates of each actor in turn, all against (and training)
+        one shared critic (CEM-RL's actors).
+
+        Each actor starts a fresh optimizer state (``with_actor``); its
+        :attr:`learn` updates train the critic too, which the next actor takes.
+
+        Args:
+          shared: the shared critic (``shared`` of a learner state).
+          flat: the actors to train, flat, shape ``(actors, num_params)``.
+          buffer: the shared replay buffer.
+          key: PRNG key.
+
+        Returns:
+          ``(shared, flat, losses)`` with the trained actors, flat.
+        """
+
+        def body(shared, xs):
+            actor_flat, key = xs
+            state = self.with_actor(shared, self.task.unravel(actor_flat))
+            state, losses = self.learn(state, buffer, key)
+            return self.shared(state), (ravel_pytree(self.actor(state))[0], losses)
+
+        keys = jax.random.split(key, flat.shape[0])
+        shared, (flat, losses) = jax.lax.scan(body, shared, (flat, keys))
+        return shared, flat, jax.tree.map(jnp.mean, losses)
+
+
+class ReplayMember:
+    """A PBT member that learns off-policy from a replay buffer of its own (TD3's):
+    its learner part is the learner's state, its own part the buffer
+    (:class:`~evorl_pop.algorithms.pbt_members.Member`).
+
+    An interval is ``interval / episode`` episodes, each collected with Gaussian
+    action noise (``exploration_noise``, or the member's searched value) into the
+    buffer, then ``updates_per_step`` gradient updates per step of the episode
+    once the buffer holds ``learning_starts`` steps and a batch.
+
+    Args:
+      task: the members' control task (its policy is the actor).
+      config: PBT's config (``interval``, ``exploration_noise``, ``updates_per_step``,
+        ``learning_starts``, ``buffer_capacity``).
+      batch_size: the learner's minibatch size.
+      make_learner: ``make_learner(values)``: the learner with a member's searched
+        values (name to traced scalar): ``init(key)`` and ``learn(state, buffer, key,
+        num_updates) -> (state, losses)``, on one device.
+      actor: ``actor(state)``: the actor's parameters in a learner state.
+      losses: the names of the losses ``learn`` returns.
+      algorithm: what the members are, for errors.
+
+    Raises:
+      ConfigError: a discrete-action task, or an interval that is not a whole number
+        of episodes.
+    """
+
+    def __init__(
+        self,
+        task: Any,
+        config: Any,
+        batch_size: int,
+        make_learner: Callable[[dict], Any],
+        actor: Callable[[Any], Any],
+        losses: tuple[str, ...],
+        algorithm: str,
+    ):
+        self.config = config
+        self.env = task.env
+        self.policy = task.policy
+        self.make_learner = make_learner
+        self.actor = actor
+        self.losses = losses
+        check_continuous(self.env.spec, algorithm)
+        self.episode_length = self.env.spec.max_steps
+        length = self.episode_length
+        if config.interval < length or config.interval % length:
+            raise ConfigError(
+                f"interval={config.interval} must be a whole number of {length}-step episodes, "
+                f"e.g. {max(1, config.interval // length) * length}."
+            )
+        self.episodes = config.interval // length
+        self.num_updates = max(1, round(config.updates_per_step * length))
+        self.start = max(config.learning_starts, batch_size)
+
+    def init(self, key: jax.Array) -> tuple[Any, ReplayBuffer]:
+        """A fresh member: ``(learner part, own part)``."""
+        example = example_transition(self.env.spec)
+        buffer = ReplayBuffer.create(example, self.config.buffer_capacity)
+        return self.make_learner({}).init(key), buffer
+
+    def train(self, learner: Any, buffer: ReplayBuffer, values: dict, key: jax.Array):
+        """One interval: episodes into the buffer, updates after each.
+
+        Args:
+          learner: the member's learner state.
+          buffer: its replay buffer.
+          values: its searched hyperparameters, name to traced scalar.
+          key: its PRNG key.
+
+        Returns:
+          ``(learner, buffer, steps, episodes, losses)``: the losses of each episode's
+          updates (NaN before learning starts).
+        """
+        rl = self.make_learner(values)
+        noise = values.get("exploration_noise", self.config.exploration_noise)
+
+        def episode(carry, key):
+            learner, buffer = carry
+            collect_key, train_key = jax.random.split(key)
+            params = self.actor(learner)
+            ep = rollout(self.env, self.policy, params, collect_key, None, self.episode_length,
+                         noise, collect=True)  # fmt: skip
+            buffer = buffer.add(ep.transitions, ep.valid)
+            learner, losses = when_ready(
+                buffer.size >= self.start,
+                lambda s: rl.learn(s, buffer, train_key, self.num_updates),
+                self.losses,
+                learner,
+            )
+            return (learner, buffer), (ep.steps, losses)
+
+        keys = jax.random.split(key, self.episodes)
+        (learner, buffer), (steps, losses) = jax.lax.scan(episode, (learner, buffer), keys)
+        return learner, buffer, jnp.sum(steps), jnp.int32(self.episodes), losses
+
+    def evaluate(self, learner: Any, buffer: ReplayBuffer, key: jax.Array, episodes: int):
+        """The mean return of the member's actor without noise."""
+        del buffer
+        params = self.actor(learner)
+        stats = evaluate_episodes(self.env, self.policy, params, key, episodes, None,
+                                  self.episode_length)  # fmt: skip
+        return stats.episode_return

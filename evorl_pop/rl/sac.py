@@ -27,11 +27,13 @@ for sample ``i`` use ``fold_in(key, i)`` with ``i`` its position in the
 The searchable settings (:class:`Hyperparameters`) are traced arguments.
 
 :class:`SACHybridLearner` is SAC beside a population (CEM-RL's and ERL's
-``learner='sac'``): its actors are the population's members.
+``learner='sac'``, with the settings :class:`SACConfig`): its actors are the
+population's members.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,9 +46,12 @@ from evorl_pop import distributed as dist
 from evorl_pop.base import ConfigError, EnvSpec, did_you_mean
 from evorl_pop.rl import replay
 from evorl_pop.rl.distributions import TanhNormal
+from evorl_pop.rl.hybrid import HybridConfig, ReplayLearner, check_continuous
 from evorl_pop.rl.replay import ReplayBuffer
-from evorl_pop.rl.td3 import CONTINUOUS_ENVS, CriticState, ReplayLearner, polyak
-from evorl_pop.tasks.policies import ACTIVATIONS, MLP, Critic
+from evorl_pop.rl.td3 import CriticState, polyak
+from evorl_pop.tasks.control import ControlTask
+from evorl_pop.tasks.envs import make_env
+from evorl_pop.tasks.policies import ACTIVATIONS, MLP, Critic, gaussian_policy
 from evorl_pop.tasks.rollout import Episode, Transition, rollout
 
 
@@ -183,17 +188,6 @@ def check_settings(config: Any, prefix: str = "") -> None:
         )
 
 
-def check_continuous(spec: EnvSpec, algorithm: str = "SAC") -> None:
-    """ConfigError, in one line, for an environment with discrete actions."""
-    if spec.discrete:
-        raise ConfigError(
-            f"{algorithm} needs continuous actions (a squashed Gaussian policy and critics "
-            f"Q(s, a)), but {spec.name!r} has {spec.action_dim} discrete actions: use a "
-            f"continuous task, e.g. {', '.join(map(repr, CONTINUOUS_ENVS[:2]))} or "
-            "'brax/hopper', or PPO (-a ppo)."
-        )
-
-
 class SACLearner:
     """SAC's networks, losses and updates for a continuous-action environment.
 
@@ -220,7 +214,7 @@ class SACLearner:
         reward_scaling: float = 1.0,
         init_alpha: float = 1.0,
     ):
-        check_continuous(spec)
+        check_continuous(spec, "SAC")
         self.spec = spec
         self.distribution = TanhNormal(tuple(spec.action_low), tuple(spec.action_high))
         size = self.distribution.param_size
@@ -433,7 +427,57 @@ class SACLearner:
         return state, jax.tree.map(jnp.mean, metrics)
 
 
-# --- SAC beside a population: the hybrids' learner ------------------------------------
+# --- SAC beside a population: CEM-RL's and ERL's RL part ------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SACConfig:
+    """SAC's settings as CEM-RL's and ERL's learner (the SAC algorithm's defaults, smaller
+    nets).
+
+    Attributes:
+      actor_hidden_sizes: hidden widths of the actor (the population's network).
+      activation: the actor's ``'relu'``, ``'tanh'`` or ``'elu'`` (the critics use relu).
+      critic_hidden_sizes: hidden widths of each critic.
+      actor_lr: Adam's step size for the actors.
+      critic_lr: for the critics.
+      alpha_lr: for the log-temperature.
+      target_entropy_scale: the target entropy is ``-scale * action_dim``.
+      discount: the discount factor gamma.
+      tau: Polyak averaging rate of the target critics.
+      init_alpha: the initial temperature.
+      reward_scaling: rewards are multiplied by it in the critics' target.
+      batch_size: global minibatch size, split over the devices.
+    """
+
+    actor_hidden_sizes: tuple[int, ...] = (64, 64)
+    activation: str = "relu"
+    critic_hidden_sizes: tuple[int, ...] = (128, 128)
+    actor_lr: float = 1e-3
+    critic_lr: float = 1e-3
+    alpha_lr: float = 1e-3
+    target_entropy_scale: float = 1.0
+    discount: float = 0.99
+    tau: float = 0.005
+    init_alpha: float = 1.0
+    reward_scaling: float = 1.0
+    batch_size: int = 128
+
+    def validate(self) -> None:
+        """Raises a ConfigError naming a setting that cannot run."""
+        if self.batch_size < 1:
+            raise ConfigError(f"sac.batch_size must be at least 1, got {self.batch_size}.")
+        check_settings(self, "sac.")
+
+
+def actor_task(config: HybridConfig, settings: SACConfig) -> ControlTask:
+    """The control task of a population of SAC actors on ``config.task``: SAC's
+    tanh-Gaussian actor, acting with its squashed mean
+    (:class:`~evorl_pop.tasks.policies.GaussianPolicy`); its episodes keep their
+    transitions for the learner."""
+    env = make_env(config.task, episode_length=config.episode_length)
+    policy = gaussian_policy(env.spec, settings.actor_hidden_sizes, settings.activation)
+    return ControlTask(env, policy=policy, episode_length=config.episode_length, transitions=True)
 
 
 @flax.struct.dataclass
@@ -446,17 +490,18 @@ class SoftCritic:
 
 
 class SACHybridLearner(ReplayLearner):
-    """SAC fed by a population's evaluations: the hybrids' learner with ``learner='sac'``.
+    """SAC fed by a population's evaluations: CEM-RL's and ERL's RL part with
+    ``learner='sac'`` (:class:`~evorl_pop.rl.hybrid.ReplayLearner`).
 
     Its actor is the population's network (the task's
     :class:`~evorl_pop.tasks.policies.GaussianPolicy` module), so a member's flat
     weights are an actor; :attr:`learn` takes :meth:`SACLearner.train`'s
-    updates with minibatches split over the ``'DP'`` mesh
-    (:class:`~evorl_pop.rl.td3.ReplayLearner`).
+    updates with minibatches split over the ``'DP'`` mesh.
 
     Args:
       task: the control task the population is evaluated on.
-      config: the algorithm's :class:`~evorl_pop.rl.hybrid.EvoRLConfig`.
+      config: the algorithm's :class:`~evorl_pop.rl.hybrid.HybridConfig`.
+      settings: SAC's settings.
       mesh: the population's ``'POP'`` mesh.
       num_updates: SAC updates per call of :attr:`learn`.
       algorithm: the algorithm's name, for errors.
@@ -467,12 +512,27 @@ class SACHybridLearner(ReplayLearner):
 
     LOSSES = ("critic_loss", "actor_loss", "alpha_loss", "alpha")
 
-    def __init__(self, task, config, mesh, num_updates: int, algorithm: str):
+    def __init__(
+        self,
+        task: ControlTask,
+        config: HybridConfig,
+        settings: SACConfig,
+        mesh: Any,
+        num_updates: int,
+        algorithm: str,
+    ):
         check_continuous(task.spec, algorithm)
-        c = config.sac
+        c = settings
         super().__init__(task, config, mesh, c.batch_size, "SAC")
-        self.sac = SACLearner(task.spec, c.actor_hidden_sizes, c.critic_hidden_sizes, c.activation,
-                              c.tau, c.reward_scaling, c.init_alpha)  # fmt: skip
+        self.sac = SACLearner(
+            task.spec,
+            c.actor_hidden_sizes,
+            c.critic_hidden_sizes,
+            c.activation,
+            c.tau,
+            c.reward_scaling,
+            c.init_alpha,
+        )
         self.hyperparameters = Hyperparameters.create(
             actor_lr=c.actor_lr,
             critic_lr=c.critic_lr,
@@ -482,8 +542,9 @@ class SACHybridLearner(ReplayLearner):
         )
 
         def local(state, buffer, key):
-            return self.sac.train(state, buffer, self.hyperparameters, key, num_updates,
-                                  c.batch_size, dist.DP_AXIS_NAME)  # fmt: skip
+            hp = self.hyperparameters
+            axis = dist.DP_AXIS_NAME
+            return self.sac.train(state, buffer, hp, key, num_updates, c.batch_size, axis)
 
         #: ``learn(sac_state, buffer, key) -> (sac_state, losses)``, replicated in and out.
         self.learn = self.data_parallel(local)
@@ -498,9 +559,8 @@ class SACHybridLearner(ReplayLearner):
         """A fresh SAC learner (ERL's)."""
         return self.sac.init(key, self.hyperparameters)
 
-    def init_critic_and_buffer(self, key: jax.Array) -> tuple[SoftCritic, ReplayBuffer]:
-        """Fresh twin critics, the initial temperature and an empty replay buffer."""
-        return self.shared(self.init(key)), self.empty_buffer()
+    def actor(self, state: SACState) -> Any:
+        return state.actor.params
 
     def with_actor(self, shared: SoftCritic, params: Any) -> SACState:
         """SAC on ``params`` (a fresh Adam) beside the critics and temperature ``shared``."""
@@ -515,5 +575,6 @@ class SACHybridLearner(ReplayLearner):
         """An episode of actions drawn from the actor's tanh-Gaussian policy, its
         transitions collected (``noise_std``, TD3's action noise, is not used)."""
         del noise_std
-        return rollout(self.task.env, self.sampling_policy, params, key, None,
-                       self.config.episode_length, collect=True, sample=True)  # fmt: skip
+        length = self.config.episode_length
+        return rollout(self.task.env, self.sampling_policy, params, key, None, length,
+                       collect=True, sample=True)  # fmt: skip

@@ -20,43 +20,23 @@ depend on the device count.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
-from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh
-from jax.sharding import PartitionSpec as P
 
 from evorl_pop import distributed as dist
+from evorl_pop import registry
 from evorl_pop.base import ConfigError, EnvSpec
 from evorl_pop.rl import replay
+from evorl_pop.rl.hybrid import HybridConfig, ReplayLearner, ReplayMember, check_continuous
 from evorl_pop.rl.replay import ReplayBuffer
 from evorl_pop.tasks.control import ControlTask
 from evorl_pop.tasks.policies import Critic, Policy, make_policy
-from evorl_pop.tasks.rollout import Transition, rollout
-
-#: gymnax environments with continuous actions (those TD3 can learn).
-CONTINUOUS_ENVS = (
-    "Pendulum-v1",
-    "MountainCarContinuous-v0",
-    "Reacher-misc",
-    "Swimmer-misc",
-    "PointRobot-misc",
-)
-
-
-def check_continuous(spec: EnvSpec, algorithm: str = "TD3") -> None:
-    """Raises a ConfigError when ``spec`` has discrete actions."""
-    if spec.discrete:
-        raise ConfigError(
-            f"{algorithm} needs continuous actions (a deterministic actor with a critic "
-            f"Q(s, a)), but {spec.name!r} has {spec.action_dim} discrete actions. Use a "
-            f"continuous environment, e.g. {', '.join(map(repr, CONTINUOUS_ENVS))}."
-        )
+from evorl_pop.tasks.rollout import Episode, Transition, rollout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +142,7 @@ class TD3:
     def __init__(
         self, spec: EnvSpec, config: TD3Config = TD3Config(), policy: Policy | None = None
     ):
-        check_continuous(spec)
+        check_continuous(spec, "TD3")
         config.validate()
         self.spec = spec
         self.config = config
@@ -409,188 +389,52 @@ class TD3:
         }
 
 
-# --- TD3 beside a population: the hybrids' and PBT's shared pieces ----------------
+# --- TD3 beside a population: CEM-RL's and ERL's RL part, a PBT member ------------
+
+#: TD3's settings in CEM-RL, ERL and PBT: smaller critics and batches than TD3Config's.
+HYBRID_SETTINGS = TD3Config(critic_hidden_sizes=(128, 128), batch_size=128)
+#: The settings a PBT member searches as traced values; ``policy_delay`` and ``tau``
+#: stay fixed (they are checked, or drive control flow, as Python values).
+SEARCHABLE = ("actor_lr", "critic_lr", "discount", "policy_noise", "noise_clip")
 
 
-@dataclasses.dataclass(frozen=True)
-class HybridConfig:
-    """Settings every algorithm with TD3 learners has (CEM-RL, ERL, PBT add their own;
-    CEM-RL's and ERL's learner may be SAC instead, :class:`~evorl_pop.rl.hybrid.EvoRLConfig`).
-
-    Attributes:
-      task: a continuous-action environment.
-      population_size: actors (or learners) evaluated per generation.
-      learning_starts: replay buffer size before gradient updates begin.
-      buffer_capacity: replay buffer size.
-      episode_length: steps per episode (``None``: the environment's limit).
-      eval_episodes: noise-free episodes that evaluate the algorithm's actor
-        each generation (``eval_return``).
-      td3: TD3 hyper-parameters (network sizes, learning rates, batch size).
-    """
-
-    task: str = "Pendulum-v1"
-    population_size: int = 10
-    learning_starts: int = 2000
-    buffer_capacity: int = 200_000
-    episode_length: int | None = None
-    eval_episodes: int = 5
-    td3: TD3Config = TD3Config(critic_hidden_sizes=(128, 128), batch_size=128)
-
-    def validate(self) -> None:
-        """Raises a ConfigError naming a setting that cannot run."""
-        self.td3.validate()
-        for name, least in (("population_size", 2), ("eval_episodes", 1), ("learning_starts", 0)):
-            if getattr(self, name) < least:
-                raise ConfigError(f"{name} must be at least {least}, got {getattr(self, name)}.")
-        if self.episode_length is not None and self.episode_length < 1:
-            raise ConfigError(f"episode_length must be at least 1, got {self.episode_length}.")
-        learner, batch = self.minibatch()
-        if self.buffer_capacity < batch:
-            raise ConfigError(
-                f"The replay buffer capacity {self.buffer_capacity} is smaller than one {learner} "
-                f"batch ({batch}); make buffer_capacity at least {batch}."
-            )
-        if self.learning_starts > self.buffer_capacity:
-            raise ConfigError(
-                f"learning_starts={self.learning_starts} exceeds the buffer capacity "
-                f"{self.buffer_capacity}, so gradient updates would never start; lower it or "
-                "enlarge the buffer."
-            )
-
-    def minibatch(self) -> tuple[str, int]:
-        """The learner's name and its global minibatch size, which the buffer must hold."""
-        return "TD3", self.td3.batch_size
-
-    def actor_task(self) -> ControlTask:
-        """The control task of the actors: TD3's actor network on ``task``; its episodes
-        keep their transitions for the learners."""
-        td3 = self.td3
-        return ControlTask(self.task, td3.actor_hidden_sizes, td3.actor_activation,
-                           episode_length=self.episode_length, transitions=True)  # fmt: skip
-
-
-def example_transition(spec: EnvSpec) -> Transition:
-    """A zero transition with the shapes of a continuous-action environment's steps."""
-    obs = jnp.zeros(spec.obs_shape, jnp.float32)
-    action = jnp.zeros((spec.action_dim,), jnp.float32)
-    zero = jnp.float32(0.0)
-    return Transition(obs=obs, action=action, reward=zero, next_obs=obs, terminal=zero)
-
-
-def dp_mesh(mesh: Mesh, batch_size: int, learner: str = "TD3") -> Mesh:
-    """A ``'DP'`` mesh over the devices of a population's mesh, which must split
-    ``learner``'s ``batch_size``."""
-    n = mesh.devices.size
-    if batch_size % n:
-        lower, upper = (batch_size // n) * n, (batch_size // n + 1) * n
-        options = f"{upper}" if lower == 0 else f"{lower} or {upper}"
-        raise ConfigError(
-            f"The {learner} batch size {batch_size} is split over {n} devices of the 'DP' axis, so "
-            f"it must be a multiple of {n} (e.g. {options})."
-        )
-    return Mesh(mesh.devices.reshape(-1), (dist.DP_AXIS_NAME,))
-
-
-class ReplayLearner:
-    """A learner fed by a population's evaluations: what the hybrids' TD3 and SAC parts share.
-
-    The replay buffer takes every valid step the population's evaluation
-    collects; gradient updates start once it holds ``learning_starts`` steps
-    (and a batch), and split each minibatch over a ``'DP'`` mesh on the
-    population's devices. A subclass makes :attr:`learn` (``(state, buffer,
-    key) -> (state, losses)``, on :meth:`data_parallel`), and for CEM-RL's
-    shared critic :meth:`with_actor` and :meth:`shared`.
-
-    Args:
-      task: the control task the population is evaluated on (its policy is the actor).
-      config: the algorithm's :class:`HybridConfig`.
-      mesh: the population's ``'POP'`` mesh.
-      batch_size: the learner's global minibatch size.
-      learner: its name, for errors.
-    """
-
-    collect = True  # the engine's evaluations return transitions
-    #: The losses a generation that does not learn reports as NaN.
-    LOSSES = ("critic_loss", "actor_loss")
-
-    def __init__(self, task, config: HybridConfig, mesh: Mesh, batch_size: int, learner: str):
-        self.task, self.config, self.batch_size = task, config, batch_size
-        self.dp_mesh = dp_mesh(mesh, batch_size, learner)
-
-    def data_parallel(self, local: Callable) -> Callable:
-        """``local(state, buffer, key)`` on every device of the ``'DP'`` mesh, its
-        arguments and results replicated (its gradients averaged over ``'DP'``)."""
-        return jax.shard_map(local, mesh=self.dp_mesh, in_specs=(P(), P(), P()), out_specs=P())
-
-    def empty_buffer(self) -> ReplayBuffer:
-        """An empty replay buffer of the config's capacity."""
-        example = example_transition(self.task.spec)
-        return ReplayBuffer.create(example, self.config.buffer_capacity)
-
-    def ready(self, buffer: ReplayBuffer) -> jax.Array:
-        """Whether ``buffer`` holds enough steps to learn from (the learning gate)."""
-        return buffer.size >= max(self.config.learning_starts, self.batch_size)
-
-    @classmethod
-    def learn_if(cls, ready: jax.Array, fn: Callable, *operands):
-        """``fn(*operands)`` when ``ready``, else the operands unchanged and NaN
-        :data:`LOSSES` (``fn`` returns ``(*operands, losses)``)."""
-        nan = jnp.float32(jnp.nan)
-        skip = lambda *ops: (*ops, dict.fromkeys(cls.LOSSES, nan))  # noqa: E731
-        return jax.lax.cond(ready, fn, skip, *operands)
-
-    def with_actor(self, shared: Any, params: Any) -> Any:
-        """The learner state of an actor ``params`` beside the ``shared`` critic."""
-        raise NotImplementedError
-
-    def shared(self, state: Any) -> Any:
-        """The part of a learner state that the actors share (the critic)."""
-        raise NotImplementedError
-
-    def train_actors(self, shared: Any, flat: jax.Array, buffer: ReplayBuffer, key):
-        """The learner's updates of each actor in turn, all against (and training)
-        one shared critic (CEM-RL's actors).
-
-        Each actor starts a fresh optimizer state (:meth:`with_actor`); its
-        :attr:`learn` updates train the critic too, which the next actor takes.
-
-        Args:
-          shared: the shared critic (:meth:`shared` of a learner state).
-          flat: the actors to train, flat, shape ``(actors, num_params)``.
-          buffer: the shared replay buffer.
-          key: PRNG key.
-
-        Returns:
-          ``(shared, flat, losses)`` with the trained actors, flat.
-        """
-
-        def body(shared, xs):
-            actor_flat, k = xs
-            state, losses = self.learn(self.with_actor(shared, self.task.unravel(actor_flat)),
-                                       buffer, k)  # fmt: skip
-            return self.shared(state), (ravel_pytree(state.actor.params)[0], losses)
-
-        keys = jax.random.split(key, flat.shape[0])
-        shared, (flat, losses) = jax.lax.scan(body, shared, (flat, keys))
-        return shared, flat, jax.tree.map(jnp.mean, losses)
+def actor_task(config: HybridConfig, settings: TD3Config) -> ControlTask:
+    """The control task of a population of TD3 actors on ``config.task``: TD3's actor
+    network; its episodes keep their transitions for the learner."""
+    return ControlTask(
+        config.task,
+        settings.actor_hidden_sizes,
+        settings.actor_activation,
+        episode_length=config.episode_length,
+        transitions=True,
+    )
 
 
 class TD3Learner(ReplayLearner):
-    """TD3 fed by a population's evaluations (:class:`ReplayLearner`): CEM-RL and ERL
-    build their engine learners on it.
+    """TD3 fed by a population's evaluations: CEM-RL's and ERL's RL part with
+    ``learner='td3'`` (:class:`~evorl_pop.rl.hybrid.ReplayLearner`).
 
     Args:
       task: the control task the population is evaluated on (its policy is the actor).
-      config: the algorithm's :class:`HybridConfig`.
+      config: the algorithm's :class:`~evorl_pop.rl.hybrid.HybridConfig`.
+      settings: TD3's settings.
       mesh: the population's ``'POP'`` mesh.
       num_updates: TD3 iterations per call of :attr:`learn`.
       algorithm: the algorithm's name, for errors.
     """
 
-    def __init__(self, task, config: HybridConfig, mesh: Mesh, num_updates: int, algorithm: str):
+    def __init__(
+        self,
+        task: ControlTask,
+        config: HybridConfig,
+        settings: TD3Config,
+        mesh: Mesh,
+        num_updates: int,
+        algorithm: str,
+    ):
         check_continuous(task.spec, algorithm)
-        super().__init__(task, config, mesh, config.td3.batch_size, "TD3")
-        self.td3 = TD3(task.spec, config.td3, policy=task.policy)
+        super().__init__(task, config, mesh, settings.batch_size, "TD3")
+        self.td3 = TD3(task.spec, settings, policy=task.policy)
 
         def local(state, buffer, key):
             return self.td3.learn(state, buffer, key, num_updates, dist.DP_AXIS_NAME)
@@ -602,19 +446,73 @@ class TD3Learner(ReplayLearner):
         """A fresh TD3 learner (ERL's)."""
         return self.td3.init(key)
 
-    def init_critic_and_buffer(self, key: jax.Array) -> tuple[CriticState, ReplayBuffer]:
-        """Fresh twin critics and an empty replay buffer."""
-        return self.td3.init_critic(key), self.empty_buffer()
+    def init_shared(self, key: jax.Array) -> CriticState:
+        """Fresh twin critics and their targets (CEM-RL's)."""
+        return self.td3.init_critic(key)
+
+    def actor(self, state: TD3State) -> Any:
+        return state.actor.params
+
+    def shared(self, state: TD3State) -> CriticState:
+        return state.critic
 
     def with_actor(self, shared: CriticState, params: Any) -> TD3State:
         """TD3 on ``params`` (its target a copy, a fresh Adam) beside the critic ``shared``."""
         return TD3State(self.td3.init_actor(params), shared, jnp.int32(0))
 
-    def shared(self, state: TD3State) -> CriticState:
-        return state.critic
-
-    def explore(self, params: Any, key: jax.Array, noise_std: float):
+    def explore(self, params: Any, key: jax.Array, noise_std: float) -> Episode:
         """An episode of the actor ``params`` with Gaussian action noise of
         ``noise_std`` (half action ranges), its transitions collected."""
-        return rollout(self.task.env, self.task.policy, params, key, None,
-                       self.config.episode_length, noise_std, collect=True)  # fmt: skip
+        return rollout(
+            self.task.env,
+            self.task.policy,
+            params,
+            key,
+            None,
+            self.config.episode_length,
+            noise_std,
+            collect=True,
+        )
+
+
+def member(settings: TD3Config, config: Any) -> ReplayMember:
+    """TD3 as a member of PBT's population: its own buffer, episodes with action noise,
+    TD3 with the member's searched values of :data:`SEARCHABLE`.
+
+    Args:
+      settings: TD3's settings.
+      config: PBT's config.
+    """
+    task = actor_task(config, settings)
+
+    def learner(values: dict) -> TD3:
+        searched = {name: values[name] for name in SEARCHABLE if name in values}
+        return TD3(task.spec, dataclasses.replace(settings, **searched), policy=task.policy)
+
+    def actor(state: TD3State) -> Any:
+        return state.actor.params
+
+    what = "PBT with TD3 members (try learner=ppo)"
+    return ReplayMember(task, config, settings.batch_size, learner, actor, TD3Learner.LOSSES, what)
+
+
+registry.register_learner(
+    "td3",
+    registry.LearnerSpec(
+        hybrid=registry.HybridPart(HYBRID_SETTINGS, actor_task, TD3Learner),
+        member=registry.MemberPart(
+            defaults=HYBRID_SETTINGS,
+            member=member,
+            searchable=(*SEARCHABLE, "exploration_noise"),
+            default_search=(
+                ("actor_lr", 1e-5, 1e-2, True),
+                ("critic_lr", 1e-5, 1e-2, True),
+                ("exploration_noise", 0.05, 0.5, False),
+                ("discount", 0.9, 0.995, False),
+            ),
+            losses=TD3Learner.LOSSES,
+            replay=True,
+        ),
+        description="TD3: a deterministic actor, twin critics, delayed updates",
+    ),
+)
