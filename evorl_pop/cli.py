@@ -23,30 +23,45 @@ from evorl_pop.run import launcher, processes, restore, shell, stop, store
 
 # (summary, more description, examples) of each command.
 COMMANDS = {
-    "train": ("start a run in a new run folder", " (default: OpenES on CartPole-v1, 40 "
-              "generations), writing config.yaml, metrics.csv, checkpoint.msgpack, train.log and "
-              "fitness.png", """
+    "train": (
+        "start a run in a new run folder",
+        " (default: OpenES on CartPole-v1, 40 generations), writing config.yaml, metrics.csv, "
+        "checkpoint.msgpack, train.log and fitness.png",
+        """
   evorl-pop train --strategy CMA_ES --task sphere --set num_dims=20 --generations 200
-  evorl-pop train --print-config > my_run.yaml; evorl-pop train --config my_run.yaml"""),
-    "resume": ("continue a run from its last checkpoint", ", bit for bit (on the same devices); "
-               "a config that differs in more than generations, chunk, checkpoint-every and "
-               "devices needs --force", """
-  evorl-pop resume RUN --more 100 --set learning_rate=0.01 --force"""),
-    "plot": ("draw fitness curves of one or more runs", "; runs that differ only in the seed are "
-             "drawn as their mean with a band", """
-  evorl-pop plot runs/seed0 runs/seed1 --band std --out seeds.png --x steps --svg"""),
-    "launch": ("run train or resume as several processes on this machine", " (jax.distributed "
-               "over loopback); when one fails the others are stopped; the process ids go to "
-               "RUN/launch.json or --pid-file", """
-  evorl-pop launch -n 2 --devices-per-process 2 -- train --pop 2048 --out runs/two"""),
-    "render": ("show a run's best policy acting in its environment", ", from the last checkpoint: "
-               "brax tasks as brax's HTML viewer (RUN/render.html), gymnax tasks as an animated "
-               "GIF with the step and return on each frame (RUN/render.gif); prints the return, "
-               "the run's evaluation's for the same policy and key (by default the last "
-               "evaluation's key)", """
-  evorl-pop render runs/hopper --episodes 2 --seed 3 --out hopper.html"""),
+  evorl-pop train --print-config > my_run.yaml; evorl-pop train --config my_run.yaml""",
+    ),
+    "resume": (
+        "continue a run from its last checkpoint",
+        ", bit for bit (on the same devices); a config that differs in more than generations, "
+        "chunk, checkpoint-every and devices needs --force",
+        """
+  evorl-pop resume RUN --more 100 --set learning_rate=0.01 --force""",
+    ),
+    "plot": (
+        "draw fitness curves of one or more runs",
+        "; runs that differ only in the seed are drawn as their mean with a band",
+        """
+  evorl-pop plot runs/seed0 runs/seed1 --band std --out seeds.png --x steps --svg""",
+    ),
+    "launch": (
+        "run train or resume as several processes on this machine",
+        " (jax.distributed over loopback); when one fails the others are stopped; the process "
+        "ids go to RUN/launch.json or --pid-file",
+        """
+  evorl-pop launch -n 2 --devices-per-process 2 -- train --pop 2048 --out runs/two""",
+    ),
+    "render": (
+        "show a run's best policy acting in its environment",
+        ", from the last checkpoint: brax tasks as brax's HTML viewer (RUN/render.html), gymnax "
+        "tasks as an animated GIF with the step and return on each frame (RUN/render.gif); "
+        "prints the return, the run's evaluation's for the same policy and key (by default the "
+        "last evaluation's key)",
+        """
+  evorl-pop render runs/hopper --episodes 2 --seed 3 --out hopper.html""",
+    ),
     "list": ("list algorithms, strategies, environments and black-box tasks", "", None),
-}  # fmt: skip
+}
 
 
 def duration(text: str) -> float:
@@ -54,18 +69,22 @@ def duration(text: str) -> float:
     try:
         if ":" in text:
             return float(sum(float(p) * 60**i for i, p in enumerate(reversed(text.split(":")))))
-        units, total, number = {"h": 3600, "m": 60, "s": 1}, 0.0, ""
+        units = {"h": 3600, "m": 60, "s": 1}
+        total = 0.0
+        number = ""
         for char in text.strip().lower():
             if char in units and number:
-                total, number = total + float(number) * units[char], ""
+                total += float(number) * units[char]
+                number = ""
             else:
                 number += char
         seconds = total + (float(number) if number else 0.0)
     except ValueError:
         seconds = -1.0
     if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: give seconds (3600), "
-                                         "90m, 2h, 1h30m or 1:30:00")  # fmt: skip
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration: give seconds (3600), 90m, 2h, 1h30m or 1:30:00"
+        )
     return seconds
 
 
@@ -76,8 +95,11 @@ def _add(p, options, exclusive: bool = False) -> None:
         p.add_argument(*flags.split(), help=help, **kwargs)
 
 
+# The options of each command, a row each: (flags, help, argparse keywords).
 # fmt: off
-N, DIR, FILE = {"metavar": "N"}, {"metavar": "DIR"}, {"metavar": "FILE"}
+N = {"metavar": "N"}
+DIR = {"metavar": "DIR"}
+FILE = {"metavar": "FILE"}
 FLAG = {"action": "store_true"}
 N0 = N1 = {"type": int, **N}  # ranges are checked with the config, in one line
 K1 = {"type": int, "metavar": "K"}
@@ -120,6 +142,12 @@ PROCESSES = [
     ("--heartbeat-timeout", "seconds until a silent process counts as dead (default: 100)",
      {"type": int, "default": 100, "metavar": "S"}),
 ]
+PROCESSES_DEFAULT = ("Default: JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, "
+                     "or the cluster's.")
+RESUME_TOTAL = [  # one or the other
+    ("--generations -g", "new total", N0),
+    ("--more", "N beyond the checkpoint", N0),
+]
 PLOT = [
     ("runs", "run folders (or metrics.csv files)", {"nargs": "+", "metavar": "RUN"}),
     ("--out -o", "the PNG (default: RUN/fitness.png, or fitness.png for several)", FILE),
@@ -129,6 +157,10 @@ PLOT = [
     ("--band", "band over seeds", {"choices": ("minmax", "std"), "default": "minmax"}),
     ("--svg", "also write an SVG beside the PNG", FLAG),
     ("--title", "figure title", {"metavar": "TEXT"}),
+]
+PLOT_SCALE = [  # one or the other
+    ("--log-y", "logarithmic fitness axis", FLAG),
+    ("--linear-y", "linear (default: log over 3 decades)", FLAG),
 ]
 LAUNCH = [
     ("-n --nproc --num-processes", "number of processes (default: 2)",
@@ -140,6 +172,13 @@ LAUNCH = [
      {"type": float, "default": 30.0, "metavar": "S"}),
     ("--pid-file", "write the process ids here as JSON (default: RUN/launch.json)", FILE),
     ("launch_command", "train or resume", {"nargs": argparse.REMAINDER, "metavar": "-- CMD"}),
+]
+RENDER = [
+    ("run", "the run folder", {"metavar": "RUN"}),
+    ("--episodes", "episodes to run (default: 1)", {"type": int, "default": 1, **N}),
+    ("--seed", "key jax.random.key(S) (default: the key of the run's last evaluation)",
+     {"type": int, "metavar": "S"}),
+    ("--out -o", "the file (default: RUN/render.html or RUN/render.gif)", FILE),
 ]
 # fmt: on
 
@@ -165,36 +204,22 @@ def build_parser() -> argparse.ArgumentParser:
         )
     _add(p["train"], TRAIN)
     p["resume"].add_argument("run", metavar="RUN", help="the run folder")
-    # fmt: off
-    _add(p["resume"], [("--generations -g", "new total", N0),
-                       ("--more", "N beyond the checkpoint", N0)], True)
+    _add(p["resume"], RESUME_TOTAL, exclusive=True)
     _add(p["resume"], [("--force", "continue with a changed config", FLAG)])
     for name, resume in (("train", False), ("resume", True)):
         merged = " merged over the run's config.yaml" if resume else ""
         default = "the run setting" if resume else "auto"
-        _add(p[name], [
-            ("--config", f"a YAML (or .toml) run config{merged}; see --print-config for the "
-             "layout", FILE),
-            *SETTINGS,
-            ("--devices", f"devices on the population axis (default: {default})",
-             {"metavar": "auto|N"}),
-        ])
-        _add(p[name].add_argument_group("several processes (jax.distributed)", "Default: "
-            "JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, or the cluster's."),
-            PROCESSES)
+        config_help = f"a YAML (or .toml) run config{merged}; see --print-config for the layout"
+        devices_help = f"devices on the population axis (default: {default})"
+        rows = [("--config", config_help, FILE), *SETTINGS]
+        _add(p[name], [*rows, ("--devices", devices_help, {"metavar": "auto|N"})])
+        group = p[name].add_argument_group("several processes (jax.distributed)", PROCESSES_DEFAULT)
+        _add(group, PROCESSES)
     _add(p["plot"], PLOT)
-    _add(p["plot"], [("--log-y", "logarithmic fitness axis", FLAG),
-                     ("--linear-y", "linear (default: log over 3 decades)", FLAG)], True)
-    # fmt: on
+    _add(p["plot"], PLOT_SCALE, exclusive=True)
     _add(p["launch"], LAUNCH)
     _add(p["list"], [PLUGIN])
-    _add(p["render"], [
-        ("run", "the run folder", {"metavar": "RUN"}),
-        ("--episodes", "episodes to run (default: 1)", {"type": int, "default": 1, **N}),
-        ("--seed", "key jax.random.key(S) (default: the key of the run's last evaluation)",
-         {"type": int, "metavar": "S"}),
-        ("--out -o", "the file (default: RUN/render.html or RUN/render.gif)", FILE),
-    ])  # fmt: skip
+    _add(p["render"], RENDER)
     return parser
 
 
@@ -212,7 +237,9 @@ def _precheck(args, sources, overrides) -> None:
     )
     if data is None:
         return
-    devices, note, xla = data.get("devices", "auto"), None, processes.host_device_count()
+    devices = data.get("devices", "auto")
+    xla = processes.host_device_count()
+    note = None
     try:
         if joined:
             pass  # a joined process's device count comes from the environment
@@ -232,15 +259,18 @@ def _precheck(args, sources, overrides) -> None:
 
 def _overrides(args) -> list[str]:
     """The command's setting flags as ``key=value`` overrides, then ``--set``'s."""
-    flags = ("algorithm", "strategy", "task", "population_size", "generations", "seed", "chunk",
-             "checkpoint_every", "devices", "precision")  # fmt: skip
+    flags = (
+        "algorithm strategy task population_size generations seed chunk checkpoint_every devices "
+        "precision"
+    ).split()
     given = [f"{f}={getattr(args, f)}" for f in flags if getattr(args, f, None) is not None]
     return given + args.overrides
 
 
 def _cmd_train(args) -> int:
     """``train`` and ``resume``."""
-    resume, overrides = args.command == "resume", _overrides(args)
+    resume = args.command == "resume"
+    overrides = _overrides(args)
     sources = [os.path.join(args.run, "config.yaml")] if resume else []
     sources += [args.config] if args.config else []
     present = [s for s in sources if os.path.exists(s)]
@@ -278,8 +308,8 @@ def _cmd_train(args) -> int:
         if jax.distributed.is_initialized():  # the exit waits for the other processes
             stop.ignore_stop_signals()
     if not args.quiet and store.is_writer():
-        h, parts = result.history, [f"generation {result.generation}"]
-        parts.append(f"{result.env_steps:,} env steps")
+        h = result.history
+        parts = [f"generation {result.generation}", f"{result.env_steps:,} env steps"]
         if len(h.get("fitness_best", ())):
             parts += [f"best {h['fitness_best'][-1]:.6g}", f"mean {h['fitness_mean'][-1]:.6g}"]
         print(f"done: {', '.join([*parts, f'{result.wall_time:.1f}s'])}", file=sys.stderr)
@@ -322,9 +352,14 @@ def _cmd_launch(args) -> int:
     run_dir = None if args.pid_file else _launch_run_folder(command)
     pid_file = args.pid_file or (run_dir and os.path.join(run_dir, launcher.RECORD_FILENAME))
     return launcher.launch(
-        command, args.nproc, devices_per_process=devices, port=args.port,
-        gpus_per_process=args.gpus_per_process, grace_period=args.grace_period, pid_file=pid_file,
-    )  # fmt: skip
+        command,
+        args.nproc,
+        devices_per_process=devices,
+        port=args.port,
+        gpus_per_process=args.gpus_per_process,
+        grace_period=args.grace_period,
+        pid_file=pid_file,
+    )
 
 
 def _cmd_plot(args) -> int:
@@ -337,12 +372,20 @@ def _cmd_plot(args) -> int:
     log_y = True if args.log_y else False if args.linear_y else None
     try:
         written = plotting.plot_runs(
-            args.runs, out=out, x=args.x, metrics=metrics, band=args.band, svg=args.svg,
-            title=args.title, log_y=log_y,
-        )  # fmt: skip
+            args.runs,
+            out=out,
+            x=args.x,
+            metrics=metrics,
+            band=args.band,
+            svg=args.svg,
+            title=args.title,
+            log_y=log_y,
+        )
     except OSError as err:  # a read-only run folder, a full disk
-        raise RunError(f"Cannot write {str(err.filename or out)!r}: {err.strerror or err}; "
-                       "draw it elsewhere with --out FILE.") from None  # fmt: skip
+        raise RunError(
+            f"Cannot write {str(err.filename or out)!r}: {err.strerror or err}; "
+            "draw it elsewhere with --out FILE."
+        ) from None
     print("\n".join(map(str, written)))
     return 0
 
@@ -376,8 +419,12 @@ def _cmd_list(args) -> int:
         ),
     ):
         print(f"{title}:")
-        print(textwrap.fill(", ".join(sorted(names)), 88, initial_indent="  ",
-                            subsequent_indent="  ", break_on_hyphens=False))  # fmt: skip
+        text = ", ".join(sorted(names))
+        indent = "  "
+        wrapped = textwrap.fill(
+            text, 88, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False
+        )
+        print(wrapped)
     print("Gymnasium environments (--task gym:ID, stepped on the host):")
     print("  any id of gymnasium.registry, e.g. gym:CartPole-v1, gym:LunarLander-v3")
     return 0
