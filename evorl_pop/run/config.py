@@ -42,9 +42,6 @@ class RunConfig:
     """One run: which algorithm, how to run it, and the algorithm's config."""
 
     algorithm: str = "es"  # a registry name (`evorl-pop list`)
-    # modules of plug-ins to import first (evorl-pop --plugin MODULE): their algorithms,
-    # strategies, learners and environment families become names a config can use
-    plugins: tuple[str, ...] = ()
     seed: int = 0  # split into an init key and the run key generations fold their index into
     generations: int = 40  # in total
     chunk: int = 5  # generations per compiled lax.scan; metrics and checkpoints between chunks
@@ -57,6 +54,9 @@ class RunConfig:
     wandb_project: str | None = None  # None: $WANDB_PROJECT, else evorl-pop
     wandb_entity: str | None = None  # None: $WANDB_ENTITY, else the account's default
     algorithm_config: Any = None  # the algorithm's frozen config dataclass (None: defaults)
+    # modules of plug-ins to import first (evorl-pop --plugin MODULE): their algorithms,
+    # strategies, learners and environment families become names a config can use
+    plugins: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.plugins:
