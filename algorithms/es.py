@@ -34,9 +34,7 @@ from evorl_pop.base import ConfigError, check_config, float_dtype
 from evorl_pop.core.engine import Engine, State
 from evorl_pop.tasks import make_task
 from evorl_pop.tasks.blackbox import BLACKBOX_FUNCTIONS, BLACKBOX_TASKS
-from evorl_pop.tasks.brax_envs import BRAX_PREFIX
-from evorl_pop.tasks.envs import GYM_PREFIX, VECTOR_MODES, env_names
-from evorl_pop.tasks.playground_envs import IMPLS, PLAYGROUND_PREFIX
+from evorl_pop.tasks.envs import env_family, env_names, env_settings
 
 # --- strategies by name -----------------------------------------------------------
 
@@ -280,17 +278,30 @@ class ESConfig:
 
     def validate(self) -> None:
         """Raises a :class:`~evorl_pop.base.ConfigError` naming a value that cannot run."""
-        gym = self.task.startswith(GYM_PREFIX)  # any Gymnasium id: checked when made
+        # a family's own settings (brax's backend, ...) are checked whatever the task
+        fields = {field.name for field in dataclasses.fields(self)}
+        settings = {name: valid for name, valid in env_settings().items() if name in fields}
+        family = env_family(self.task)  # None: a black-box task, or an unknown name
+        known = family is not None or self.task in BLACKBOX_TASKS
         check_config(
             self,
-            choices=dict(impl=IMPLS, vector=VECTOR_MODES,
-                         **({} if gym else {"task": (*BLACKBOX_TASKS, *env_names())}),
-                         optimizer=OPTIMIZERS,
-                         activation=("tanh", "relu", "elu"), eval_mode=("vmap", "map"),
-                         noise=NOISE),
-            least=dict(population_size=2, num_dims=1, episodes=1, eval_episodes=0,
-                       rollout_lanes=1, episode_length=1),
-        )  # fmt: skip
+            choices={
+                **settings,
+                **({} if known else {"task": (*BLACKBOX_TASKS, *env_names())}),
+                "optimizer": OPTIMIZERS,
+                "activation": ("tanh", "relu", "elu"),
+                "eval_mode": ("vmap", "map"),
+                "noise": NOISE,
+            },
+            least={
+                "population_size": 2,
+                "num_dims": 1,
+                "episodes": 1,
+                "eval_episodes": 0,
+                "rollout_lanes": 1,
+                "episode_length": 1,
+            },
+        )
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"strategy: {_strategy_error(self.strategy)}")
         if self.noise == "table" and self.strategy != "Open_ES":
@@ -311,8 +322,9 @@ class ESConfig:
                     f"{name} applies to environment tasks (a policy network), not to the "
                     f"black-box task {self.task!r}: leave it false."
                 )
+        host = family is not None and not family.steps_in_jax
         for name in ("virtual_batch_norm", "rollout_lanes"):
-            if gym and getattr(self, name):
+            if host and getattr(self, name):
                 raise ConfigError(
                     f"{name} applies to environments stepped in JAX; {self.task} steps on the "
                     f"host: leave it {'false' if name == 'virtual_batch_norm' else 'null'}."
@@ -327,27 +339,28 @@ class ESConfig:
     def make_task(self):
         """The task ``task`` names, with this config's settings (see ``tasks.make_task``)."""
         if self.task in BLACKBOX_TASKS:
-            kwargs = dict(num_dims=self.num_dims, x0=self.x0)
-            return make_task(self.task, **kwargs, **({} if self.task in BLACKBOX_FUNCTIONS else
-                                                     {"instance": self.instance}))  # fmt: skip
-        policy = dict(
-            hidden_sizes=tuple(self.hidden_sizes),
-            activation=self.activation,
-            episodes=self.episodes,
-            normalize_obs=self.normalize_obs,
-            episode_length=self.episode_length,
-            policy=self.policy,
-        )
-        if self.task.startswith(GYM_PREFIX):
-            return make_task(self.task, vector=self.vector, **policy)
-        return make_task(
-            self.task,
-            backend=self.backend if self.task.startswith(BRAX_PREFIX) else None,
-            impl=self.impl if self.task.startswith(PLAYGROUND_PREFIX) else None,
-            lanes=self.rollout_lanes,
-            virtual_batch_norm=self.virtual_batch_norm,
-            **policy,
-        )
+            kwargs = {"num_dims": self.num_dims, "x0": self.x0}
+            if self.task not in BLACKBOX_FUNCTIONS:
+                kwargs["instance"] = self.instance
+            return make_task(self.task, **kwargs)
+        kwargs = {
+            "hidden_sizes": tuple(self.hidden_sizes),
+            "activation": self.activation,
+            "episodes": self.episodes,
+            "normalize_obs": self.normalize_obs,
+            "episode_length": self.episode_length,
+            "policy": self.policy,
+        }
+        family = env_family(self.task)  # None: make_task names the valid tasks
+        if family is not None:
+            fields = {field.name for field in dataclasses.fields(self)}
+            for name in family.settings:  # the family's own (brax's backend, ...)
+                if name in fields:
+                    kwargs[name] = getattr(self, name)
+            if family.steps_in_jax:
+                kwargs["lanes"] = self.rollout_lanes
+                kwargs["virtual_batch_norm"] = self.virtual_batch_norm
+        return make_task(self.task, **kwargs)
 
 
 class ES(Engine):

@@ -425,8 +425,11 @@ def _cmd_list(args) -> int:
             text, 88, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False
         )
         print(wrapped)
-    print("Gymnasium environments (--task gym:ID, stepped on the host):")
-    print("  any id of gymnasium.registry, e.g. gym:CartPole-v1, gym:LunarLander-v3")
+    print("environment families (--task NAME; --set SETTING=VALUE for a family's own):")
+    for name, family in registry.ENV_FAMILIES.items():
+        own = "".join(f"; --set {key}={'|'.join(valid)}" for key, valid in family.settings.items())
+        line = f"{name}: {family.description}{own}"
+        print(textwrap.fill(line, 88, initial_indent="  ", subsequent_indent="    "))
     return 0
 
 

@@ -50,7 +50,12 @@ BUILTIN: dict[str, tuple[str, ...]] = {
     ),
     "strategy": ("evorl_pop.algorithms.es", "evorl_pop.algorithms.cma_es"),
     "learner": ("evorl_pop.rl.td3", "evorl_pop.algorithms.sac", "evorl_pop.algorithms.ppo"),
-    "environment family": (),
+    "environment family": (
+        "evorl_pop.tasks.brax_envs",
+        "evorl_pop.tasks.gym_envs",
+        "evorl_pop.tasks.gymnax_envs",
+        "evorl_pop.tasks.playground_envs",
+    ),
 }
 
 

@@ -16,7 +16,8 @@ from jax.flatten_util import ravel_pytree
 from evorl_pop import make_mesh
 from evorl_pop.algorithms.es import ES, ESConfig
 from evorl_pop.tasks import ControlTask
-from evorl_pop.tasks.envs import UNLISTED_GYMNAX, env_names, make_env, random_observations
+from evorl_pop.tasks.envs import env_names, make_env, random_observations
+from evorl_pop.tasks.gymnax_envs import UNLISTED_GYMNAX
 from evorl_pop.tasks.policies import CNN, MLP, Conv3x3, Keypoints, Policy, make_policy
 from evorl_pop.tasks.rollout import rollout
 from evorl_pop.tasks.vbn import fold_virtual_batch_norm, vbn_reference
@@ -38,8 +39,10 @@ def _train(config, n=1, generations=2):
 # Every gymnax task in the default tier; of brax's, each with its own physics to compile
 # (15-25 s on a CPU), one there and the rest in the long tier (--full; hopper trains in
 # test_brax_and_minatar_are_device_count_invariant)
-SWEEP = GYMNAX + [pytest.param(name, marks=[] if name == "brax/inverted_pendulum" else
-                               pytest.mark.slow) for name in BRAX]  # fmt: skip
+SWEEP = GYMNAX + [
+    pytest.param(name, marks=[] if name == "brax/inverted_pendulum" else pytest.mark.slow)
+    for name in BRAX
+]
 
 
 @pytest.mark.parametrize("name", SWEEP)
@@ -161,8 +164,9 @@ def test_conv3x3_is_flax_conv(padding, method):
 
         return jax.jit(lambda p: jax.lax.scan(step, p, x)[0])(params)
 
-    jax.tree.map(functools.partial(np.testing.assert_allclose, atol=2e-5),
-                 descend(ours), descend(ref))  # fmt: skip
+    jax.tree.map(
+        functools.partial(np.testing.assert_allclose, atol=2e-5), descend(ours), descend(ref)
+    )
     with pytest.raises(ValueError, match=r"Unknown conv method 'fft'"):
         _ProjectCNN((2,), padding, "fft").init(jax.random.key(1), x[0])
 
@@ -242,8 +246,13 @@ def _vbn_forward(module, params, reference, obs, eps=1e-5):
     for i in range(len(module.channels) if isinstance(module, CNN) else 0):
         conv = layers[f"Conv_{i}"]
         kernel = conv["kernel"].transpose(3, 2, 0, 1)  # HWIO as OIHW
-        layer(lambda v, c=conv, k=kernel: jax.lax.conv(v.transpose(0, 3, 1, 2), k, (1, 1), "VALID")
-              .transpose(0, 2, 3, 1) + c["bias"], (0, 1, 2))  # fmt: skip
+        layer(
+            lambda v, c=conv, k=kernel: (
+                jax.lax.conv(v.transpose(0, 3, 1, 2), k, (1, 1), "VALID").transpose(0, 2, 3, 1)
+                + c["bias"]
+            ),
+            (0, 1, 2),
+        )
     layers = layers["MLP_0"] if isinstance(module, CNN) else layers
     x, ref = x.reshape(1, -1), ref.reshape(len(ref), -1)
     for j in range(len(module.hidden_sizes)):

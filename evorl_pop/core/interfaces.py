@@ -293,3 +293,55 @@ class Env(Protocol):
         self, key: jax.Array, state: Any, action: jax.Array
     ) -> tuple[jax.Array, Any, jax.Array, jax.Array]:
         """``(observation, state, reward, done)`` after ``action``; the caller resets."""
+
+
+@runtime_checkable
+class EnvFamily(Protocol):
+    """Environments built by name: gymnax's, brax's (``brax/<env>``), MuJoCo Playground's
+    (``playground/<Task>``), Gymnasium's (``gym:<id>``), yours.
+
+    A family registers itself in the module that defines it
+    (:func:`evorl_pop.registry.register_env_family`). Tasks, environments, the
+    configs' checks, ``evorl-pop list`` and ``evorl-pop render`` ask, family by
+    family, which one :meth:`owns` a name, and then only that one. Its module
+    imports its simulator only once an environment is built, so that listing and
+    checking names stay cheap. :class:`evorl_pop.tasks.jax_family.JaxEnvFamily`
+    is the part every family stepped in JAX shares.
+    """
+
+    #: One line for ``evorl-pop list``: what the environments are, how their names look.
+    description: str
+    #: How a name looks, for messages: ``'brax/<env>'``, ``'gym:<Gymnasium id>'``.
+    pattern: str
+    #: The family's own settings: a config field it reads, to its valid values (brax's
+    #: ``{'backend': BACKENDS}``); the configs check them and hand them to this family only.
+    settings: dict[str, tuple[str, ...]]
+    #: Whether :meth:`make_env` builds environments stepped in JAX (for every algorithm);
+    #: ``False``: the family steps on the host, and only :meth:`make_task` builds (ES) tasks.
+    steps_in_jax: bool
+    #: The file type ``evorl-pop render`` draws its episodes as (``'html'``, ``'gif'``),
+    #: or ``None``: there is nothing to draw.
+    drawing: str | None
+
+    def names(self) -> tuple[str, ...]:
+        """The names it lists (``evorl-pop list``, the configs' choices); none for a family
+        that takes any id of another registry (Gymnasium's)."""
+
+    def owns(self, name: str) -> bool:
+        """Whether ``name`` is one of its environments, listed or not."""
+
+    def make_env(self, name: str, **settings) -> Env:
+        """The environment ``name``; ``settings``: ``episode_length`` (every family) and
+        the family's own :attr:`settings`, any of them left out for its default."""
+
+    def make_task(self, name: str, **kwargs) -> Task:
+        """The task of environment ``name`` (a neuroevolution task: a policy's flat
+        weights, scored by its return); ``kwargs``:
+        :class:`~evorl_pop.tasks.control.ControlTask`'s arguments (the policy, the
+        episodes, ...) and the family's own :attr:`settings`."""
+
+    def draw(self, env: Env, episodes: list, out: Path) -> int:
+        """Draws ``episodes`` of ``env`` into the file ``out`` (its type: :attr:`drawing`);
+        returns the frames written. Each episode is a
+        :class:`~evorl_pop.tasks.drawing.Trajectory`: the environment's states after
+        each step, its observations, the return so far."""

@@ -37,11 +37,11 @@ import jax
 import jax.numpy as jnp
 
 from evorl_pop import distributed as dist
+from evorl_pop import registry
 from evorl_pop.base import ConfigError
 from evorl_pop.core.engine import summarize
+from evorl_pop.core.interfaces import Env
 from evorl_pop.tasks import envs
-from evorl_pop.tasks.brax_envs import BRAX_PREFIX
-from evorl_pop.tasks.envs import Env
 
 
 @flax.struct.dataclass
@@ -75,16 +75,21 @@ def make_env(task: str, episode_length: int | None = None, backend: str | None =
     Args:
       task: an environment name.
       episode_length: steps before an episode is truncated (``None``: the task's).
-      backend: brax's physics backend (``None``: the default); brax tasks only.
+      backend: brax's physics backend (``None``: the default); the tasks of a family
+        with a ``backend`` setting only.
 
     Raises:
-      ConfigError: a backend for a task that is not brax's.
+      ConfigError: a backend for a task whose family has none.
     """
     kwargs = {"episode_length": episode_length}
     if backend is not None:
-        if not task.startswith(BRAX_PREFIX):
+        family = envs.env_family(task)
+        if family is None or "backend" not in family.settings:
+            families = registry.ENV_FAMILIES.items()
+            owners = " or ".join(name for name, f in families if "backend" in f.settings)
             raise ConfigError(
-                f"backend is a brax setting, but {task!r} is not a brax task: leave it null."
+                f"backend is a {owners} setting, but {task!r} is not a {owners} task: "
+                "leave it null."
             )
         kwargs["backend"] = backend
     return envs.make_env(task, **kwargs)

@@ -10,20 +10,23 @@ every evaluation, so the printed return is the evaluation's: it comes from the
 evaluation path itself, and the drawn episodes, stepped with the same compiled
 step and keys, add up to it.
 
+Each environment family says how its episodes are drawn
+(:class:`~evorl_pop.core.interfaces.EnvFamily`'s ``drawing`` and ``draw``),
+into ``RUN/render.<drawing>``:
+
 - brax tasks: brax's HTML viewer (``brax.io.html``), ``RUN/render.html``;
 - gymnax tasks: an animated GIF, one frame per step with the step and the
   return so far, ``RUN/render.gif``, drawn by gymnax's own visualiser where it
   has one for the environment (classic control needs gymnasium's pygame), else
-  the observation drawn with matplotlib;
-- black-box tasks: nothing to render.
+  the observation drawn with matplotlib (Playground's tasks, and a plug-in
+  family's unless it draws its own);
+- Gymnasium tasks (stepped on the host) and black-box tasks: nothing to render.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import io
-import os
 from pathlib import Path
 
 import jax
@@ -34,19 +37,20 @@ from jax.sharding import PartitionSpec as P
 from evorl_pop.run import config as config_lib
 from evorl_pop.run import restore, shell, store
 from evorl_pop.tasks import rollout as rollout_lib
+from evorl_pop.tasks.drawing import Trajectory
+from evorl_pop.tasks.envs import env_family
+from evorl_pop.tasks.obs_norm import ObsMoments
 
-HTML_FILENAME = "render.html"
-GIF_FILENAME = "render.gif"
+#: The file ``evorl-pop render`` writes in a run folder: ``render.<drawing>``.
+FILENAME = "render.{}"
 
 
 @dataclasses.dataclass
 class Episodes:
-    """What :func:`run_episodes` saw: per episode, its env states (one per step taken),
-    rewards and return; and the return the run's evaluation reports for them."""
+    """What :func:`run_episodes` saw: each episode as it was stepped, its return; and
+    the return the run's evaluation reports for them."""
 
-    states: list  # per episode: the env state after each step taken (leaves lead with steps)
-    observations: list  # per episode: the observation after each step taken
-    so_far: list  # per episode: the return after each step taken
+    trajectories: list[Trajectory]  # per episode: states, observations, returns so far
     returns: list[float]  # per episode, summed as the rollout sums it
     evaluation: float  # the evaluation path's mean return over the episodes
     reported: float | None  # metrics.csv's eval_return of the same policy and key, if any
@@ -65,9 +69,10 @@ def _policy(algorithm, state):
 
         def evaluate(key, episodes):
             one = functools.partial(task.evaluate_return, episodes=episodes)
+            # as the engine's _metrics
             fn = jax.shard_map(
                 one, mesh=algorithm.mesh, in_specs=P(), out_specs=P(), check_vma=False
-            )  # fmt: skip  (as the engine's _metrics)
+            )
             return jax.jit(fn)(solution, key, state.task_state)
 
         return task.env, task.policy, params, obs_norm, task.episode_length, evaluate
@@ -96,16 +101,16 @@ def _evaluation_key(algorithm, run_key, generation: int, state):
     return jax.random.split(member)[1], algorithm.config.eval_episodes
 
 
-def _trajectory(env, policy, params, obs_norm, episode_length, key):
-    """One episode with the rollout's own compiled step and key schedule: the env states
-    after each step, the return, the steps taken."""
+def _trajectory(env, policy, params, obs_norm, episode_length, key) -> tuple[Trajectory, float]:
+    """One episode with the rollout's own compiled step and key schedule: the episode as
+    it was stepped, and its return."""
     length = rollout_lib._length(env, episode_length)
     track = obs_norm is not None
     step, start = rollout_lib._compiled(env, policy, length, track, False, False)
     obs, env_state, keys = start(key, length)
     zero = jnp.zeros_like(obs, dtype=jnp.float32)
     scalar = zero.reshape(-1)[0]
-    moments = rollout_lib.ObsMoments(scalar, zero, zero) if track else None
+    moments = ObsMoments(scalar, zero, zero) if track else None
     carry = (obs, env_state, scalar, jnp.zeros((), jnp.int32), jnp.ones((), bool), moments)
 
     @jax.jit
@@ -118,12 +123,26 @@ def _trajectory(env, policy, params, obs_norm, episode_length, key):
 
     final, seen = scan(carry, params, obs_norm)
     steps = int(final[3])
-    obs, states, returns = jax.tree.map(lambda x: np.asarray(x[:steps]), seen)
-    return states, obs, returns, float(final[2])
+    observations, states, so_far = jax.tree.map(lambda x: np.asarray(x[:steps]), seen)
+    return Trajectory(states, observations, so_far), float(final[2])
 
 
-def run_episodes(run_dir, episodes: int = 1, seed: int | None = None) -> Episodes | None:
-    """Runs the best policy of a run's last checkpoint; ``None`` for a black-box task.
+def _reported(run_dir: Path, generation: int) -> float | None:
+    """The return ``metrics.csv`` reports for the evaluation of ``generation``, if any."""
+    metrics = store.read_metrics(run_dir)
+    rows = metrics["generation"] == generation
+    if not rows.any():
+        return None
+    if "eval_return" in metrics:
+        return float(metrics["eval_return"][rows][-1])
+    if "member0_return" in metrics:  # PBT: the best member's return
+        members = [c for c in metrics if c.startswith("member") and c.endswith("_return")]
+        return float(np.max([metrics[c][rows][-1] for c in members]))
+    return None
+
+
+def run_episodes(run_dir, episodes: int = 1, seed: int | None = None) -> Episodes:
+    """Runs the best policy of a run's last checkpoint (a run on an environment).
 
     Args:
       run_dir: the run folder.
@@ -135,124 +154,23 @@ def run_episodes(run_dir, episodes: int = 1, seed: int | None = None) -> Episode
     config = config_lib.from_dict(ckpt.config, check=False)
     config = dataclasses.replace(config, devices=1)  # one episode at a time
     algorithm, _, template, _, _ = shell.build(config)
-    task = getattr(algorithm, "task", None)
-    if task is not None and not hasattr(task, "env"):
-        return None
     state = restore.restore_state(template, ckpt)
     env, policy, params, obs_norm, length, evaluate = _policy(algorithm, state)
-    generation, reported = ckpt.generation, None
+    generation = ckpt.generation
+    reported = None
     key, eval_episodes = _evaluation_key(algorithm, restore.restore_key(ckpt), generation, state)
     if seed is not None:
         key = jax.random.key(seed)
     elif generation > 0 and episodes == eval_episodes:
-        metrics = store.read_metrics(run_dir)
-        rows = metrics["generation"] == generation
-        if "eval_return" in metrics and rows.any():
-            reported = float(metrics["eval_return"][rows][-1])
-        elif "member0_return" in metrics and rows.any():  # PBT: the best member's return
-            returns = [metrics[c][rows][-1] for c in metrics if c.endswith("_return")
-                       and c.startswith("member")]  # fmt: skip
-            reported = float(np.max(returns))
-    runs = [_trajectory(env, policy, params, obs_norm, length, k)
-            for k in jax.random.split(key, episodes)]  # fmt: skip
+        reported = _reported(run_dir, generation)
+    runs = [
+        _trajectory(env, policy, params, obs_norm, length, k)
+        for k in jax.random.split(key, episodes)
+    ]
     evaluation = float(evaluate(key, episodes))
-    return Episodes(*map(list, zip(*runs, strict=True)), evaluation, reported, generation, env)
-
-
-# --- drawing ----------------------------------------------------------------------------------
-
-
-def write_html(result: Episodes, out: Path) -> int:
-    """brax's viewer of the episodes, one after the other; returns the frames written."""
-    from brax.io import html
-
-    inner = [s.inner.pipeline_state for s in result.states]
-    frames = [jax.tree.map(lambda x, i=i: x[i], p) for p in inner
-              for i in range(len(jax.tree.leaves(p)[0]))]  # fmt: skip
-    out.write_text(html.render(result.env.env.sys, frames))
-    return len(frames)
-
-
-def _gymnax_drawer(env):
-    """``draw(ax, state)`` by gymnax's own visualiser for ``env``, or ``None``."""
-    try:
-        from gymnax.visualize.visualizer import Visualizer
-    except ImportError:
-        return None
-    inner, params = env.env, env.params
-    name = getattr(inner, "name", "")
-    if name in ("Acrobot-v1", "CartPole-v1", "Pendulum-v1", "MountainCar-v0",
-                "MountainCarContinuous-v0"):  # fmt: skip
-        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame: no sound card to look for
-        try:
-            import pygame  # noqa: F401  (gymnasium draws classic control with it)
-        except ImportError:
-            return None
-
-    def draw(ax, state):
-        import matplotlib.pyplot as plt
-
-        vis = Visualizer(inner, params, [state])
-        plt.close(vis.fig)  # its own figure: drawn into ours instead
-        vis.fig, vis.ax = ax.figure, ax
-        vis.init()
-
-    try:
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots()
-        probe = jax.tree.map(lambda x: x, env.reset(jax.random.key(0))[1])
-        draw(ax, probe)
-        plt.close(fig)
-    except Exception:  # no visualiser for this environment
-        return None
-    return draw
-
-
-def _draw_observation(ax, obs) -> None:
-    """The observation: an image as such (channels folded), a vector as bars."""
-    obs = np.asarray(obs, np.float32)
-    if obs.ndim >= 2:
-        image = obs if obs.ndim == 2 or obs.shape[-1] in (3, 4) else obs.argmax(-1) * obs.max(-1)
-        ax.imshow(image, cmap="viridis")
-        ax.set_xticks([])
-        ax.set_yticks([])
-    else:
-        ax.bar(range(obs.size), obs.reshape(-1), color="tab:blue")
-        ax.set_xlabel("observation")
-        ax.set_ylim(-3, 3)
-
-
-def write_gif(result: Episodes, out: Path) -> int:
-    """An animated GIF, one frame per step; returns the frames written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from PIL import Image
-
-    env = result.env
-    drawer = _gymnax_drawer(env)
-    frames = []
-    for e, (states, observations, so_far) in enumerate(
-        zip(result.states, result.observations, result.so_far, strict=True)
-    ):
-        for t in range(len(so_far)):
-            fig, ax = plt.subplots(figsize=(4, 4), dpi=60)
-            if drawer is not None:
-                drawer(ax, jax.tree.map(lambda x, t=t: x[t], states))
-            else:
-                _draw_observation(ax, observations[t])
-            episode = f"episode {e + 1}  " if len(result.states) > 1 else ""
-            ax.set_title(f"{env.spec.name}  {episode}step {t + 1}  return {so_far[t]:.4g}",
-                         fontsize=9)  # fmt: skip
-            fig.tight_layout()
-            buf = io.BytesIO()
-            fig.savefig(buf, format="png")
-            plt.close(fig)
-            frames.append(Image.open(buf).convert("RGB"))
-    frames[0].save(out, save_all=True, append_images=frames[1:], duration=50, loop=0)
-    return len(frames)
+    trajectories = [trajectory for trajectory, _ in runs]
+    returns = [ret for _, ret in runs]
+    return Episodes(trajectories, returns, evaluation, reported, generation, env)
 
 
 def render(run_dir, episodes: int = 1, seed: int | None = None, out=None) -> str:
@@ -265,16 +183,17 @@ def render(run_dir, episodes: int = 1, seed: int | None = None, out=None) -> str
     if episodes < 1:
         raise ValueError(f"--episodes must be at least 1, got {episodes}.")
     run_dir = Path(run_dir)
-    result = run_episodes(run_dir, episodes, seed)
-    if result is None:
-        task = restore.load_checkpoint(run_dir).config.get("algorithm_config", {}).get("task")
+    config = config_lib.from_dict(restore.load_checkpoint(run_dir).config, check=False)
+    task = getattr(config.algorithm_config, "task", None)
+    family = env_family(task) if isinstance(task, str) else None
+    if family is None:
         return f"nothing to render: {task!r} is a black-box function, not an environment."
-    brax = type(result.env).__name__ == "BraxEnv"
-    out = Path(out) if out is not None else run_dir / (HTML_FILENAME if brax else GIF_FILENAME)
-    if brax:
-        frames = write_html(result, out)
-    else:
-        frames = write_gif(result, out)
+    if family.drawing is None:
+        host = "" if family.steps_in_jax else ", its environments stepped on the host"
+        return f"nothing to render: the family of {task!r} ({family.pattern}{host}) draws none."
+    result = run_episodes(run_dir, episodes, seed)
+    out = Path(out) if out is not None else run_dir / FILENAME.format(family.drawing)
+    frames = family.draw(result.env, result.trajectories, out)
     lines = [f"wrote {out} ({frames} frames)"]
     for e, ret in enumerate(result.returns):
         lines.append(f"episode {e + 1}: return {ret!r}")

@@ -15,16 +15,19 @@ Scores stay in the task's own units everywhere in logs and plots; the single
 conversion to evosax's minimisation is :func:`evorl_pop.core.engine.to_minimization`.
 
 Modules: :mod:`~evorl_pop.tasks.blackbox` (test functions, BBOB, Python
-objectives), :mod:`~evorl_pop.tasks.envs` (the environment protocol, gymnax,
-brax), :mod:`~evorl_pop.tasks.rollout` (every episode),
-:mod:`~evorl_pop.tasks.control` (policies and the control task),
+objectives), :mod:`~evorl_pop.tasks.envs` (environments by name, through the
+environment families: :mod:`~evorl_pop.tasks.gymnax_envs`,
 :mod:`~evorl_pop.tasks.brax_envs` and :mod:`~evorl_pop.tasks.playground_envs`
-(physics in JAX), :mod:`~evorl_pop.tasks.gym_envs` (Gymnasium environments
-stepped on the host, ``gym:<id>``).
+in JAX, :mod:`~evorl_pop.tasks.gym_envs` for Gymnasium environments stepped on
+the host, :mod:`~evorl_pop.tasks.jax_family` for a family of your own),
+:mod:`~evorl_pop.tasks.control` (the control task),
+:mod:`~evorl_pop.tasks.policies` (the networks),
+:mod:`~evorl_pop.tasks.rollout` (every episode), :mod:`~evorl_pop.tasks.obs_norm`
+and :mod:`~evorl_pop.tasks.vbn` (observation and layer normalisation),
+:mod:`~evorl_pop.tasks.drawing` (episodes drawn, for ``evorl-pop render``).
 """
 
-import functools
-
+from evorl_pop import registry
 from evorl_pop.base import did_you_mean
 from evorl_pop.tasks.blackbox import (
     BBOB_PREFIX,
@@ -35,13 +38,13 @@ from evorl_pop.tasks.blackbox import (
     PythonTask,
 )
 from evorl_pop.tasks.control import ControlTask
-from evorl_pop.tasks.envs import GYM_PREFIX, env_names, make_env
+from evorl_pop.tasks.envs import env_family, env_names, make_env
 
 
-@functools.cache
 def task_names() -> tuple[str, ...]:
     """Every task name :func:`make_task` accepts: black-box functions, BBOB, environments
-    (besides any ``gym:<id>`` of Gymnasium's registry)."""
+    (besides the names of families that list none, such as any ``gym:<id>`` of
+    Gymnasium's registry)."""
     return (*BLACKBOX_TASKS, *env_names())
 
 
@@ -52,11 +55,14 @@ def make_task(name: str, **kwargs):
       name: ``'sphere'``, ``'ellipsoid'``, ``'rosenbrock'``, ``'rastrigin'``, a
         BBOB function ``'bbob/<name>'`` (``'bbob/ellipsoidal_rotated'``, see
         :data:`evorl_pop.tasks.blackbox.BBOB_FUNCTIONS`), an environment such as
-        ``'CartPole-v1'``, ``'brax/hopper'`` or ``'playground/CheetahRun'``, or a
-        Gymnasium environment ``'gym:<id>'`` (``'gym:LunarLander-v3'``).
+        ``'CartPole-v1'``, ``'brax/hopper'`` or ``'playground/CheetahRun'``, a
+        Gymnasium environment ``'gym:<id>'`` (``'gym:LunarLander-v3'``), or a name
+        of a plug-in's environment family.
       **kwargs: passed to :class:`BlackBoxTask`, :class:`BBOBTask`
-        (``num_dims``, ``instance``, ``x0``), :class:`ControlTask` or
-        :class:`~evorl_pop.tasks.gym_envs.GymTask`.
+        (``num_dims``, ``instance``, ``x0``), or the environment family's
+        ``make_task`` (:class:`ControlTask`'s arguments and the family's own
+        settings, such as brax's ``backend``; Gymnasium's
+        :class:`~evorl_pop.tasks.gym_envs.GymTask`).
 
     Returns:
       The task.
@@ -65,17 +71,17 @@ def make_task(name: str, **kwargs):
         return BlackBoxTask(function=name, **kwargs)
     if name.startswith(BBOB_PREFIX):
         return BBOBTask(function=name[len(BBOB_PREFIX) :], **kwargs)
-    if name in env_names():
-        return ControlTask(env=name, **kwargs)
-    if name.startswith(GYM_PREFIX):
-        from evorl_pop.tasks.gym_envs import GymTask  # imports Gymnasium: only when asked for
-
-        return GymTask(name, **kwargs)
+    family = env_family(name)
+    if family is not None:
+        return family.make_task(name, **kwargs)
     names = task_names()
     hint = did_you_mean(name, names, 3)
-    raise ValueError(
-        f"Unknown task {name!r}.{hint} Valid: {', '.join(sorted(names))}, or gym:<Gymnasium id>."
+    unlisted = "".join(
+        f", or {family.pattern}"
+        for _, family in registry.ENV_FAMILIES.items()
+        if not family.names()
     )
+    raise ValueError(f"Unknown task {name!r}.{hint} Valid: {', '.join(sorted(names))}{unlisted}.")
 
 
 __all__ = [
@@ -83,6 +89,7 @@ __all__ = [
     "BlackBoxTask",
     "ControlTask",
     "PythonTask",
+    "env_family",
     "make_env",
     "make_task",
     "task_names",

@@ -1,4 +1,4 @@
-"""brax physics environments behind the :class:`~evorl_pop.tasks.envs.Env` protocol.
+"""brax physics environments behind the :class:`~evorl_pop.core.interfaces.Env` protocol.
 
 Every brax locomotion / manipulation environment is a task named
 ``brax/<env>`` (``brax/hopper``, ``brax/halfcheetah``, ...)::
@@ -12,7 +12,8 @@ An episode that has ended is frozen: further steps return the same state,
 zero reward and ``done=True``, so a rollout that keeps scanning past a fall
 adds nothing to the return and never sees the NaNs a fallen body can produce.
 Actions live in ``[-1, 1]``, brax's convention (environments with other
-actuator ranges rescale internally).
+actuator ranges rescale internally). ``evorl-pop render`` shows their
+episodes in brax's HTML viewer.
 
 brax is an optional dependency (``pip install -e '.[brax]'``); it is imported
 when the first brax environment is built.
@@ -23,13 +24,19 @@ from __future__ import annotations
 import contextlib
 import io
 import warnings
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 
+from evorl_pop import registry
 from evorl_pop.base import ConfigError, EnvSpec
+from evorl_pop.tasks.drawing import Trajectory
+from evorl_pop.tasks.envs import check_episode_length
+from evorl_pop.tasks.jax_family import JaxEnvFamily
 
 BRAX_PREFIX = "brax/"
 #: brax environments offered as tasks (``brax/<name>``).
@@ -109,12 +116,9 @@ class BraxEnv:
         backend: str = DEFAULT_BACKEND,
         episode_length: int = DEFAULT_EPISODE_LENGTH,
     ):
-        if name not in BRAX_ENVS:
-            raise ValueError(f"Unknown brax environment {name!r}; choose from {BRAX_ENVS}.")
-        if backend not in BACKENDS:
-            raise ValueError(f"Unknown brax backend {backend!r}; choose from {BACKENDS}.")
-        if episode_length < 1:
-            raise ValueError(f"episode_length must be at least 1, got {episode_length}.")
+        check_choice("brax environment", name, BRAX_ENVS)
+        check_choice("brax backend", backend, BACKENDS)
+        check_episode_length(episode_length)
         envs = _import_brax_envs()
         if backend == "mjx":
             try:
@@ -125,23 +129,30 @@ class BraxEnv:
                     "pip install mujoco-mjx, or use backend='spring'."
                 ) from err
         with _quiet():
-            self.env = envs.get_environment(name, backend=backend)
-        dim = int(self.env.action_size)
+            env = envs.get_environment(name, backend=backend)
+        self._bind(env, BRAX_PREFIX + name, episode_length, terminates=name not in FIXED_LENGTH)
+
+    def _bind(self, env, name: str, episode_length: int, terminates: bool) -> None:
+        """Steps ``env``, anything with brax's ``reset`` / ``step`` and a ``State`` with
+        ``obs``, ``reward`` and ``done``, its actions in ``[-1, 1]``, under ``name``."""
+        self.env = env
         # Tracing a brax step takes seconds of Python, and a rollout traces it
         # in several loops (and again under vmap): jitted, it is traced once
         # per input type and its jaxpr reused. The observation's shape comes
         # from a trace too (brax's observation_size runs a reset op by op).
-        self._reset, self._step = jax.jit(self.env.reset), jax.jit(self.env.step)
+        self._reset = jax.jit(env.reset)
+        self._step = jax.jit(env.step)
         obs = jax.eval_shape(self._reset, jax.random.key(0)).obs
+        dim = int(env.action_size)
         self.spec = EnvSpec(
-            name=BRAX_PREFIX + name,
-            obs_shape=(int(obs.shape[-1]),),
+            name=name,
+            obs_shape=tuple(obs.shape),
             discrete=False,
             action_dim=dim,
             action_low=(-1.0,) * dim,
             action_high=(1.0,) * dim,
             max_steps=int(episode_length),
-            terminates=name not in FIXED_LENGTH,
+            terminates=terminates,
         )
 
     def reset(self, key):
@@ -158,3 +169,39 @@ class BraxEnv:
         done = state.done | (new.done > 0) | (time >= self.spec.max_steps)
         reward = jnp.where(state.done, 0.0, new.reward).astype(jnp.float32)
         return inner.obs, BraxState(inner, time, done), reward, done
+
+
+def check_choice(what: str, value: str, valid: tuple[str, ...]) -> None:
+    """ValueError for a ``value`` that ``valid`` lacks (``what``: ``'brax backend'``, ...)."""
+    if value not in valid:
+        raise ValueError(f"Unknown {what} {value!r}; choose from {valid}.")
+
+
+class BraxFamily(JaxEnvFamily):
+    """brax's environments (:class:`BraxEnv`), named ``brax/<env>``."""
+
+    description = "brax's physics in JAX: locomotion and manipulation (brax/hopper, ...)"
+    pattern = BRAX_PREFIX + "<env>"
+    settings = {"backend": BACKENDS}
+    drawing = "html"
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(BRAX_PREFIX + name for name in BRAX_ENVS)
+
+    def make_env(self, name: str, **settings) -> BraxEnv:
+        return BraxEnv(name.removeprefix(BRAX_PREFIX), **settings)
+
+    def draw(self, env: BraxEnv, episodes: Sequence[Trajectory], out: Path) -> int:
+        """brax's HTML viewer (``brax.io.html``) of the episodes, one after the other."""
+        from brax.io import html
+
+        frames = [
+            jax.tree.map(lambda x, t=t: x[t], episode.states.inner.pipeline_state)
+            for episode in episodes
+            for t in range(len(episode.so_far))
+        ]
+        out.write_text(html.render(env.env.sys, frames))
+        return len(frames)
+
+
+registry.register_env_family("brax", BraxFamily())

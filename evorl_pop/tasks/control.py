@@ -24,7 +24,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from evorl_pop.base import EvalInfo
-from evorl_pop.tasks.envs import Env, make_env, random_observations
+from evorl_pop.tasks.envs import Env, check_episode_length, make_env, random_observations
 from evorl_pop.tasks.obs_norm import ObsNorm
 from evorl_pop.tasks.policies import Policy, make_policy
 from evorl_pop.tasks.rollout import (
@@ -97,8 +97,7 @@ class ControlTask:
         """
         if episodes < 1:
             raise ValueError(f"episodes must be at least 1, got {episodes}.")
-        if episode_length is not None and episode_length < 1:
-            raise ValueError(f"episode_length must be at least 1, got {episode_length}.")
+        check_episode_length(episode_length)
         if lanes is not None and lanes < 1:
             raise ValueError(f"lanes must be at least 1 (or None for the default), got {lanes}.")
         if isinstance(env, str):
@@ -107,13 +106,18 @@ class ControlTask:
             raise ValueError(
                 "backend and impl apply to environment names: use make_env(name, backend=, impl=)."
             )
-        self.env, self.spec, self.name = env, env.spec, env.spec.name
+        self.env = env
+        self.spec = env.spec
+        self.name = env.spec.name
         if isinstance(policy, Policy):
             self.policy = policy
         else:
             self.policy = make_policy(self.spec, hidden_sizes, activation, policy_module, policy)
-        self.episodes, self.normalize_obs = episodes, normalize_obs
-        self.episode_length, self.lanes, self.transitions = episode_length, lanes, transitions
+        self.episodes = episodes
+        self.normalize_obs = normalize_obs
+        self.episode_length = episode_length
+        self.lanes = lanes
+        self.transitions = transitions
         template = self.policy.init(jax.random.key(0))
         flat, self.unravel = ravel_pytree(template)
         self.num_dims = int(flat.size)
@@ -143,8 +147,9 @@ class ControlTask:
     def _episodes(self, solution, key, task_state, episodes) -> EpisodeStats:
         obs_norm = task_state if self.normalize_obs else None
         params = self._policy_params(solution, obs_norm)
-        return evaluate_episodes(self.env, self.policy, params, key, episodes, obs_norm,
-                                 self.episode_length, self.lanes)  # fmt: skip
+        return evaluate_episodes(
+            self.env, self.policy, params, key, episodes, obs_norm, self.episode_length, self.lanes
+        )
 
     def evaluate(self, solution, key, task_state, collect: bool = False):
         """Mean return of one candidate over ``episodes`` episodes.
@@ -181,15 +186,20 @@ class ControlTask:
         obs_norm = task_state if self.normalize_obs else None
         params = jax.vmap(self._policy_params, (0, None))(solutions, obs_norm)
         keys = jax.vmap(lambda k: jax.random.split(k, episodes))(keys)
-        runs = population_episodes(self.env, self.policy, params, keys, obs_norm,
-                                   self.episode_length, self.lanes)  # fmt: skip
+        runs = population_episodes(
+            self.env, self.policy, params, keys, obs_norm, self.episode_length, self.lanes
+        )
         return jax.vmap(episode_stats)(runs)
 
     def _collect(self, solution, key, task_state, episodes: int):
         obs_norm = task_state if self.normalize_obs else None
         params = self._policy_params(solution, obs_norm)
-        run = lambda k: rollout(self.env, self.policy, params, k, obs_norm,  # noqa: E731
-                                self.episode_length, collect=True)  # fmt: skip
+
+        def run(k):
+            return rollout(
+                self.env, self.policy, params, k, obs_norm, self.episode_length, collect=True
+            )
+
         return jax.vmap(run)(jax.random.split(key, episodes))
 
     def evaluate_return(self, solution, key, task_state, episodes: int):

@@ -1,158 +1,106 @@
-"""Environments: what a policy acts in, built by name.
+"""Environments: what a policy acts in, built by name through the environment families.
 
-An environment here is any object with
+An environment is an :class:`~evorl_pop.core.interfaces.Env`:
 
-* ``spec``: an :class:`EnvSpec` (observation shape, action space, episode length),
+* ``spec``: an :class:`~evorl_pop.base.EnvSpec` (observation shape, action space,
+  episode length),
 * ``reset(key) -> (obs, state)``,
 * ``step(key, state, action) -> (obs, state, reward, done)`` without auto-reset.
 
 ``done`` is sticky in the sense rollouts rely on: once an episode has ended
 (termination or time limit, ``spec.max_steps``), later steps add nothing.
-:class:`GymnaxEnv` adapts the gymnax environments,
-:class:`~evorl_pop.tasks.brax_envs.BraxEnv` the brax ones (``brax/hopper``,
-...), :class:`~evorl_pop.tasks.playground_envs.PlaygroundEnv` MuJoCo
-Playground's DM Control Suite (``playground/CheetahRun``, ...); another
-simulator plugs in by implementing the same three members. Gymnasium
-environments, stepped on the host, are tasks of their own
-(:class:`~evorl_pop.tasks.gym_envs.GymTask`, ``gym:<id>``).
 Every episode runs through :mod:`evorl_pop.tasks.rollout`.
 
-The policies that act in them are :mod:`evorl_pop.tasks.policies`'s.
+Names belong to environment families, plug-ins of
+:data:`evorl_pop.registry.ENV_FAMILIES` (an
+:class:`~evorl_pop.core.interfaces.EnvFamily` each), asked in turn whether
+they own a name::
+
+    gymnax       CartPole-v1, Breakout-MinAtar, ...   :mod:`evorl_pop.tasks.gymnax_envs`
+    brax         brax/hopper, ...                     :mod:`evorl_pop.tasks.brax_envs`
+    playground   playground/CheetahRun, ...           :mod:`evorl_pop.tasks.playground_envs`
+    gym          gym:<id>, stepped on the host        :mod:`evorl_pop.tasks.gym_envs`
+
+A family of your own registers itself in its own module
+(:class:`~evorl_pop.tasks.jax_family.JaxEnvFamily` is the part every family
+stepped in JAX shares); the policies that act in the environments are
+:mod:`evorl_pop.tasks.policies`'s.
 """
 
 from __future__ import annotations
-
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from evorl_pop.base import EnvSpec, did_you_mean
-from evorl_pop.core.interfaces import Env
-from evorl_pop.tasks.brax_envs import BRAX_ENVS, BRAX_PREFIX, BraxEnv
-from evorl_pop.tasks.playground_envs import PLAYGROUND_ENVS, PLAYGROUND_PREFIX, PlaygroundEnv
-
-#: gymnax environments whose episodes only end at their time limit.
-FIXED_LENGTH_GYMNAX = frozenset({"Pendulum-v1"})
+from evorl_pop import registry
+from evorl_pop.base import did_you_mean
+from evorl_pop.core.interfaces import Env, EnvFamily
 
 
-class GymnaxEnv:
-    """A gymnax environment with its parameters bound, stepped without auto-reset.
+def env_family(name: str) -> EnvFamily | None:
+    """The family that owns the environment ``name``, or ``None`` (a black-box task, or
+    a name no family has).
 
     Args:
-      name: a gymnax environment name.
-      episode_length: steps after which the episode ends (``None``: the
-        environment's own limit).
-      **env_kwargs: passed to ``gymnax.make``.
+      name: an environment name (``'CartPole-v1'``, ``'brax/hopper'``, ``'gym:<id>'``).
     """
-
-    def __init__(self, name: str, episode_length: int | None = None, **env_kwargs):
-        import gymnax  # starts JAX's backend when imported: only once an environment is built
-
-        self.env, self.params = gymnax.make(name, **env_kwargs)
-        if episode_length is not None:
-            if episode_length < 1:
-                raise ValueError(f"episode_length must be at least 1, got {episode_length}.")
-            # gymnax environments end an episode at params.max_steps_in_episode
-            # (a float in some of them: keep its type)
-            limit = np.asarray(self.params.max_steps_in_episode).dtype.type(episode_length)
-            self.params = self.params.replace(max_steps_in_episode=limit)
-        space = self.env.action_space(self.params)
-        discrete = hasattr(space, "n")
-        if discrete:
-            action_dim, low, high = int(space.n), None, None
-        else:
-            shape = tuple(space.shape) or (1,)
-            action_dim = int(np.prod(shape))
-            low = tuple(np.broadcast_to(np.asarray(space.low, np.float32), shape).ravel().tolist())
-            high = tuple(
-                np.broadcast_to(np.asarray(space.high, np.float32), shape).ravel().tolist()
-            )
-        self.spec = EnvSpec(
-            name=name,
-            obs_shape=tuple(self.env.observation_space(self.params).shape),
-            discrete=discrete,
-            action_dim=action_dim,
-            action_low=low,
-            action_high=high,
-            max_steps=int(self.params.max_steps_in_episode),
-            terminates=name not in FIXED_LENGTH_GYMNAX,
-        )
-        self._action_shape = tuple(space.shape)
-
-    def reset(self, key):
-        return self.env.reset_env(key, self.params)
-
-    def step(self, key, state, action):
-        if not self.spec.discrete:
-            action = jnp.reshape(action, self._action_shape)
-        obs, state, reward, done, _ = self.env.step_env(key, state, action, self.params)
-        # step_env reports natural ends only; the time limit is gymnax's is_truncated
-        done = done | self.env.is_truncated(state, self.params)
-        return obs, state, reward.astype(jnp.float32), done
+    for _, family in registry.ENV_FAMILIES.items():
+        if family.owns(name):
+            return family
+    return None
 
 
-#: The prefix of Gymnasium tasks, ``gym:<id>`` (:class:`~evorl_pop.tasks.gym_envs.GymTask`):
-#: stepped on the host, they are tasks rather than environments of :func:`make_env`.
-GYM_PREFIX = "gym:"
-#: Their Gymnasium vector environments: in this process, or a worker process per episode.
-VECTOR_MODES = ("sync", "async")
-
-#: gymnax environments :func:`make_env` does not offer, with the reason.
-UNLISTED_GYMNAX = {
-    "MNISTBandit-bsuite": "downloads the MNIST data set when it is built",
-}
-
-
-@functools.cache
 def env_names() -> tuple[str, ...]:
-    """Every environment :func:`make_env` builds by name: gymnax's, brax's, then Playground's."""
-    import gymnax  # starts JAX's backend when imported: only once names are asked for
+    """Every environment :func:`make_env` builds by name: the names each family stepped in
+    JAX lists, family by family."""
+    families = registry.ENV_FAMILIES.items()
+    return tuple(name for _, f in families if f.steps_in_jax for name in f.names())
 
-    gymnax_names = [name for name in gymnax.registered_envs if name not in UNLISTED_GYMNAX]
-    return (
-        *gymnax_names,
-        *(BRAX_PREFIX + name for name in BRAX_ENVS),
-        *(PLAYGROUND_PREFIX + name for name in PLAYGROUND_ENVS),
-    )
+
+def env_settings() -> dict[str, tuple[str, ...]]:
+    """Every family's own settings (brax's ``backend``, ...), each to its valid values."""
+    settings = {}
+    for _, family in registry.ENV_FAMILIES.items():
+        settings.update(family.settings)
+    return settings
+
+
+def check_episode_length(episode_length: int | None) -> None:
+    """ValueError for an episode length below 1 (``None``: the environment's own passes)."""
+    if episode_length is not None and episode_length < 1:
+        raise ValueError(f"episode_length must be at least 1, got {episode_length}.")
 
 
 def make_env(name: str, **env_kwargs) -> Env:
-    """Builds an environment by name.
+    """Builds an environment by name, by the family that owns it.
 
     Args:
       name: one of :func:`env_names`: a gymnax environment (e.g.
         ``'CartPole-v1'``, ``'Pendulum-v1'``, ``'Breakout-MinAtar'``), a
-        brax one (``'brax/hopper'``, ``'brax/halfcheetah'``, ...) or a
-        Playground one (``'playground/CheetahRun'``, ...).
-      **env_kwargs: passed to the environment's constructor; every
-        environment takes ``episode_length`` (``None``: its own limit, 1000
-        for brax and Playground), brax ones also ``backend`` (``'spring'``,
-        ``'positional'``, ``'generalized'``, ``'mjx'``), Playground ones
-        ``impl`` (``'jax'``, ``'warp'``).
+        brax one (``'brax/hopper'``, ``'brax/halfcheetah'``, ...), a
+        Playground one (``'playground/CheetahRun'``, ...) or a plug-in's.
+      **env_kwargs: passed to the family's ``make_env`` (``None`` values left
+        out: the defaults); every environment takes ``episode_length``
+        (``None``: its own limit, 1000 for brax and Playground), brax ones
+        also ``backend`` (``'spring'``, ``'positional'``, ``'generalized'``,
+        ``'mjx'``), Playground ones ``impl`` (``'jax'``, ``'warp'``).
 
     Returns:
-      An :class:`Env`.
+      An :class:`~evorl_pop.core.interfaces.Env`.
 
     Raises:
       ValueError: for an unknown name, listing the valid ones.
     """
-    if name in UNLISTED_GYMNAX:
-        raise ValueError(f"{name!r} is not offered: it {UNLISTED_GYMNAX[name]}.")
-    names = env_names()
-    if name not in names:
+    family = env_family(name)
+    if family is None or not family.steps_in_jax:
+        names = env_names()
         hint = did_you_mean(name, names, 3)
         raise ValueError(
             f"Unknown environment {name!r}.{hint} Valid environments: {', '.join(sorted(names))}."
         )
-    # None means the default
-    env_kwargs = {k: v for k, v in env_kwargs.items() if v is not None}
-    if name.startswith(BRAX_PREFIX):
-        return BraxEnv(name.removeprefix(BRAX_PREFIX), **env_kwargs)
-    if name.startswith(PLAYGROUND_PREFIX):
-        return PlaygroundEnv(name.removeprefix(PLAYGROUND_PREFIX), **env_kwargs)
-    return GymnaxEnv(name, **env_kwargs)
+    settings = {key: value for key, value in env_kwargs.items() if value is not None}
+    return family.make_env(name, **settings)
 
 
 def random_observations(env: Env, key: jax.Array, count: int, every: int = 8) -> jax.Array:
@@ -176,7 +124,8 @@ def random_observations(env: Env, key: jax.Array, count: int, every: int = 8) ->
     def random_action(key):
         if spec.discrete:
             return jax.random.randint(key, (), 0, spec.action_dim)
-        low, high = np.asarray(spec.action_low), np.asarray(spec.action_high)
+        low = np.asarray(spec.action_low)
+        high = np.asarray(spec.action_high)
         return jax.random.uniform(key, (spec.action_dim,), minval=low, maxval=high)
 
     def step(carry, key):

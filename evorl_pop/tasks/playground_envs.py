@@ -1,4 +1,5 @@
-"""MuJoCo Playground's DM Control Suite behind the :class:`~evorl_pop.tasks.envs.Env` protocol.
+"""MuJoCo Playground's DM Control Suite behind the :class:`~evorl_pop.core.interfaces.Env`
+protocol.
 
 Every task of Playground's ``dm_control_suite`` registry that ships its model
 files is a task named ``playground/<Task>`` (``playground/CartpoleSwingup``,
@@ -15,6 +16,7 @@ episode is frozen the same way (same state, zero reward, ``done=True``) and
 the rollouts, their early exit and every algorithm that takes a
 continuous-action environment (ES, CEM-RL, ERL, PBT) use these tasks as they
 use brax's. Actions live in ``[-1, 1]``, every suite actuator's control range.
+``evorl-pop render`` draws their episodes as a GIF of the observations.
 
 Physics runs in MJX, MuJoCo's JAX implementation (``impl='jax'``, on a CPU
 or an accelerator), or in MuJoCo Warp (``impl='warp'``, NVIDIA GPUs;
@@ -31,10 +33,11 @@ import os
 import threading
 import warnings
 
-import jax
-
-from evorl_pop.base import ConfigError, EnvSpec
-from evorl_pop.tasks.brax_envs import BraxEnv
+from evorl_pop import registry
+from evorl_pop.base import ConfigError
+from evorl_pop.tasks.brax_envs import BraxEnv, check_choice
+from evorl_pop.tasks.envs import check_episode_length
+from evorl_pop.tasks.jax_family import JaxEnvFamily
 
 PLAYGROUND_PREFIX = "playground/"
 #: MuJoCo Playground's DM Control Suite tasks offered (``playground/<name>``):
@@ -123,28 +126,29 @@ class PlaygroundEnv(BraxEnv):
         episode_length: int = DEFAULT_EPISODE_LENGTH,
         impl: str = DEFAULT_IMPL,
     ):
-        if name not in PLAYGROUND_ENVS:
-            raise ValueError(f"Unknown playground task {name!r}; choose from {PLAYGROUND_ENVS}.")
-        if impl not in IMPLS:
-            raise ValueError(f"Unknown playground impl {impl!r}; choose from {IMPLS}.")
-        if episode_length < 1:
-            raise ValueError(f"episode_length must be at least 1, got {episode_length}.")
+        check_choice("playground task", name, PLAYGROUND_ENVS)
+        check_choice("playground impl", impl, IMPLS)
+        check_episode_length(episode_length)
         suite = _import_suite()
         overrides = {"impl": impl, "episode_length": int(episode_length)}
         with mujoco_notices():
-            self.env = suite.load(name, config_overrides=overrides)
-        # jitted, as BraxEnv's: an MJX step takes seconds of Python to trace,
-        # and the rollouts trace it in several loops
-        self._reset, self._step = jax.jit(self.env.reset), jax.jit(self.env.step)
-        obs = jax.eval_shape(self._reset, jax.random.key(0)).obs
-        dim = int(self.env.action_size)
-        self.spec = EnvSpec(
-            name=PLAYGROUND_PREFIX + name,
-            obs_shape=tuple(obs.shape),
-            discrete=False,
-            action_dim=dim,
-            action_low=(-1.0,) * dim,
-            action_high=(1.0,) * dim,
-            max_steps=int(episode_length),
-            terminates=False,  # the suite ends an episode only at its time limit
-        )
+            env = suite.load(name, config_overrides=overrides)
+        # the suite ends an episode only at its time limit
+        self._bind(env, PLAYGROUND_PREFIX + name, episode_length, terminates=False)
+
+
+class PlaygroundFamily(JaxEnvFamily):
+    """Playground's DM Control Suite (:class:`PlaygroundEnv`), named ``playground/<Task>``."""
+
+    description = "MuJoCo Playground's DM Control Suite in MJX (playground/CheetahRun, ...)"
+    pattern = PLAYGROUND_PREFIX + "<Task>"
+    settings = {"impl": IMPLS}
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(PLAYGROUND_PREFIX + name for name in PLAYGROUND_ENVS)
+
+    def make_env(self, name: str, **settings) -> PlaygroundEnv:
+        return PlaygroundEnv(name.removeprefix(PLAYGROUND_PREFIX), **settings)
+
+
+registry.register_env_family("playground", PlaygroundFamily())

@@ -429,8 +429,15 @@ def population_episodes(
     """
     candidates, per = keys.shape[:2]
     params = jax.tree.map(lambda x: jnp.repeat(x, per, axis=0), params)
-    out = rollout_queue(env, policy, params, keys.reshape(candidates * per, *keys.shape[2:]),
-                        obs_norm, episode_length, lanes)  # fmt: skip
+    out = rollout_queue(
+        env,
+        policy,
+        params,
+        keys.reshape(candidates * per, *keys.shape[2:]),
+        obs_norm,
+        episode_length,
+        lanes,
+    )
     return jax.tree.map(lambda x: x.reshape(candidates, per, *x.shape[1:]), out)
 
 
@@ -459,8 +466,9 @@ def _episodes_fn(env, policy, episode_length, lanes):
             return x if batched else jnp.broadcast_to(x, (axis_size, *x.shape))
 
         params = jax.tree.map(batch, params, params_batched)
-        out = population_episodes(env, policy, params, batch(keys, keys_batched), obs_norm,
-                                  episode_length, lanes)  # fmt: skip
+        out = population_episodes(
+            env, policy, params, batch(keys, keys_batched), obs_norm, episode_length, lanes
+        )
         return out, jax.tree.map(lambda _: True, out)
 
     return episodes

@@ -1,0 +1,70 @@
+"""What every family of environments stepped in JAX shares: :class:`JaxEnvFamily`.
+
+A family is a plug-in (:class:`~evorl_pop.core.interfaces.EnvFamily`): one
+file says which names it owns and how it builds one, and registers itself::
+
+    from evorl_pop import registry
+    from evorl_pop.tasks.jax_family import JaxEnvFamily
+
+    class PointMasses(JaxEnvFamily):
+        description = "point masses in JAX (toy/reach, ...)"
+        pattern = "toy/<task>"
+
+        def names(self):
+            return ("toy/reach",)
+
+        def make_env(self, name, episode_length=None):
+            return PointMass(name, episode_length)  # reset / step in JAX
+
+    registry.register_env_family("toy", PointMasses())
+
+Its tasks are then :class:`~evorl_pop.tasks.control.ControlTask`'s, for ES
+and the hybrid algorithms; its environments serve every learner (PPO, SAC);
+``evorl-pop render`` draws their episodes as a GIF of the observations unless
+the family draws its states itself (:meth:`JaxEnvFamily.draw`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from evorl_pop.core.interfaces import Env
+from evorl_pop.tasks.control import ControlTask
+from evorl_pop.tasks.drawing import Trajectory, write_gif
+from evorl_pop.tasks.envs import make_env
+
+
+class JaxEnvFamily:
+    """An :class:`~evorl_pop.core.interfaces.EnvFamily` of environments stepped in JAX.
+
+    A subclass sets :attr:`description` and :attr:`pattern` and defines :meth:`names`
+    and :meth:`make_env` (and :attr:`settings`, :meth:`owns`, :meth:`draw` where it
+    differs); the protocol documents each member.
+    """
+
+    description: str = ""
+    pattern: str = ""
+    settings: dict[str, tuple[str, ...]] = {}
+    steps_in_jax: bool = True
+    drawing: str | None = "gif"
+
+    def names(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def owns(self, name: str) -> bool:
+        return name in self.names()
+
+    def make_env(self, name: str, **settings) -> Env:
+        raise NotImplementedError
+
+    def make_task(self, name: str, **kwargs) -> ControlTask:
+        """A :class:`~evorl_pop.tasks.control.ControlTask` on environment ``name``:
+        ``kwargs`` are its arguments and the family's own :attr:`settings`."""
+        settings = {key: kwargs.pop(key) for key in self.settings if key in kwargs}
+        env = make_env(name, episode_length=kwargs.get("episode_length"), **settings)
+        return ControlTask(env, **kwargs)
+
+    def draw(self, env: Env, episodes: Sequence[Trajectory], out: Path) -> int:
+        """A GIF of the observations (:func:`~evorl_pop.tasks.drawing.write_gif`)."""
+        return write_gif(env, episodes, out)
