@@ -72,10 +72,13 @@ def _gae_numpy(reward, value, bootstrap, terminal, truncated, gamma, lam):
 
 def test_gae_matches_numpy():
     rng = np.random.default_rng(0)
-    T, N = 7, 4
-    reward, value = rng.normal(size=(T, N)), rng.normal(size=(T, N))
+    T = 7
+    N = 4
+    reward = rng.normal(size=(T, N))
+    value = rng.normal(size=(T, N))
     bootstrap = rng.normal(size=N)
-    terminal, truncated = np.zeros((T, N)), np.zeros((T, N))
+    terminal = np.zeros((T, N))
+    truncated = np.zeros((T, N))
     terminal[2, 0] = terminal[6, 2] = 1.0
     truncated[4, 1] = truncated[0, 3] = 1.0
     truncated[6, 3] = 1.0
@@ -86,8 +89,10 @@ def test_gae_matches_numpy():
     np.testing.assert_allclose(target, ref_target, rtol=1e-5, atol=1e-6)
     # lambda = 1 and no ends: the discounted return to go, bootstrapped, minus V
     plain = ppo.gae(*args[:3], jnp.zeros((T, N)), jnp.zeros((T, N)), 0.9, 1.0)[0]
-    returns = [sum(0.9**j * reward[t + j] for j in range(T - t)) + 0.9 ** (T - t) * bootstrap
-               for t in range(T)]  # fmt: skip
+    returns = [
+        sum(0.9**j * reward[t + j] for j in range(T - t)) + 0.9 ** (T - t) * bootstrap
+        for t in range(T)
+    ]
     np.testing.assert_allclose(plain, np.stack(returns) - value, rtol=1e-5, atol=1e-5)
 
 
@@ -105,7 +110,8 @@ def test_clipped_surrogate_value_and_entropy_losses_match_numpy():
         jnp.asarray(new), jnp.asarray(old), jnp.asarray(advantage), eps
     )
     np.testing.assert_allclose(got, -np.mean(terms), rtol=1e-5)
-    value, target = rng.normal(size=64), rng.normal(size=64)
+    value = rng.normal(size=64)
+    target = rng.normal(size=64)
     np.testing.assert_allclose(
         ppo.value_loss(jnp.asarray(value), jnp.asarray(target)),
         0.5 * np.mean((value - target) ** 2),
@@ -132,7 +138,8 @@ def test_tanh_normal_matches_numpy_and_integrates_to_one():
     dist = TanhNormal((-2.0, -1.0), (2.0, 3.0))  # half ranges 2 and 2, centres 0 and 1
     params = np.array([0.3, -0.5, 0.2, -1.0], np.float32)  # loc (0.3, -0.5), pre-softplus scale
     raw = np.array([1.2, -0.4], np.float32)
-    loc, scale = params[:2], np.log1p(np.exp(params[2:])) + 1e-3
+    loc = params[:2]
+    scale = np.log1p(np.exp(params[2:])) + 1e-3
     gauss = -0.5 * ((raw - loc) / scale) ** 2 - np.log(scale) - 0.5 * np.log(2 * np.pi)
     jacobian = np.log(2.0 * (1 - np.tanh(raw) ** 2))
     np.testing.assert_allclose(
@@ -181,8 +188,9 @@ def test_paired_methods_equal_the_separate_ones_and_their_gradients(dist):
         apart = lambda p: jnp.sum(  # noqa: E731
             dist.log_prob(p, jax.vmap(dist.sample)(p, keys))
         )
-        np.testing.assert_allclose(jax.grad(draw)(params), jax.grad(apart)(params), rtol=1e-5,
-                                   atol=1e-6)  # fmt: skip
+        np.testing.assert_allclose(
+            jax.grad(draw)(params), jax.grad(apart)(params), rtol=1e-5, atol=1e-6
+        )
 
 
 def _samples(spec, n, key):
@@ -206,7 +214,8 @@ def test_loss_matches_numpy_from_the_network_outputs(task):
     learner = ppo.PPOLearner(spec, (16,), (16,), vf_coefficient=0.7)
     params = learner.init(jax.random.key(0))
     batch = _samples(spec, 16, jax.random.key(1))
-    key, index = jax.random.key(2), jnp.arange(16)
+    key = jax.random.key(2)
+    index = jnp.arange(16)
     loss, parts = learner.loss(params, None, batch, HP, key, index)
     out = np.asarray(learner.policy_net.apply(params.policy, batch.obs), np.float64)
     value = np.asarray(learner.value_net.apply(params.value, batch.obs))[:, 0]
@@ -216,12 +225,14 @@ def test_loss_matches_numpy_from_the_network_outputs(task):
         log_prob = logp_all[np.arange(16), raw]
         entropy = -(np.exp(logp_all) * logp_all).sum(-1)
     else:
-        loc, scale = out[:, :1], np.log1p(np.exp(out[:, 1:])) + 1e-3
+        loc = out[:, :1]
+        scale = np.log1p(np.exp(out[:, 1:])) + 1e-3
         log_dtanh = lambda u: np.log(2.0 * (1 - np.tanh(u) ** 2))  # noqa: E731 (half range 2)
         gauss = -0.5 * ((raw - loc) / scale) ** 2 - np.log(scale) - 0.5 * np.log(2 * np.pi)
         log_prob = (gauss - log_dtanh(raw)).sum(-1)
-        eps = np.stack([np.asarray(jax.random.normal(jax.random.fold_in(key, i), (1,)))
-                        for i in range(16)])  # fmt: skip
+        eps = np.stack(
+            [np.asarray(jax.random.normal(jax.random.fold_in(key, i), (1,))) for i in range(16)]
+        )
         entropy = 0.5 + 0.5 * np.log(2 * np.pi) + np.log(scale) + log_dtanh(loc + scale * eps)
         entropy = entropy.sum(-1)
     ratio = np.exp(log_prob - np.asarray(batch.log_prob))
@@ -283,9 +294,12 @@ def test_advantages_are_normalised_with_global_statistics():
 
 @pytest.mark.parametrize(
     "task, devices, options",
-    [("CartPole-v1", (2, 4), {}), ("Pendulum-v1", (4,), {"obs_norm_update": "after"}),
-     ("Pendulum-v1", (2, 4), {"advantages": "minibatch"})],
-)  # fmt: skip
+    [
+        ("CartPole-v1", (2, 4), {}),
+        ("Pendulum-v1", (4,), {"obs_norm_update": "after"}),
+        ("Pendulum-v1", (2, 4), {"advantages": "minibatch"}),
+    ],
+)
 def test_step_is_the_same_on_1_2_4_devices(task, devices, options):
     config = Config(task=task, **options, **TINY)
     start, ref, ref_metrics = two_steps(PPO(config, make_mesh(1, axis_name="DP")))
@@ -324,7 +338,8 @@ def test_obs_norm_update_before_trains_on_statistics_that_hold_the_batch():
     observations too; ``'after'``'s epochs see the one that acted."""
     after = PPO(Config(obs_norm_update="after", **TINY))
     before = PPO(Config(obs_norm_update="before", **TINY))
-    state, key = after.fresh(jax.random.key(0)), jax.random.key(1)
+    state = after.fresh(jax.random.key(0))
+    key = jax.random.key(1)
     a, _ = jax.jit(lambda s: after.local_step(s, key, None))(state)
     b, _ = jax.jit(lambda s: before.local_step(s, key, None))(state)
     leaves_close(b.obs_norm, a.obs_norm)  # the same statistics at the end
@@ -333,12 +348,14 @@ def test_obs_norm_update_before_trains_on_statistics_that_hold_the_batch():
     collect_key, train_key = jax.random.split(key)
     envs, rollout = before.collect(state, collect_key)
     hp = state.hyperparameters
-    advantage, target = before.learner.advantages(state.params, state.obs_norm, rollout,
-                                                  envs.obs, hp)  # fmt: skip
+    advantage, target = before.learner.advantages(
+        state.params, state.obs_norm, rollout, envs.obs, hp
+    )
     samples = ppo.Samples(rollout.obs, rollout.raw_action, rollout.log_prob, advantage, target)
     samples = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:]), samples)
-    params, _, _ = before.learner.train(state.params, state.opt_state, b.obs_norm, samples, hp,
-                                        train_key)  # fmt: skip
+    params, _, _ = before.learner.train(
+        state.params, state.opt_state, b.obs_norm, samples, hp, train_key
+    )
     leaves_close(b.params, params)
     pairs = zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True)
     assert any(not np.allclose(x, y, rtol=1e-4, atol=1e-6) for x, y in pairs)
@@ -400,7 +417,8 @@ def test_policy_init_scale_scales_the_policy_output_layer_alone(task):
     key = jax.random.key(5)
     usual = PPO(Config(task=task, policy_init_scale=1.0)).learner
     small = PPO(Config(task=task)).learner
-    a, b = usual.init(key), small.init(key)
+    a = usual.init(key)
+    b = small.init(key)
     leaves_close(b.value, a.value)
     flat_a = jax.tree_util.tree_flatten_with_path(a.policy)[0]
     flat_b = dict(jax.tree_util.tree_flatten_with_path(b.policy)[0])
@@ -418,11 +436,11 @@ def test_policy_init_scale_scales_the_policy_output_layer_alone(task):
 # --- the command line: a resumed run equals an uninterrupted one ------------------
 
 RUN = [
-    "train", "-a", "ppo", "--task", "CartPole-v1", "--devices", "2", "--chunk", "1",
-    "--checkpoint-every", "1", "--quiet", "--no-figure", "--seed", "3",
+    *"train -a ppo --task CartPole-v1 --devices 2 --chunk 1 --checkpoint-every 1".split(),
+    *"--quiet --no-figure --seed 3".split(),
     *[f"--set={k}={v}" for k, v in TINY.items() if not isinstance(v, tuple)],
-    "--set", "policy_hidden_sizes=[16]", "--set", "value_hidden_sizes=[16]",
-]  # fmt: skip
+    *"--set policy_hidden_sizes=[16] --set value_hidden_sizes=[16]".split(),
+]
 
 
 def test_resume_equals_uninterrupted_run(tmp_path):
@@ -444,7 +462,8 @@ def test_ppo_solves_cartpole():
     algo = PPO(Config())
     state = algo.init(jax.random.key(0))
     chunk = jax.jit(lambda s, k: jax.lax.scan(algo.step, s, jax.random.split(k, 10)))
-    start, best = time.perf_counter(), -np.inf
+    start = time.perf_counter()
+    best = -np.inf
     for i in range(10):  # 10 x 10 x 2048 = 204,800 steps at most
         state, metrics = chunk(state, jax.random.fold_in(jax.random.key(1), i))
         best = max(best, float(np.nanmax(metrics["fitness_mean"])))

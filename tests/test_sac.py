@@ -65,7 +65,8 @@ def _batch(n, key, obs_dim=3, action_dim=1, bound=2.0):
 def _sample_numpy(learner, actor_params, obs, key, i):
     """One sample of the squashed Gaussian, written out: (action, log pi(action))."""
     out = np.asarray(learner.actor.apply(actor_params, obs), np.float64)
-    loc, scale = out[0], math.log1p(math.exp(out[1])) + 1e-3
+    loc = out[0]
+    scale = math.log1p(math.exp(out[1])) + 1e-3
     u = loc + scale * float(jax.random.normal(jax.random.fold_in(key, i), (1,))[0])
     gauss = -0.5 * ((u - loc) / scale) ** 2 - math.log(scale) - 0.5 * math.log(2 * math.pi)
     return 2.0 * math.tanh(u), gauss - math.log(2.0 * (1.0 - math.tanh(u) ** 2))
@@ -78,9 +79,11 @@ def _q(learner, critic_params, j, obs, action):
 
 def test_temperature_loss_and_step_match_direct_computation(learner):
     learner, state = learner
-    batch, key = _batch(8, jax.random.key(1)), jax.random.key(2)
-    log_probs = [_sample_numpy(learner, state.actor.params, batch.obs[i], key, i)[1]
-                 for i in range(8)]  # fmt: skip
+    batch = _batch(8, jax.random.key(1))
+    key = jax.random.key(2)
+    log_probs = [
+        _sample_numpy(learner, state.actor.params, batch.obs[i], key, i)[1] for i in range(8)
+    ]
     alpha = 0.5
     target_entropy = -0.5 * 1  # -scale * action_dim
     expected = alpha * np.mean(-np.asarray(log_probs) - target_entropy)  # Eq. (18)
@@ -91,8 +94,9 @@ def test_temperature_loss_and_step_match_direct_computation(learner):
     np.testing.assert_allclose(grad, expected, rtol=1e-4)
     new, metrics = jax.jit(learner.update)(state, batch, HP, key)
     alpha_key = jax.random.split(key, 3)[0]  # update's temperature key
-    log_probs = [_sample_numpy(learner, state.actor.params, batch.obs[i], alpha_key, i)[1]
-                 for i in range(8)]  # fmt: skip
+    log_probs = [
+        _sample_numpy(learner, state.actor.params, batch.obs[i], alpha_key, i)[1] for i in range(8)
+    ]
     g = alpha * np.mean(-np.asarray(log_probs) - target_entropy)
     np.testing.assert_allclose(new.log_alpha, math.log(alpha) - 5e-3 * np.sign(g), rtol=1e-5)
     np.testing.assert_allclose(metrics["alpha_loss"], g, rtol=1e-4)
@@ -101,33 +105,44 @@ def test_temperature_loss_and_step_match_direct_computation(learner):
 
 def test_critic_target_and_loss_match_direct_computation(learner):
     learner, state = learner
-    batch, key = _batch(8, jax.random.key(3)), jax.random.key(4)
+    batch = _batch(8, jax.random.key(3))
+    key = jax.random.key(4)
     # a moved target, so that a mix-up of online and target critics shows
-    state = state.replace(critic=state.critic.replace(
-        target_params=jax.tree.map(lambda p: p * 0.9, state.critic.params)))  # fmt: skip
-    alpha, gamma, losses = 0.5, 0.9, []
+    state = state.replace(
+        critic=state.critic.replace(
+            target_params=jax.tree.map(lambda p: p * 0.9, state.critic.params)
+        )
+    )
+    alpha = 0.5
+    gamma = 0.9
+    losses = []
     for i in range(8):
         a_next, logp_next = _sample_numpy(learner, state.actor.params, batch.next_obs[i], key, i)
-        q_next = [_q(learner, state.critic.target_params, j, batch.next_obs[i], a_next)
-                  for j in range(2)]  # fmt: skip
+        q_next = [
+            _q(learner, state.critic.target_params, j, batch.next_obs[i], a_next) for j in range(2)
+        ]
         y = 2.0 * float(batch.reward[i]) + gamma * (1 - float(batch.terminal[i])) * (
             min(q_next) - alpha * logp_next
         )  # Eq. (3), (5), rewards scaled by 2
-        q = [_q(learner, state.critic.params, j, batch.obs[i], float(batch.action[i, 0]))
-             for j in range(2)]  # fmt: skip
+        q = [
+            _q(learner, state.critic.params, j, batch.obs[i], float(batch.action[i, 0]))
+            for j in range(2)
+        ]
         losses.append(0.5 * ((q[0] - y) ** 2 + (q[1] - y) ** 2))
     loss = learner.critic_loss(state.critic.params, state, batch, HP, key, jnp.arange(8))
     np.testing.assert_allclose(loss, np.mean(losses), rtol=1e-4)
     # the target alone
     next_q = jnp.asarray([[1.0, -2.0], [0.5, -1.0]])
-    got = sac.soft_target(jnp.asarray([1.0, 2.0]), jnp.asarray([0.0, 1.0]), next_q,
-                          jnp.asarray([-0.3, 0.7]), 0.2, 0.9)  # fmt: skip
+    got = sac.soft_target(
+        jnp.asarray([1.0, 2.0]), jnp.asarray([0.0, 1.0]), next_q, jnp.asarray([-0.3, 0.7]), 0.2, 0.9
+    )
     np.testing.assert_allclose(got, [1.0 + 0.9 * (0.5 + 0.2 * 0.3), 2.0], rtol=1e-6)
 
 
 def test_actor_loss_matches_direct_computation(learner):
     learner, state = learner
-    batch, key = _batch(8, jax.random.key(5)), jax.random.key(6)
+    batch = _batch(8, jax.random.key(5))
+    key = jax.random.key(6)
     terms = []
     for i in range(8):
         a, logp = _sample_numpy(learner, state.actor.params, batch.obs[i], key, i)
@@ -141,10 +156,12 @@ def _brax_layout(actor_params, critic_params):
     """evorl_pop's actor and stacked twin critics in brax's SAC networks' layout."""
     actor = {f"hidden_{i}": layer for i, layer in enumerate(actor_params["params"].values())}
     critics = {
-        f"MLP_{j}": {f"hidden_{i}": jax.tree.map(lambda p, j=j: p[j], layer)
-                     for i, layer in enumerate(critic_params["params"]["MLP_0"].values())}
+        f"MLP_{j}": {
+            f"hidden_{i}": jax.tree.map(lambda p, j=j: p[j], layer)
+            for i, layer in enumerate(critic_params["params"]["MLP_0"].values())
+        }
         for j in range(2)
-    }  # fmt: skip
+    }
     return {"params": actor}, {"params": critics}
 
 
@@ -168,7 +185,12 @@ def test_updates_equal_brax_sac_on_the_same_networks_batches_and_noise():
             dist = self.create_dist(parameters)
             return dist.loc + dist.scale * noise
 
-    obs_dim, action_dim, n, reward_scaling, tau, discount = 5, 3, 32, 2.0, 0.05, 0.9
+    obs_dim = 5
+    action_dim = 3
+    n = 32
+    reward_scaling = 2.0
+    tau = 0.05
+    discount = 0.9
     rates = dict(actor_lr=1e-3, critic_lr=2e-3, alpha_lr=5e-3)
     spec = EnvSpec("brax-like", (obs_dim,), False, action_dim, (-1.0,) * 3, (1.0,) * 3, 100)
     ours = sac.SACLearner(spec, (16, 16), (16, 16), tau=tau, reward_scaling=reward_scaling)
@@ -193,17 +215,27 @@ def test_updates_equal_brax_sac_on_the_same_networks_batches_and_noise():
         policy, q, target_q, log_alpha = theirs
         alpha_key, critic_key, actor_key = (noise(k) for k in jax.random.split(key, 3))
         transitions = brax_types.Transition(
-            batch.obs, batch.action, batch.reward, 1.0 - batch.terminal, batch.next_obs,
+            batch.obs,
+            batch.action,
+            batch.reward,
+            1.0 - batch.terminal,
+            batch.next_obs,
             {"state_extras": {"truncation": jnp.zeros(n)}},
-        )  # fmt: skip
+        )
         a_loss, log_alpha_new, alpha_state = gradients.gradient_update_fn(
             alpha_loss, alpha_opt, None
         )(log_alpha, policy, normalizer, transitions, alpha_key, optimizer_state=opt_states[0])
         alpha = jnp.exp(log_alpha)
         c_loss, q_new, q_state = gradients.gradient_update_fn(critic_loss, critic_opt, None)(
-            q, policy, normalizer, target_q, alpha, transitions, critic_key,
+            q,
+            policy,
+            normalizer,
+            target_q,
+            alpha,
+            transitions,
+            critic_key,
             optimizer_state=opt_states[1],
-        )  # fmt: skip
+        )
         p_loss, policy_new, policy_state = gradients.gradient_update_fn(
             actor_loss, actor_opt, None
         )(policy, normalizer, q, alpha, transitions, actor_key, optimizer_state=opt_states[2])
@@ -214,11 +246,18 @@ def test_updates_equal_brax_sac_on_the_same_networks_batches_and_noise():
 
     state = ours.init(jax.random.key(20), hp)
     # the targets a step apart from the critics, so that mixing them up shows
-    state = state.replace(critic=state.critic.replace(
-        target_params=jax.tree.map(lambda p: 0.9 * p, state.critic.params)))  # fmt: skip
+    state = state.replace(
+        critic=state.critic.replace(
+            target_params=jax.tree.map(lambda p: 0.9 * p, state.critic.params)
+        )
+    )
     policy, q = _brax_layout(state.actor.params, state.critic.params)
-    theirs = (policy, q, _brax_layout(state.actor.params, state.critic.target_params)[1],
-              state.log_alpha)  # fmt: skip
+    theirs = (
+        policy,
+        q,
+        _brax_layout(state.actor.params, state.critic.target_params)[1],
+        state.log_alpha,
+    )
     opt_states = (alpha_opt.init(theirs[3]), critic_opt.init(q), actor_opt.init(policy))
     update = jax.jit(functools.partial(ours.update, hp=hp))
     for step in range(3):
@@ -257,9 +296,11 @@ def test_dp_update_equals_full_batch(learner, n):
     got = jax.jit(sharded)(state, batch, jax.random.key(8))
     leaves_close(got, ref)
     new = ref[0][0]
-    for before, after in [(state.actor.params, new.actor.params),
-                          (state.critic.params, new.critic.params),
-                          (state.critic.target_params, new.critic.target_params)]:  # fmt: skip
+    for before, after in [
+        (state.actor.params, new.actor.params),
+        (state.critic.params, new.critic.params),
+        (state.critic.target_params, new.critic.target_params),
+    ]:
         assert not np.allclose(jax.tree.leaves(before)[-1], jax.tree.leaves(after)[-1])
     assert float(new.log_alpha) != float(state.log_alpha)
 
@@ -313,11 +354,11 @@ def test_config_errors_say_what_to_change():
 
 
 RUN = [
-    "train", "-a", "sac", "--task", "Pendulum-v1", "--devices", "2", "--chunk", "1",
-    "--checkpoint-every", "1", "--quiet", "--no-figure", "--seed", "4",
+    *"train -a sac --task Pendulum-v1 --devices 2 --chunk 1 --checkpoint-every 1".split(),
+    *"--quiet --no-figure --seed 4".split(),
     *[f"--set={k}={v}" for k, v in TINY.items() if not isinstance(v, tuple)],
-    "--set", "actor_hidden_sizes=[16]", "--set", "critic_hidden_sizes=[16,16]",
-]  # fmt: skip
+    *"--set actor_hidden_sizes=[16] --set critic_hidden_sizes=[16,16]".split(),
+]
 
 
 def test_resume_equals_uninterrupted_run(tmp_path):
@@ -336,7 +377,9 @@ def test_sac_reaches_minus_200_on_pendulum():
     state = algo.init(jax.random.key(0))
     chunk = jax.jit(lambda s, k: jax.lax.scan(algo.step, s, jax.random.split(k, 2)))
     evaluate = jax.jit(lambda s, k: algo.evaluate(s, k, 10))
-    start, returns, training = time.perf_counter(), [], []
+    start = time.perf_counter()
+    returns = []
+    training = []
     for i in range(12):  # 12 x 2 x 800 = 19,200 steps at most
         state, metrics = chunk(state, jax.random.fold_in(jax.random.key(1), i))
         training.append(float(metrics["fitness_mean"][-1]))
