@@ -1,6 +1,7 @@
-"""MuJoCo Playground's DM Control Suite: every listed task trains, returns equal
-Playground's own stepping, OpenES learns CartpoleBalance, the same history on 1 and
-2 devices, a hybrid algorithm runs on it, and a missing Playground is one line.
+"""MuJoCo Playground's DM Control Suite: every listed task trains and scores its policies
+as Playground's own stepping does, OpenES learns CartpoleBalance, the same history on 1
+and 2 devices, CEM-RL reports the return Playground's stepping gives its solution, and a
+missing Playground is one line.
 
 Each task compiles its MJX physics (on a CPU 10-60 s a task); the programs go to
 the persistent compilation cache (``$EVORL_POP_COMPILATION_CACHE``), so a rerun
@@ -30,14 +31,42 @@ use_compilation_cache()
 PLAYGROUND = sorted(name for name in env_names() if name.startswith("playground/"))
 # 2 generations of 8 candidates, 2-step episodes (compiling the physics is the cost,
 # not stepping it); evosax's own noise (the noise table is a 16 MB constant per program)
-TINY = dict(population_size=8, hidden_sizes=(4,), episode_length=2, eval_episodes=0,
-            noise="normal")  # fmt: skip
+TINY = {
+    "population_size": 8,
+    "hidden_sizes": (4,),
+    "episode_length": 2,
+    "eval_episodes": 0,
+    "noise": "normal",
+}
 
 
 def _train(config, n=1, generations=2):
     es = ES(config, mesh=make_mesh(n))
     state, history = _loop.train(es, jax.random.key(0), generations)
     return es, state, {k: np.asarray(v) for k, v in history.items()}
+
+
+def _playground_return(env, policy, params, key, length):
+    """Playground's own reset and steps under ``policy``, its rewards summed, with the
+    rollout's key schedule: the second half of the episode key's split resets."""
+    state = env.env.reset(jax.random.split(key)[1])
+
+    def body(state, _):
+        state = env.env.step(state, policy(params, state.obs))
+        return state, state.reward
+
+    return jax.lax.scan(body, state, None, length=length)[1].sum()
+
+
+def _scored_as_playground_steps(task, solution, task_state, key, length):
+    """The task's return of ``solution`` over one episode equals Playground's own stepping."""
+    got = jax.jit(lambda x: task.evaluate_return(x, key, task_state, 1))(solution)
+    episode_key = jax.random.split(key, 1)[0]  # evaluate_return's first episode
+
+    def by_hand(x):
+        return _playground_return(task.env, task.policy, task.unravel(x), episode_key, length)
+
+    np.testing.assert_allclose(got, jax.jit(by_hand)(solution), rtol=1e-5)
 
 
 def test_the_whole_suite_is_listed_and_ships_its_files():
@@ -54,16 +83,19 @@ def test_the_whole_suite_is_listed_and_ships_its_files():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PLAYGROUND)
-def test_every_listed_playground_task_trains(name):
+def test_every_listed_playground_task_trains_and_scores_as_playground_steps(name):
     es, state, history = _train(ESConfig(task=name, **TINY))
-    assert np.all(np.isfinite(history["fitness_mean"]))
     # fixed-length episodes: every candidate ran its 2 steps
     np.testing.assert_array_equal(history["episodes"], [8, 8])
     np.testing.assert_array_equal(history["env_steps"], [16, 16])
     assert int(state.generation) == 2
-    if np.any(history["fitness_std"] > 0):  # the strategy moved its mean
-        init = es.init(jax.random.split(jax.random.key(0))[0])
-        assert not np.allclose(state.strategy_state.mean, init.strategy_state.mean)
+    # the candidates' returns differed, and the strategy moved its mean after them
+    assert np.all(history["fitness_std"] > 0), history["fitness_std"]
+    init = es.init(jax.random.split(jax.random.key(0))[0])
+    assert not np.allclose(state.strategy_state.mean, init.strategy_state.mean)
+    _scored_as_playground_steps(
+        es.task, es.mean_solution(state), state.task_state, jax.random.key(7), length=2
+    )
 
 
 def test_returns_equal_playgrounds_own_stepping():
@@ -73,17 +105,8 @@ def test_returns_equal_playgrounds_own_stepping():
     params = policy.init(jax.random.key(1))
     keys = jax.random.split(jax.random.key(2), 3)
     got = jax.jit(jax.vmap(lambda k: rollout(env, policy, params, k)))(keys)
-
-    def by_hand(key):  # the rollout's key schedule: the second half of a split resets
-        state = env.env.reset(jax.random.split(key)[1])
-
-        def body(state, _):
-            state = env.env.step(state, policy(params, state.obs))
-            return state, state.reward
-
-        return jax.lax.scan(body, state, None, length=30)[1].sum()
-
-    np.testing.assert_allclose(got.episode_return, jax.jit(jax.vmap(by_hand))(keys), rtol=1e-5)
+    want = jax.jit(jax.vmap(lambda k: _playground_return(env, policy, params, k, 30)))(keys)
+    np.testing.assert_allclose(got.episode_return, want, rtol=1e-5)
     np.testing.assert_array_equal(got.steps, [30, 30, 30])
 
 
@@ -92,9 +115,16 @@ def test_openes_learns_cartpole_balance():
     """A random policy earns well under 75 of 100 steps' reward; OpenES's mean policy
     reaches at least 95 of the 100 within 8 generations of 8 (on a CPU: 40 at the
     first generation, 99 at the fourth)."""
-    config = ESConfig(task="playground/CartpoleBalance", population_size=8, hidden_sizes=(8,),
-                      episode_length=100, eval_episodes=2, noise="normal",
-                      learning_rate=0.05, sigma_init=0.1)  # fmt: skip
+    config = ESConfig(
+        task="playground/CartpoleBalance",
+        population_size=8,
+        hidden_sizes=(8,),
+        episode_length=100,
+        eval_episodes=2,
+        noise="normal",
+        learning_rate=0.05,
+        sigma_init=0.1,
+    )
     _, _, history = _train(config, generations=8)
     assert history["eval_return"][0] < 75, history["eval_return"]
     assert history["eval_return"].max() >= 95, history["eval_return"]
@@ -107,27 +137,48 @@ def test_the_same_history_on_1_and_2_devices():
         np.testing.assert_allclose(two[name], one[name], rtol=1e-5, atol=1e-5, err_msg=name)
 
 
-def test_cemrl_runs_on_a_playground_task():
+def test_cemrl_reports_the_return_playgrounds_stepping_gives_its_solution():
     from evorl_pop.algorithms import cemrl
     from evorl_pop.rl.td3 import TD3Config
 
-    algo = cemrl.CEMRL(cemrl.Config(
-        task="playground/CartpoleBalance", population_size=4, num_elites=2, learning_starts=20,
-        episode_length=10, eval_episodes=1, num_rl_actors=2, updates_per_actor=2,
+    config = cemrl.Config(
+        task="playground/CartpoleBalance",
+        population_size=4,
+        num_elites=2,
+        learning_starts=20,
+        episode_length=10,
+        eval_episodes=1,
+        num_rl_actors=2,
+        updates_per_actor=2,
         td3=TD3Config(actor_hidden_sizes=(8,), critic_hidden_sizes=(16,), batch_size=8),
-    ), make_mesh(1))  # fmt: skip
-    _, history = _loop.train(algo, jax.random.key(0), 2)
+    )
+    algo = cemrl.CEMRL(config, make_mesh(1))
+    state, history = _loop.train(algo, jax.random.key(0), 2)
     # fixed-length episodes, cut at episode_length
     np.testing.assert_array_equal(history["env_steps"], 10 * history["episodes"])
-    # the second generation's: the first one's learners had no transitions to learn from
-    for k in ("fitness_best", "eval_return", "critic_loss", "actor_loss"):
-        assert np.isfinite(history[k][-1]), (k, history[k])
+    # TD3 learns from the second generation, once the first one's transitions are in
+    assert np.isnan(history["critic_loss"][0]) and np.isfinite(history["critic_loss"][1])
+    # the second generation's eval_return: its solution's episode, with the key the run
+    # evaluated it with (generation 1's key, its fourth part), stepped by Playground itself
+    run_key = jax.random.split(jax.random.key(0))[1]
+    eval_key = jax.random.split(jax.random.fold_in(run_key, 1), 4)[3]
+    task = algo.task
+    solution = algo.mean_solution(state)
+    want = jax.jit(
+        lambda x: _playground_return(
+            task.env, task.policy, task.unravel(x), jax.random.split(eval_key, 1)[0], 10
+        )
+    )(solution)
+    np.testing.assert_allclose(history["eval_return"][-1], want, rtol=1e-5)
 
 
 def test_a_playground_task_without_playground_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "mujoco_playground", None)
-    with pytest.raises(ConfigError, match=r"^playground tasks need MuJoCo Playground.*"
-                                          r"pip install -e '\.\[playground\]'$"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"^playground tasks need MuJoCo Playground.*"
+        r"pip install -e '\.\[playground\]'$",
+    ):
         ESConfig(task="playground/CheetahRun").make_task()
 
 
@@ -135,11 +186,23 @@ def test_the_cli_without_playground_ends_in_one_line(tmp_path):
     (tmp_path / "mujoco_playground").mkdir()  # unimportable, first on the path
     (tmp_path / "mujoco_playground" / "__init__.py").write_text("raise ImportError('none here')\n")
     out = subprocess.run(
-        [sys.executable, "-m", "evorl_pop.cli", "train", "--task", "playground/CheetahRun",
-         "--generations", "1", "--out", str(tmp_path / "run")],
+        [
+            sys.executable,
+            "-m",
+            "evorl_pop.cli",
+            "train",
+            "--task",
+            "playground/CheetahRun",
+            "--generations",
+            "1",
+            "--out",
+            str(tmp_path / "run"),
+        ],
         env={**os.environ, "PYTHONPATH": str(tmp_path), "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"},
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2, out.stderr[-3000:]
     assert out.stderr.strip().splitlines()[-1] == (
         "evorl-pop train: config error: playground tasks need MuJoCo Playground, which is not "

@@ -13,13 +13,17 @@ import pytest
 from evorl_pop import cli
 from evorl_pop.run import store
 
-SHORT = ["--pop", "8", "--set", "hidden_sizes=[4]", "--set", "eval_episodes=1", "-g", "3",
-         "--chunk", "3", "--devices", "1", "-q", "--no-figure"]  # fmt: skip
+SHORT = "--pop 8 --set hidden_sizes=[4] --set eval_episodes=1 -g 3 --chunk 3".split()
+QUIET = ["--devices", "1", "-q", "--no-figure"]
 
 
 @pytest.fixture(autouse=True)
 def _restore_xla_flags(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+
+
+def _train(run, *args):
+    assert cli.main(["train", *args, *QUIET, "--out", str(run)]) == 0
 
 
 def _render(capsys, *args):
@@ -39,8 +43,7 @@ def test_render_gymnax_gif_one_frame_per_step_and_the_evaluations_return(tmp_pat
 
     run = tmp_path / "pendulum"
     length = 25
-    assert cli.main(["train", "--task", "Pendulum-v1", "--set", f"episode_length={length}",
-                     *SHORT, "--out", str(run)]) == 0  # fmt: skip
+    _train(run, "--task", "Pendulum-v1", "--set", f"episode_length={length}", *SHORT)
     out = _render(capsys, str(run))
     episodes, printed = _returns(out)
     reported = store.read_metrics(run)["eval_return"][-1]
@@ -59,10 +62,20 @@ def test_render_gymnax_gif_one_frame_per_step_and_the_evaluations_return(tmp_pat
 
 def test_render_black_box_has_nothing_to_render(tmp_path, capsys):
     run = tmp_path / "sphere"
-    assert cli.main(["train", "--task", "sphere", "--set", "num_dims=2", "--pop", "4", "-g", "1",
-                     "-q", "--no-figure", "--devices", "1", "--out", str(run)]) == 0  # fmt: skip
+    _train(run, "--task", "sphere", "--set", "num_dims=2", "--pop", "4", "-g", "1")
     out = _render(capsys, str(run)).strip()
     assert len(out.splitlines()) == 1 and "nothing to render" in out and "sphere" in out
+    assert not (run / "render.gif").exists() and not (run / "render.html").exists()
+
+
+def test_render_a_gymnasium_task_says_its_family_draws_nothing(tmp_path, capsys):
+    run = tmp_path / "gym"
+    _train(run, "--task", "gym:CartPole-v1", "--pop", "4", "-g", "1", "--set", "eval_episodes=0")
+    out = _render(capsys, str(run)).strip()
+    assert out == (
+        "nothing to render: the family of 'gym:CartPole-v1' (gym:<Gymnasium id>, its "
+        "environments stepped on the host) draws none."
+    )
     assert not (run / "render.gif").exists() and not (run / "render.html").exists()
 
 
@@ -71,8 +84,7 @@ def test_render_brax_html_viewer_with_a_frame_per_step(tmp_path, capsys):
     pytest.importorskip("brax")
     run = tmp_path / "reacher"
     length = 12  # reacher never ends early
-    assert cli.main(["train", "--task", "brax/reacher", "--set", "backend=spring", "--set",
-                     f"episode_length={length}", *SHORT, "--out", str(run)]) == 0  # fmt: skip
+    _train(run, "--task", "brax/reacher", "--set", f"episode_length={length}", *SHORT)
     out = _render(capsys, str(run))
     episodes, printed = _returns(out)
     assert printed == float(store.read_metrics(run)["eval_return"][-1]) and episodes == [printed]
@@ -95,8 +107,7 @@ def test_render_pbt_takes_the_best_member_and_its_reported_return(tmp_path, caps
         "  td3: {actor_hidden_sizes: [8], critic_hidden_sizes: [16], batch_size: 16}\n"
     )
     run = tmp_path / "pbt"
-    assert cli.main(["train", "--config", str(config), "--out", str(run), "--devices", "1",
-                     "-q", "--no-figure"]) == 0  # fmt: skip
+    _train(run, "--config", str(config))
     out = _render(capsys, str(run))
     episodes, printed = _returns(out)
     metrics = store.read_metrics(run)
