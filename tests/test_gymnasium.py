@@ -58,15 +58,24 @@ def _plain_gymnasium_episode(env_id, task, solution, seed, max_steps):
 
 @pytest.mark.parametrize(
     "env_id, vector, normalize",
-    [("LunarLander-v3", "sync", False), ("HalfCheetah-v5", "sync", True),
-     ("LunarLanderContinuous-v3", "async", False)],
-)  # fmt: skip
+    [
+        ("LunarLander-v3", "sync", False),
+        ("HalfCheetah-v5", "sync", True),
+        ("LunarLanderContinuous-v3", "async", False),
+    ],
+)
 def test_returns_equal_a_plain_gymnasium_loop(env_id, vector, normalize):
     """Discrete and continuous actions, Box2D and MuJoCo, in-process and worker processes:
     each candidate's returns (and observation sums) are those of Gymnasium stepped by hand
     from the same seeds."""
-    task = GymTask(env_id, hidden_sizes=(8,), episodes=2, episode_length=40, vector=vector,
-                   normalize_obs=normalize)  # fmt: skip
+    task = GymTask(
+        env_id,
+        hidden_sizes=(8,),
+        episodes=2,
+        episode_length=40,
+        vector=vector,
+        normalize_obs=normalize,
+    )
     population = jax.vmap(task.init_solution)(jax.random.split(jax.random.key(1), 3))
     keys = jax.random.split(jax.random.key(2), 3)
     scores, info = jax.jit(jax.vmap(task.evaluate, in_axes=(0, 0, None)))(
@@ -105,9 +114,9 @@ def test_worker_processes_on_2_devices_give_the_sync_history():
 
 
 def _make_quietly_in_a_forked_child(queue):
-    from evorl_pop.tasks.gym_envs import _made_quietly
+    from evorl_pop.tasks.vector_pool import made_quietly
 
-    _made_quietly(lambda: gym.make("CartPole-v1")).close()
+    made_quietly(lambda: gym.make("CartPole-v1")).close()
     queue.put("made")
 
 
@@ -183,12 +192,18 @@ def test_an_environment_error_ends_the_run_in_one_line():
 @pytest.mark.parametrize(
     "task, message",
     [
-        ("gym:CartPoel-v1", r"Unknown Gymnasium environment 'CartPoel-v1'\. Did you mean "
-                            r"'CartPole-v1'"),
-        ("gym:Blackjack-v1", r"gym:Blackjack-v1: its observation space Tuple\(.*\) is not "
-                             r"supported; Gymnasium tasks take Box .* or Discrete spaces\."),
+        (
+            "gym:CartPoel-v1",
+            r"Unknown Gymnasium environment 'CartPoel-v1'\. Did you mean "
+            r"'CartPole-v1'",
+        ),
+        (
+            "gym:Blackjack-v1",
+            r"gym:Blackjack-v1: its observation space Tuple\(.*\) is not "
+            r"supported; Gymnasium tasks take Box .* or Discrete spaces\.",
+        ),
     ],
-)  # fmt: skip
+)
 def test_what_a_policy_cannot_use_is_one_line(task, message):
     with pytest.raises(ValueError, match=message):
         ES(ESConfig(task=task))
@@ -228,15 +243,19 @@ def _env():
 
 
 def _cli(*args, **env):
-    return subprocess.run([sys.executable, "-m", "evorl_pop.cli", *args], env={**_env(), **env},
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "evorl_pop.cli", *args],
+        env={**_env(), **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
-JOB = [
-    "--task", "gym:CartPole-v1", "--pop", "16", "--seed", "0", "--chunk", "1",
-    "--checkpoint-every", "1", "--devices", "2", "--set", "hidden_sizes=[8]",
-    "--set", "episodes=2", "--set", "eval_episodes=2", "--quiet", "--no-figure",
-]  # fmt: skip
+JOB = (
+    "--task gym:CartPole-v1 --pop 16 --seed 0 --chunk 1 --checkpoint-every 1 --devices 2 "
+    "--set hidden_sizes=[8] --set episodes=2 --set eval_episodes=2 --quiet --no-figure"
+).split()
 GENERATIONS = 6
 
 
@@ -247,10 +266,11 @@ def _rows(run):
 
 def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     killed, whole = tmp_path / "killed", tmp_path / "whole"
-    command = [sys.executable, "-m", "evorl_pop.cli", "train", *JOB, "--generations",
-               str(GENERATIONS)]  # fmt: skip
-    proc = subprocess.Popen([*command, "--out", str(killed)], env=_env(),
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    cli = [sys.executable, "-m", "evorl_pop.cli"]
+    command = [*cli, "train", *JOB, "--generations", str(GENERATIONS)]
+    proc = subprocess.Popen(
+        [*command, "--out", str(killed)], env=_env(), stderr=subprocess.PIPE, text=True
+    )
     started = time.time()
     while not (killed / store.CHECKPOINT_FILENAME).exists():  # killed at its first checkpoint
         if proc.poll() is not None or time.time() - started > 300:
@@ -262,8 +282,9 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     assert 0 < at_kill.generation < GENERATIONS, "the run ended before it was killed"
     resumed = _cli("resume", str(killed), "--quiet")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    reference = subprocess.run([*command, "--out", str(whole)], env=_env(),
-                               capture_output=True, text=True, timeout=600)  # fmt: skip
+    reference = subprocess.run(
+        [*command, "--out", str(whole)], env=_env(), capture_output=True, text=True, timeout=600
+    )
     assert reference.returncode == 0, reference.stderr[-3000:]
 
     a, b = _rows(killed), _rows(whole)
@@ -279,11 +300,9 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
 def test_two_processes_equal_one(tmp_path):
     """Under jax.distributed, each process steps the environments of its own device."""
     common = [a for a in JOB if a not in ("--devices", "2")]
-    multi = subprocess.run(
-        [sys.executable, "-m", "evorl_pop.cli", "launch", "-n", "2", "--devices-per-process",
-         "1", "--", "train", *common, "--generations", "3", "--out", str(tmp_path / "2x1")],
-        env=_env(), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    launch = ["launch", "-n", "2", "--devices-per-process", "1", "--"]
+    out = ["--generations", "3", "--out", str(tmp_path / "2x1")]
+    multi = _cli(*launch, "train", *common, *out)
     assert multi.returncode == 0, multi.stderr[-3000:]
     single = _cli("train", *JOB, "--generations", "3", "--out", str(tmp_path / "1x2"))
     assert single.returncode == 0, single.stderr[-3000:]
@@ -295,11 +314,14 @@ def test_two_processes_equal_one(tmp_path):
 def test_a_missing_simulator_names_the_install_in_one_line(tmp_path):
     (tmp_path / "Box2D").mkdir()  # a Box2D that cannot be imported, first on the path
     (tmp_path / "Box2D" / "__init__.py").write_text("raise ImportError('no Box2D here')\n")
-    out = _cli("train", "--task", "gym:LunarLander-v3", "--generations", "1", "--out",
-               str(tmp_path / "run"), PYTHONPATH=str(tmp_path))  # fmt: skip
+    args = ["--task", "gym:LunarLander-v3", "--generations", "1", "--out", str(tmp_path / "run")]
+    out = _cli("train", *args, PYTHONPATH=str(tmp_path))
     assert out.returncode == 2, out.stderr[-3000:]
     line = out.stderr.strip().splitlines()[-1]
-    assert line.startswith("evorl-pop train: config error: gym:LunarLander-v3 needs a simulator "
-                           "that is not installed (Box2D is not installed"), line  # fmt: skip
-    assert line.endswith("install Gymnasium's Box2D and MuJoCo environments with: "
-                         "pip install -e '.[gymnasium]'"), line  # fmt: skip
+    assert line.startswith(
+        "evorl-pop train: config error: gym:LunarLander-v3 needs a simulator "
+        "that is not installed (Box2D is not installed"
+    ), line
+    assert line.endswith(
+        "install Gymnasium's Box2D and MuJoCo environments with: pip install -e '.[gymnasium]'"
+    ), line
