@@ -194,7 +194,9 @@ def _phenotype_covariance(transform, scaling, sigma, C):
     ],
 )
 def test_cma_es_pycma_alleviates_conditioning_as_pycma(exponent, rotated, generations):
-    n, lam, x0 = 3, 7, np.linspace(-2.0, 3.0, 3)
+    n = 3
+    lam = 7
+    x0 = np.linspace(-2.0, 3.0, 3)
     f = _ellipsoid(exponent, rotated)
     es = cma.CMAEvolutionStrategy(x0, 0.7, {"popsize": lam, "verbose": -9, "seed": 3})
     es.adapt_sigma.initialize(es)
@@ -376,7 +378,9 @@ def test_bipop_alternates_regimes_as_hansen_2009():
     maxiter0 = default_max_generations(3, 6)  # every run keeps it, as in cma.fmin
     assert runs[0].max_generations == maxiter0
     assert sum(r.evaluations for r in runs) == result.evaluations <= 3000
-    small, large, num_large = runs[0].evaluations, 0, 0
+    small = runs[0].evaluations
+    large = 0
+    num_large = 0
     for run in runs[1:]:
         # small regime exactly when small runs used fewer evaluations than large ones
         assert run.regime == ("small" if small < max(1, large) else "large"), runs

@@ -182,7 +182,8 @@ def test_mlp_initialises_as_flax_dense_layers():
             hidden = jnp.tanh(nn.Dense(8)(x))
             return nn.Dense(3)(hidden)
 
-    key, x = jax.random.key(2), jnp.ones(5)
+    key = jax.random.key(2)
+    x = jnp.ones(5)
     ref = Dense2().init(key, x)
     jax.tree.map(np.testing.assert_array_equal, MLP((8,), 3).init(key, x), ref)
     scaled, ref = MLP((8,), 3, out_scale=0.01).init(key, x)["params"], ref["params"]
@@ -235,7 +236,9 @@ def _vbn_forward(module, params, reference, obs, eps=1e-5):
     """Virtual batch normalisation as defined: the reference batch goes through the
     network beside the input, each hidden layer normalised with the batch's statistics."""
     act = {"tanh": jnp.tanh, "relu": jax.nn.relu}[module.activation]
-    layers, x, ref = params["params"], obs[None], reference
+    layers = params["params"]
+    x = obs[None]
+    ref = reference
 
     def layer(apply, axes):
         nonlocal x, ref
@@ -418,7 +421,8 @@ def test_fallen_brax_body_stops_accumulating_reward_and_steps():
     raw = env.env
     step = jax.jit(raw.step)
     state = jax.jit(raw.reset)(jax.random.key(3))
-    total, steps = 0.0, 0
+    total = 0.0
+    steps = 0
     while steps < 100:
         state = step(state, jnp.ones(env.spec.action_dim))
         total += float(state.reward)

@@ -47,12 +47,15 @@ def _plain_gymnasium_episode(env_id, task, solution, seed, max_steps):
     params = task.unravel(solution)
     policy = jax.jit(lambda obs: task.policy(params, obs if norm is None else norm.normalize(obs)))
     obs, _ = env.reset(seed=seed)
-    total, seen, done = 0.0, 0.0, False
+    total = 0.0
+    seen = 0.0
+    done = False
     while not done:
         seen = seen + np.asarray(obs, np.float32)
         action = np.asarray(policy(jnp.asarray(obs, jnp.float32)))
         obs, reward, terminated, truncated, _ = env.step(action if action.ndim else int(action))
-        total, done = total + reward, terminated or truncated
+        total += reward
+        done = terminated or truncated
     return total, seen
 
 

@@ -107,7 +107,9 @@ def _queue_steps(lengths, lanes, chunk):
     no episode is pending, the running ones move to ``lanes // 4`` lanes, then
     to one, as soon as they fit."""
     widths = sorted({lanes, max(1, lanes // 4), 1}, reverse=True)
-    pending, running, computed = list(lengths[lanes:]), list(lengths[:lanes]), 0
+    pending = list(lengths[lanes:])
+    running = list(lengths[:lanes])
+    computed = 0
     for width, below in zip(widths, [*widths[1:], 0], strict=True):
         running = [r for r in running if r is not None]
         running += [None] * (width - len(running))

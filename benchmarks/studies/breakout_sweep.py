@@ -5,7 +5,7 @@
 
 Each setting trains ``--seeds`` independent OpenES runs at once, the seeds a
 vmapped axis of one compiled program, so an accelerator trains four seeds in
-about the time of one. The policy is the project's (``evorl_pop.tasks.envs``:
+about the time of one. The policy is the project's (``evorl_pop.tasks.policies``:
 the CNN, the MLP or the keypoints, greedy over the logits), the strategy
 evosax's Open_ES built by :func:`evorl_pop.algorithms.es.make_strategy` (evosax's own draw),
 ranked on the mean return of each candidate's episodes, capped at 500 steps;

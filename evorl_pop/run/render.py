@@ -79,7 +79,9 @@ def _policy(algorithm, state):
     # PBT: the member whose last evaluation was best
     best = int(np.argmax(np.asarray(state.returns)))
     params = jax.tree.map(lambda x: x[best], state.learners.actor.params)
-    env, policy, length = algorithm.env, algorithm.policy, algorithm.episode_length
+    env = algorithm.env
+    policy = algorithm.policy
+    length = algorithm.episode_length
 
     def evaluate(key, episodes):
         def run(p, k):

@@ -210,7 +210,8 @@ def rollout(
     segment = -(-episode_length // num_segments)  # segments of equal length covering episode_length
     # split(key, n) keys are a prefix of split(key, m) for n <= m: padding the
     # last segment leaves the first episode_length keys as they are
-    track, noisy = obs_norm is not None, noise_std is not None
+    track = obs_norm is not None
+    noisy = noise_std is not None
     step, begin = _compiled(env, policy, episode_length, track, noisy, collect, sample)
     obs, state, step_keys = begin(key, num_segments * segment)
     # Re-made here: a jitted function's constant outputs carry no mesh inside
