@@ -38,7 +38,7 @@ from evosax.algorithms.distribution_based.base import State as BaseState
 from jax.sharding import Mesh
 
 from evorl_pop import registry
-from evorl_pop.base import ConfigError
+from evorl_pop.base import ConfigError, check_config
 from evorl_pop.core.engine import Engine, make_mesh
 from evorl_pop.rl.hybrid import EvoRLConfig
 from evorl_pop.rl.replay import ReplayBuffer
@@ -49,12 +49,12 @@ from evorl_pop.tasks.control import ControlTask
 
 @dataclasses.dataclass(frozen=True)
 class Config(EvoRLConfig):
-    """CEM-RL settings: the task, population, replay buffer and ``learner`` of
-    :class:`~evorl_pop.rl.hybrid.EvoRLConfig`, and these.
+    """CEM-RL settings: those of :class:`~evorl_pop.rl.hybrid.EvoRLConfig` (the task,
+    the replay buffer, the ``learner`` that trains the RL actors) and these.
 
     Attributes:
-      td3: TD3's settings, for ``learner='td3'``.
-      sac: SAC's settings, for ``learner='sac'``.
+      td3: with ``learner='td3'``, the RL actors' TD3 updates and the critic they share.
+      sac: with ``learner='sac'``, their SAC updates, critics and temperature.
       num_elites: the best actors the distribution is fitted to.
       num_rl_actors: actors that get TD3 (or SAC) updates before evaluation (the
         paper uses half the population).
@@ -88,10 +88,7 @@ class Config(EvoRLConfig):
                     f"{name}={getattr(self, name)} must be between {low} and population_size="
                     f"{pop}; raise population_size or lower {name}."
                 )
-        if self.updates_per_actor < 1:
-            raise ConfigError(
-                f"updates_per_actor must be at least 1, got {self.updates_per_actor}."
-            )
+        check_config(self, least={"updates_per_actor": 1})
 
 
 @flax.struct.dataclass
@@ -174,7 +171,8 @@ class CEMRLLearner:
         return LearnerState(self.rl.init_shared(key), self.rl.empty_buffer())
 
     def step(self, key, state: LearnerState, population, strategy_state):
-        n, ready = self.num_rl, self.rl.ready(state.buffer)
+        n = self.num_rl
+        ready = self.rl.ready(state.buffer)
         critic, trained, losses = self.rl.learn_if(
             ready & (n > 0),
             functools.partial(self.train_actors, buffer=state.buffer, key=key),
@@ -197,7 +195,9 @@ class CEMRL(Engine):
 
     def __init__(self, config: Config = Config(), mesh: Mesh | None = None):
         config.validate()
-        self.config, mesh, task = config, make_mesh() if mesh is None else mesh, config.actor_task()
+        self.config = config
+        mesh = make_mesh() if mesh is None else mesh
+        task = config.actor_task()
         strategy = CEM(config.population_size, jnp.zeros(task.num_dims), config.num_elites, config)
         learner = CEMRLLearner(task, config, mesh)
         super().__init__(strategy, task, mesh, eval_episodes=config.eval_episodes, learner=learner)

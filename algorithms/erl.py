@@ -39,7 +39,7 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh
 
 from evorl_pop import registry
-from evorl_pop.base import ConfigError
+from evorl_pop.base import ConfigError, check_config
 from evorl_pop.core.engine import Engine, make_mesh
 from evorl_pop.rl.hybrid import EvoRLConfig
 from evorl_pop.rl.replay import ReplayBuffer
@@ -50,12 +50,12 @@ from evorl_pop.tasks.control import ControlTask
 
 @dataclasses.dataclass(frozen=True)
 class Config(EvoRLConfig):
-    """ERL settings: the task, population, replay buffer and ``learner`` of
-    :class:`~evorl_pop.rl.hybrid.EvoRLConfig`, and these.
+    """ERL settings: the GA's and the learner's beside those of
+    :class:`~evorl_pop.rl.hybrid.EvoRLConfig` (the task, the replay buffer, ``learner``).
 
     Attributes:
-      td3: TD3's settings, for ``learner='td3'``.
-      sac: SAC's settings, for ``learner='sac'``.
+      td3: the learner's settings with ``learner='td3'``.
+      sac: the learner's settings with ``learner='sac'``.
       num_elites: best actors copied unchanged into the next generation.
       tournament_size: contestants per tournament selection.
       crossover_prob: probability that a child mixes two parents (else it
@@ -92,9 +92,8 @@ class Config(EvoRLConfig):
                 f"num_elites={self.num_elites} leaves no slot for offspring or the RL actor "
                 f"in a population of {self.population_size}; use population_size > num_elites."
             )
-        for name in ("tournament_size", "sync_period", "rl_episodes", "updates_per_generation"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}.")
+        names = ("tournament_size", "sync_period", "rl_episodes", "updates_per_generation")
+        check_config(self, least=dict.fromkeys(names, 1))
 
 
 @flax.struct.dataclass
@@ -115,7 +114,8 @@ class GA(PopulationBasedAlgorithm):
 
     def __init__(self, population_size: int, task: ControlTask, config: Config):
         super().__init__(population_size, jnp.zeros(task.num_dims))
-        self.config, self.task = config, task
+        self.config = config
+        self.task = task
         self.neuron = jnp.asarray(_neuron_ids(task.unravel(jnp.zeros(task.num_dims))))
         self.num_neurons = int(self.neuron.max()) + 1
         c = config
@@ -129,7 +129,8 @@ class GA(PopulationBasedAlgorithm):
         return jax.vmap(lambda i: self.task.init_solution(jax.random.fold_in(key, i)))(index)
 
     def _init(self, key, params: GAParams) -> BaseState:
-        n, d = self.population_size, self.num_dims
+        n = self.population_size
+        d = self.num_dims
         return BaseState(
             population=jnp.zeros((n, d)),
             fitness=jnp.full(n, jnp.inf),
@@ -139,7 +140,10 @@ class GA(PopulationBasedAlgorithm):
         )
 
     def _ask(self, key, state: BaseState, params: GAParams):
-        cfg, pop, flat, fitness = self.config, self.population_size, state.population, state.fitness
+        cfg = self.config
+        pop = self.population_size
+        flat = state.population
+        fitness = state.fitness
 
         def tournament(k):
             contestants = jax.random.randint(k, (cfg.tournament_size,), 0, pop)
@@ -147,7 +151,8 @@ class GA(PopulationBasedAlgorithm):
 
         def child(i):
             ks = jax.random.split(jax.random.fold_in(key, i), 7)
-            a, b = flat[tournament(ks[0])], flat[tournament(ks[1])]
+            a = flat[tournament(ks[0])]
+            b = flat[tournament(ks[1])]
             from_b = jax.random.bernoulli(ks[2], 0.5, (self.num_neurons,))[self.neuron]
             cross = jax.random.bernoulli(ks[3], params.crossover_prob)
             x = jnp.where(cross & from_b, b, a)
@@ -235,7 +240,9 @@ class ERL(Engine):
 
     def __init__(self, config: Config = Config(), mesh: Mesh | None = None):
         config.validate()
-        self.config, mesh, task = config, make_mesh() if mesh is None else mesh, config.actor_task()
+        self.config = config
+        mesh = make_mesh() if mesh is None else mesh
+        task = config.actor_task()
         learner = ERLLearner(task, config, mesh)
         strategy = GA(config.population_size, task, config)
         super().__init__(strategy, task, mesh, eval_episodes=config.eval_episodes, learner=learner)
@@ -252,7 +259,8 @@ def _neuron_ids(params: Any) -> np.ndarray:
     A Dense kernel ``(in, out)`` and its bias ``(out,)`` share the ids of their
     ``out`` units, so crossover can swap whole neurons.
     """
-    ids, offset = {}, 0
+    ids = {}
+    offset = 0
     for path, leaf in jax.tree_util.tree_leaves_with_path(params):
         layer = tuple(str(p) for p in path[:-1])
         width = leaf.shape[-1]

@@ -334,7 +334,8 @@ class PBT:
           ``(donor, replaced)``: ``donor[i]`` is the member ``i`` copies (itself
           when it is kept), ``replaced[i]`` whether it is in the bottom fraction.
         """
-        pop, k = fitness.shape[0], self.num_replaced
+        pop = fitness.shape[0]
+        k = self.num_replaced
         order = jnp.argsort(fitness, stable=True)  # best first
         top = order[:k]
         replaced = jnp.zeros(pop, bool).at[order[pop - k :]].set(True)
@@ -359,7 +360,8 @@ class PBT:
           ``(learners, hyperparameters)``: the bottom fraction holds copies of
           their donors' states and explored copies of their hyperparameters.
         """
-        axis, pop = dist.POP_AXIS_NAME, self.config.population_size
+        axis = dist.POP_AXIS_NAME
+        pop = self.config.population_size
         donor_key, explore_key = jax.random.split(key)
         index = jnp.arange(hyperparameters.shape[0])
         donor, replaced = self.select_donors(fitness, donor_key)
@@ -369,7 +371,8 @@ class PBT:
             # on another device; padded members sit past `pop` and copy nobody.
             all_learners, all_hps = dist.all_gather((learners, hps), axis, tiled=True)
             own = jnp.minimum(index, pop - 1)
-            copy, src = replaced[own] & (index < pop), donor[own]
+            copy = replaced[own] & (index < pop)
+            src = donor[own]
 
             def take(mine, gathered):
                 return jnp.where(copy.reshape(-1, *[1] * (mine.ndim - 1)), gathered[src], mine)
@@ -379,7 +382,8 @@ class PBT:
             new_hps = jnp.where(copy[:, None], explored, hps)
             return jax.tree.map(take, learners, all_learners), new_hps
 
-        members, ranking = P(axis), P()
+        members = P(axis)
+        ranking = P()
         return jax.shard_map(
             local,
             mesh=self.mesh,
@@ -404,7 +408,8 @@ class PBT:
           the learner's mean losses, and per member ``member{i}_return`` with the
           hyperparameters it trained with, ``member{i}_{name}``.
         """
-        cfg, pop = self.config, self.config.population_size
+        cfg = self.config
+        pop = cfg.population_size
         train_key, exploit_key = jax.random.split(key)
         members = (state.learners, state.buffers, state.hyperparameters)
         summary, (learners, buffers, hps, losses) = evaluate(

@@ -43,7 +43,6 @@ from evorl_pop.algorithms.pbt_members import algorithm_member
 from evorl_pop.base import ConfigError, check_config
 from evorl_pop.rl import data_parallel, replay, vec_env
 from evorl_pop.rl.ppo import Hyperparameters, Params, PPOLearner, Rollout, Samples, Segments
-from evorl_pop.tasks.envs import env_names
 from evorl_pop.tasks.obs_norm import ObsMoments, ObsNorm
 from evorl_pop.tasks.rollout import evaluate_episodes
 
@@ -51,8 +50,10 @@ DP = dist.DP_AXIS_NAME
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
-    """PPO settings.
+class Config(data_parallel.LearnerConfig):
+    """PPO settings: the task and environments of
+    :class:`~evorl_pop.rl.data_parallel.LearnerConfig` (an iteration steps each of the
+    ``num_envs`` environments ``unroll_length`` times), and these.
 
     The defaults are the paper's MuJoCo settings (2,048 steps per iteration,
     minibatches of 64, 10 epochs, no entropy bonus) with gradient clipping and
@@ -61,9 +62,6 @@ class Config:
     (``examples/ppo_brax.py``).
 
     Attributes:
-      task: an environment (gymnax, e.g. ``'CartPole-v1'``, or ``'brax/hopper'``).
-      num_envs: environments stepped together, split over the devices.
-      unroll_length: steps of every environment per iteration.
       num_minibatches: minibatches per epoch; a minibatch holds
         ``num_envs * unroll_length / num_minibatches`` samples.
       num_epochs: passes over the iteration's samples.
@@ -95,13 +93,8 @@ class Config:
       value_hidden_sizes: hidden widths of the value network.
       activation: ``'tanh'``, ``'relu'`` or ``'elu'``.
       network: ``'auto'`` (the CNN for image observations), ``'mlp'`` or ``'cnn'``.
-      episode_length: steps before an episode is truncated (``null``: the task's).
-      backend: brax's physics backend (``null``: evorl_pop's default, spring).
     """
 
-    task: str = "CartPole-v1"
-    num_envs: int = 32
-    unroll_length: int = 64
     num_minibatches: int = 32
     num_epochs: int = 10
     learning_rate: float = 3e-4
@@ -121,22 +114,30 @@ class Config:
     value_hidden_sizes: tuple[int, ...] = (64, 64)
     activation: str = "tanh"
     network: str = "auto"
-    episode_length: int | None = None
-    backend: str | None = None
+
+    HYPERPARAMETERS = Hyperparameters
 
     def validate(self) -> None:
         """Raises :class:`~evorl_pop.base.ConfigError` naming a value that cannot run."""
-        for name in ("num_envs", "unroll_length", "num_minibatches", "num_epochs"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}.")
+        super().validate()
+        choices = {
+            "activation": ("tanh", "relu", "elu"),
+            "network": ("auto", "mlp", "cnn"),
+            "advantages": ("iteration", "minibatch"),
+            "obs_norm_update": ("before", "after"),
+        }
+        check_config(self, choices, {"num_minibatches": 1, "num_epochs": 1})
         batch = self.num_envs * self.unroll_length
         if batch % self.num_minibatches:
             raise ConfigError(
                 f"num_envs x unroll_length = {batch} samples do not split into "
                 f"num_minibatches={self.num_minibatches} equal minibatches; change one of them."
             )
-        for name, low, high in (("clip_epsilon", 0.0, 1.0), ("gae_lambda", 0.0, 1.0),
-                                ("discount", 0.0, 1.0)):  # fmt: skip
+        for name, low, high in (
+            ("clip_epsilon", 0.0, 1.0),
+            ("gae_lambda", 0.0, 1.0),
+            ("discount", 0.0, 1.0),
+        ):
             value = getattr(self, name)
             if not low <= value <= high:
                 raise ConfigError(f"{name} must be in [{low}, {high}], got {value}.")
@@ -147,10 +148,6 @@ class Config:
             raise ConfigError(f"policy_init_scale must be > 0, got {self.policy_init_scale}.")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             raise ConfigError(f"max_grad_norm must be > 0 or null, got {self.max_grad_norm}.")
-        check_config(self, {"task": env_names(), "activation": ("tanh", "relu", "elu"),
-                            "network": ("auto", "mlp", "cnn"),
-                            "advantages": ("iteration", "minibatch"),
-                            "obs_norm_update": ("before", "after")})  # fmt: skip
         if self.advantages == "minibatch" and self.num_envs % self.num_minibatches:
             raise ConfigError(
                 f"advantages='minibatch' takes minibatches of whole environments, but "
@@ -160,18 +157,6 @@ class Config:
         for name in ("policy_hidden_sizes", "value_hidden_sizes"):
             if any(width < 1 for width in getattr(self, name)):
                 raise ConfigError(f"{name} must be positive widths, got {getattr(self, name)}.")
-        if self.episode_length is not None and self.episode_length < 1:
-            raise ConfigError(f"episode_length must be >= 1 or null, got {self.episode_length}.")
-
-    def hyperparameters(self) -> Hyperparameters:
-        """The searchable settings as traced scalars."""
-        return Hyperparameters.create(
-            learning_rate=self.learning_rate,
-            clip_epsilon=self.clip_epsilon,
-            entropy_cost=self.entropy_cost,
-            gae_lambda=self.gae_lambda,
-            discount=self.discount,
-        )
 
 
 @flax.struct.dataclass

@@ -46,74 +46,45 @@ from evorl_pop.rl.sac import (
     Hyperparameters,
     SACConfig,
     SACHybridLearner,
-    SACLearner,
+    SACSettings,
     SACState,
     actor_task,
-    check_settings,
 )
-from evorl_pop.tasks.envs import env_names
 from evorl_pop.tasks.rollout import Transition, evaluate_episodes
 
 DP = dist.DP_AXIS_NAME
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
-    """SAC settings (the defaults reach -200 on Pendulum-v1 in about 10k steps).
+class Config(SACSettings, data_parallel.LearnerConfig):
+    """SAC settings (the defaults reach -200 on Pendulum-v1 in about 10k steps): the task
+    and environments of :class:`~evorl_pop.rl.data_parallel.LearnerConfig`, SAC's
+    learning settings (:class:`~evorl_pop.rl.sac.SACSettings`), and these.
 
     Attributes:
       task: a continuous-action environment (``'Pendulum-v1'``, ``'brax/hopper'``, ...).
-      num_envs: environments stepped together, split over the devices.
       unroll_length: steps of every environment per step of the algorithm
         (the default, Pendulum-v1's episode length, ends an episode in every
         environment each step, so the training returns are never empty).
       updates_per_step: gradient updates per environment step (a step runs
         ``round(updates_per_step * num_envs * unroll_length)`` of them).
-      batch_size: the global minibatch size, split over the devices.
       buffer_capacity: replay buffer size.
       learning_starts: transitions in the buffer before the updates begin
         (until then the untrained policy acts).
-      actor_lr: Adam's step size for the actor.
-      critic_lr: for the critics.
-      alpha_lr: for the log-temperature.
-      target_entropy_scale: the target entropy is ``-scale * action_dim``.
-      discount: gamma.
-      tau: Polyak averaging rate of the target critics.
-      init_alpha: the initial temperature.
-      reward_scaling: rewards are multiplied by it for learning (not in the metrics).
-      actor_hidden_sizes: hidden widths of the actor.
-      critic_hidden_sizes: hidden widths of each critic.
-      activation: the actor's ``'relu'``, ``'tanh'`` or ``'elu'`` (the critics use relu).
-      episode_length: steps before an episode is truncated (``null``: the task's).
-      backend: brax's physics backend (``null``: evorl_pop's default, spring).
     """
 
     task: str = "Pendulum-v1"
     num_envs: int = 4
     unroll_length: int = 200
     updates_per_step: float = 1.0
-    batch_size: int = 256
     buffer_capacity: int = 100_000
     learning_starts: int = 1000
-    actor_lr: float = 1e-3
-    critic_lr: float = 1e-3
-    alpha_lr: float = 1e-3
-    target_entropy_scale: float = 1.0
-    discount: float = 0.99
-    tau: float = 0.005
-    init_alpha: float = 1.0
-    reward_scaling: float = 1.0
-    actor_hidden_sizes: tuple[int, ...] = (256, 256)
-    critic_hidden_sizes: tuple[int, ...] = (256, 256)
-    activation: str = "relu"
-    episode_length: int | None = None
-    backend: str | None = None
 
     def validate(self) -> None:
         """Raises :class:`~evorl_pop.base.ConfigError` naming a value that cannot run."""
-        for name in ("num_envs", "unroll_length", "batch_size", "buffer_capacity"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}.")
+        data_parallel.LearnerConfig.validate(self)
+        SACSettings.validate(self)
+        check_config(self, least={"buffer_capacity": 1})
         if self.buffer_capacity < self.batch_size:
             raise ConfigError(
                 f"buffer_capacity={self.buffer_capacity} is smaller than one minibatch "
@@ -126,20 +97,6 @@ class Config:
             )
         if self.updates_per_step < 0:
             raise ConfigError(f"updates_per_step must be >= 0, got {self.updates_per_step}.")
-        check_config(self, {"task": env_names()})
-        check_settings(self)
-        if self.episode_length is not None and self.episode_length < 1:
-            raise ConfigError(f"episode_length must be >= 1 or null, got {self.episode_length}.")
-
-    def hyperparameters(self) -> Hyperparameters:
-        """The searchable settings as traced scalars."""
-        return Hyperparameters.create(
-            actor_lr=self.actor_lr,
-            critic_lr=self.critic_lr,
-            alpha_lr=self.alpha_lr,
-            target_entropy_scale=self.target_entropy_scale,
-            discount=self.discount,
-        )
 
 
 @flax.struct.dataclass
@@ -170,15 +127,7 @@ class SAC(data_parallel.DataParallel):
         config.validate()
         self.config = config
         self.env = vec_env.make_env(config.task, config.episode_length, config.backend)
-        self.learner = SACLearner(
-            self.env.spec,
-            actor_hidden_sizes=config.actor_hidden_sizes,
-            critic_hidden_sizes=config.critic_hidden_sizes,
-            activation=config.activation,
-            tau=config.tau,
-            reward_scaling=config.reward_scaling,
-            init_alpha=config.init_alpha,
-        )
+        self.learner = config.make_learner(self.env.spec)
         self.mesh = data_parallel.dp_mesh(mesh)
         n = self.mesh.size
         data_parallel.check_split("num_envs", config.num_envs, n, "The environments")

@@ -15,7 +15,7 @@ from jax.flatten_util import ravel_pytree
 
 from evorl_pop import make_mesh
 from evorl_pop.algorithms import cemrl, erl
-from evorl_pop.rl import TD3Config
+from evorl_pop.rl import TD3, TD3Config, TD3State
 from evorl_pop.run import store
 from evorl_pop.run.shell import _rows
 
@@ -48,10 +48,13 @@ def _like(value, ref):
     return jax.device_put(jnp.asarray(value, ref.dtype), ref.sharding)
 
 
-def _stepwise(algo):
+def stepwise(algo, keys=KEYS):
+    """Generations one jitted step at a time from ``init(key(0))``, one per key:
+    ``(states, metrics, step)``, the states from the initial one on."""
     step = jax.jit(algo.step)
-    states, metrics = [algo.init(jax.random.key(0))], []
-    for k in KEYS:
+    states = [algo.init(jax.random.key(0))]
+    metrics = []
+    for k in keys:
         state, m = step(states[-1], k)
         states.append(state)
         metrics.append(m)
@@ -68,13 +71,13 @@ def _scanned(algo):
 @pytest.fixture(scope="module")
 def cem_reference():
     algo = cemrl.CEMRL(CEM_CONFIG, make_mesh(1))
-    return algo, *_stepwise(algo)
+    return algo, *stepwise(algo)
 
 
 @pytest.fixture(scope="module")
 def erl_reference():
     algo = erl.ERL(ERL_CONFIG, make_mesh(1))
-    return algo, *_stepwise(algo)
+    return algo, *stepwise(algo)
 
 
 def _check_invariance(reference, make, n):
@@ -115,24 +118,39 @@ def _generation_pieces(algo, before, key):
     return np.asarray(asked), np.asarray(population), summary, metrics
 
 
+def _td3_in_turn(algo, critic, buffer, samples, key):
+    """Each sample, as an actor with a fresh Adam state beside the critic the previous one
+    left, trained by TD3's own ``learn`` on one device: ``(critic, actors)``."""
+    td3 = TD3(algo.task.spec, CEM_CONFIG.td3, policy=algo.task.policy)
+    learn = jax.jit(lambda state, key: td3.learn(state, buffer, key, CEM_CONFIG.updates_per_actor))
+    actors = []
+    for sample, k in zip(samples, jax.random.split(key, len(samples)), strict=True):
+        actor = td3.init_actor(algo.task.unravel(jnp.asarray(sample)))
+        state, _ = learn(TD3State(actor, critic, jnp.int32(0)), k)
+        critic = state.critic
+        actors.append(_flat(state.actor.params))
+    return critic, np.stack(actors)
+
+
 def test_cemrl_population_holds_the_td3_actors(cem_reference):
-    """The RL part of the evaluated population is exactly what TD3 made of the CEM
-    samples, the rest are the samples, and the new mean is fitted to that population."""
+    """The RL part of the evaluated population is what TD3 makes of the CEM samples, one
+    after the other against the shared critic; the rest are the samples, and the new mean
+    is fitted to that population."""
     algo, states, metrics, _ = cem_reference
-    before, after = states[1], states[2]
+    before = states[1]
+    after = states[2]
     samples, population, summary, _ = _generation_pieces(algo, before, KEYS[1])
     n_rl = CEM_CONFIG.num_rl_actors
     rl_key = jax.random.fold_in(KEYS[1], 4)
-    _, trained, _ = jax.jit(algo.learner.train_actors)(
-        before.learner_state.critic, jnp.asarray(samples[:n_rl]), before.learner_state.buffer,
-        rl_key,
-    )  # fmt: skip
+    learner = before.learner_state
+    critic, trained = _td3_in_turn(algo, learner.critic, learner.buffer, samples[:n_rl], rl_key)
     np.testing.assert_allclose(population[:n_rl], trained, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(population[n_rl:], samples[n_rl:])
     assert np.abs(population[:n_rl] - samples[:n_rl]).max() > 1e-4  # TD3 moved them
-    # the critic was trained, and the CEM mean follows the evaluated population
-    critic = lambda s: jax.tree.leaves(s.learner_state.critic.params)[0]  # noqa: E731
-    assert not np.allclose(critic(after), critic(before))
+    # the critic CEM-RL keeps is the one the last actor trained, and it moved
+    chex.assert_trees_all_close(after.learner_state.critic, critic, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(_flat(critic.params), _flat(learner.critic.params))
+    # the CEM mean follows the evaluated population
     fitness = np.asarray(summary.fitness(CEM_CONFIG.population_size))  # minimised
     order = np.argsort(fitness, kind="stable")[: CEM_CONFIG.num_elites]
     mean = np.asarray(algo.strategy.weights) @ population[order]
@@ -146,7 +164,8 @@ def _flat(params):
 
 def test_erl_learner_actor_replaces_the_weakest(erl_reference):
     algo, states, metrics, _ = erl_reference
-    before, after = states[1], states[2]
+    before = states[1]
+    after = states[2]
     s = before.strategy_state  # the population the second generation is bred from
     weakest = int(np.argmax(s.fitness))  # fitness is minimised
     population = np.asarray(after.strategy_state.population)
@@ -222,7 +241,8 @@ def test_erl_injection_keeps_the_elites(erl_operators, returns):
     bred, state = ask(jax.random.key(1), state, algo.params)
     learner_state = algo.learner.init(jax.random.key(2))
     injected, learner_state, metrics = step(jax.random.key(3), learner_state, bred, state)
-    injected, slot = np.asarray(injected), int(learner_state.slot)
+    injected = np.asarray(injected)
+    slot = int(learner_state.slot)
     elites = _elites(returns, 2)
     assert slot not in elites and returns[slot] == min(returns)
     assert int(metrics["rl_actors_injected"]) == 1
@@ -232,8 +252,9 @@ def test_erl_injection_keeps_the_elites(erl_operators, returns):
     np.testing.assert_array_equal(injected[others], np.asarray(bred)[others])
     # a generation that is not a multiple of sync_period injects nothing
     quiet = state.replace(generation_counter=jnp.int32(5))
-    unchanged, _, metrics = step(jax.random.key(3), algo.learner.init(jax.random.key(2)), bred,
-                                 quiet)  # fmt: skip
+    unchanged, _, metrics = step(
+        jax.random.key(3), algo.learner.init(jax.random.key(2)), bred, quiet
+    )
     np.testing.assert_array_equal(unchanged, bred)
     assert int(metrics["rl_actors_injected"]) == 0
 
@@ -259,8 +280,11 @@ def test_run_counts_env_steps_exactly_past_2_31(tmp_path):
     run = store.Run(tmp_path, None, "", None, "", generation=3, env_steps=2**33 - 30)
     steps = np.array([2**31 - 1, 2**31 - 1, 70], np.int32)
     rows = _rows(run, {"env_steps": steps, "fitness_best": np.zeros(3)}, wall=1.0)
-    assert [r["env_steps"] for r in rows] == [2**33 - 30 + 2**31 - 1, 2**33 + 2**32 - 32,
-                                              2**33 + 2**32 + 38]  # fmt: skip
+    assert [r["env_steps"] for r in rows] == [
+        2**33 - 30 + 2**31 - 1,
+        2**33 + 2**32 - 32,
+        2**33 + 2**32 + 38,
+    ]
     assert [r["generation"] for r in rows] == [4, 5, 6] and run.env_steps == rows[-1]["env_steps"]
 
 

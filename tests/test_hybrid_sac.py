@@ -28,9 +28,15 @@ from evorl_pop.rl.sac import SACConfig
 from evorl_pop.tasks.rollout import Transition
 
 TINY_SAC = SACConfig(
-    actor_hidden_sizes=(8,), critic_hidden_sizes=(16,), batch_size=32, init_alpha=0.5,
-    actor_lr=3e-3, alpha_lr=1e-2, target_entropy_scale=0.5, reward_scaling=0.1,
-)  # fmt: skip
+    actor_hidden_sizes=(8,),
+    critic_hidden_sizes=(16,),
+    batch_size=32,
+    init_alpha=0.5,
+    actor_lr=3e-3,
+    alpha_lr=1e-2,
+    target_entropy_scale=0.5,
+    reward_scaling=0.1,
+)
 # The TD3 tests' settings, with SAC as the learner.
 CEM_CONFIG = dataclasses.replace(test_hybrid.CEM_CONFIG, learner="sac", sac=TINY_SAC)
 ERL_CONFIG = dataclasses.replace(test_hybrid.ERL_CONFIG, learner="sac", sac=TINY_SAC)
@@ -49,7 +55,8 @@ def _history(algo, state, scan: bool):
     state = jax.device_put(state, NamedSharding(algo.mesh, P()))
     if scan:
         return jax.jit(lambda s, keys: jax.lax.scan(algo.step, s, keys))(state, KEYS)
-    step, metrics = jax.jit(algo.step), []
+    step = jax.jit(algo.step)
+    metrics = []
     for key in KEYS:
         state, m = step(state, key)
         metrics.append(m)
@@ -96,11 +103,22 @@ def _buffer(spec, n, key):
 
 def _standalone(spec, c: SACConfig):
     """The SAC learner and hyperparameters built from the settings alone."""
-    learner = sac.SACLearner(spec, c.actor_hidden_sizes, c.critic_hidden_sizes, c.activation,
-                             c.tau, c.reward_scaling, c.init_alpha)  # fmt: skip
-    hp = sac.Hyperparameters.create(actor_lr=c.actor_lr, critic_lr=c.critic_lr,
-                                    alpha_lr=c.alpha_lr, discount=c.discount,
-                                    target_entropy_scale=c.target_entropy_scale)  # fmt: skip
+    learner = sac.SACLearner(
+        spec,
+        c.actor_hidden_sizes,
+        c.critic_hidden_sizes,
+        c.activation,
+        c.tau,
+        c.reward_scaling,
+        c.init_alpha,
+    )
+    hp = sac.Hyperparameters.create(
+        actor_lr=c.actor_lr,
+        critic_lr=c.critic_lr,
+        alpha_lr=c.alpha_lr,
+        discount=c.discount,
+        target_entropy_scale=c.target_entropy_scale,
+    )
     return learner, hp
 
 
@@ -109,7 +127,8 @@ def test_cemrl_actor_updates_equal_standalone_sac():
     2 devices, are what the standalone SAC learner makes of them on one, each from a
     fresh Adam state; and a member acts with SAC's deterministic action."""
     algo = cemrl.CEMRL(CEM_CONFIG, make_mesh(2))
-    spec, n = algo.task.spec, CEM_CONFIG.updates_per_actor
+    spec = algo.task.spec
+    n = CEM_CONFIG.updates_per_actor
     buffer = _buffer(spec, 100, jax.random.key(1))
     critic = algo.learner.rl.init_shared(jax.random.key(2))
     flat = jax.vmap(algo.task.init_solution)(jax.random.split(jax.random.key(3), 2))
@@ -122,7 +141,8 @@ def test_cemrl_actor_updates_equal_standalone_sac():
     assert ravel_pytree(template)[0].shape == flat.shape[1:]
     train = jax.jit(lambda s, k: ref.train(s, buffer, hp, k, n, CEM_CONFIG.sac.batch_size))
     state = sac.SACState(None, critic.critic, critic.log_alpha, critic.alpha_opt_state)
-    expected, alpha_losses = [], []
+    expected = []
+    alpha_losses = []
     for actor, k in zip(flat, jax.random.split(key, 2), strict=True):
         params = unravel(actor)
         fresh = ref.optimizers(hp)[0].init(params)
@@ -147,15 +167,17 @@ def test_erl_learner_learns_and_explores_as_sac():
     """ERL's SAC learner takes the standalone learner's updates on 2 devices, and
     explores with samples of its policy, not its deterministic action."""
     algo = erl.ERL(ERL_CONFIG, make_mesh(2))
-    rl, spec = algo.learner.rl, algo.task.spec
+    rl = algo.learner.rl
+    spec = algo.task.spec
     buffer = _buffer(spec, 100, jax.random.key(1))
     state = algo.learner.init(jax.random.key(2)).learner
     key = jax.random.key(3)
     learned, _ = jax.jit(rl.learn)(state, buffer, key)
     ref, hp = _standalone(spec, ERL_CONFIG.sac)
     c = ERL_CONFIG
-    train = jax.jit(lambda s: ref.train(s, buffer, hp, key, c.updates_per_generation,
-                                        c.sac.batch_size))  # fmt: skip
+    train = jax.jit(
+        lambda s: ref.train(s, buffer, hp, key, c.updates_per_generation, c.sac.batch_size)
+    )
     expected, _ = train(state)
     chex.assert_trees_all_close(learned, expected, rtol=2e-4, atol=1e-5)
 
@@ -169,12 +191,41 @@ def test_erl_learner_learns_and_explores_as_sac():
 
 def test_cli_trains_cemrl_with_sac(tmp_path, capsys):
     run = tmp_path / "run"
-    args = ["train", "-a", "cemrl", "--set", "learner=sac", "--pop", "4", "--generations", "2",
-            "--set", "num_elites=2", "--set", "num_rl_actors=2", "--set", "learning_starts=40",
-            "--set", "episode_length=20", "--set", "eval_episodes=1",
-            "--set", "updates_per_actor=3", "--set", "sac.batch_size=16",
-            "--set", "sac.actor_hidden_sizes=[8]", "--set", "sac.critic_hidden_sizes=[16]",
-            "--devices", "2", "-q", "--no-figure", "--out", str(run)]  # fmt: skip
+    args = [
+        "train",
+        "-a",
+        "cemrl",
+        "--set",
+        "learner=sac",
+        "--pop",
+        "4",
+        "--generations",
+        "2",
+        "--set",
+        "num_elites=2",
+        "--set",
+        "num_rl_actors=2",
+        "--set",
+        "learning_starts=40",
+        "--set",
+        "episode_length=20",
+        "--set",
+        "eval_episodes=1",
+        "--set",
+        "updates_per_actor=3",
+        "--set",
+        "sac.batch_size=16",
+        "--set",
+        "sac.actor_hidden_sizes=[8]",
+        "--set",
+        "sac.critic_hidden_sizes=[16]",
+        "--devices",
+        "2",
+        "-q",
+        "--no-figure",
+        "--out",
+        str(run),
+    ]
     assert cli.main(args) == 0, capsys.readouterr().err
     with open(run / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
@@ -188,13 +239,17 @@ def test_cli_trains_cemrl_with_sac(tmp_path, capsys):
     "args, words",
     [
         (["-a", "erl", "--set", "learner=sca"], ["learner: unknown value 'sca'", "'sac'"]),
-        (["-a", "cemrl", "--set", "learner=sac", "--task", "CartPole-v1"],
-         ["needs continuous actions", "'Pendulum-v1'"]),
-        (["-a", "cemrl", "--set", "learner=sac", "--set", "sac.batch_size=30", "--devices", "4"],
-         ["SAC minibatch's samples (30)", "4 devices", "28 or 32", "sac.batch_size"]),
+        (
+            ["-a", "cemrl", "--set", "learner=sac", "--task", "CartPole-v1"],
+            ["needs continuous actions", "'Pendulum-v1'"],
+        ),
+        (
+            ["-a", "cemrl", "--set", "learner=sac", "--set", "sac.batch_size=30", "--devices", "4"],
+            ["SAC minibatch's samples (30)", "4 devices", "28 or 32", "sac.batch_size"],
+        ),
     ],
     ids=["unknown-learner", "discrete-task", "batch-split"],
-)  # fmt: skip
+)
 def test_cli_config_errors_are_one_line(tmp_path, capsys, args, words):
     out = ["--out", str(tmp_path / "r"), "--generations", "1", "-q", "--no-figure"]
     assert cli.main(["train", *args, *out]) == 2
@@ -205,8 +260,11 @@ def test_cli_config_errors_are_one_line(tmp_path, capsys, args, words):
 
 
 def test_config_errors():
-    with pytest.raises(ConfigError, match=r"learner: 'ppo' cannot be the RL part of CEM-RL or "
-                                          r"ERL\. Valid: sac, td3\."):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"learner: 'ppo' cannot be the RL part of CEM-RL or "
+        r"ERL\. Valid: sac, td3\.",
+    ):
         cemrl.Config(learner="ppo").validate()
     with pytest.raises(ConfigError, match="smaller than one SAC batch"):
         erl.Config(learner="sac", buffer_capacity=16, learning_starts=0, sac=TINY_SAC).validate()
@@ -228,7 +286,8 @@ def test_cemrl_with_sac_learns_pendulum():
     algo = cemrl.CEMRL(cemrl.Config(learner="sac"), make_mesh(1))
     state = algo.init(jax.random.key(0))
     step = jax.jit(algo.step)
-    start, returns = time.perf_counter(), []
+    start = time.perf_counter()
+    returns = []
     for generation in range(20):  # 20 x 2000 steps
         state, metrics = step(state, jax.random.fold_in(jax.random.key(1), generation))
         returns.append(round(float(metrics["eval_return"])))

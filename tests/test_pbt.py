@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import yaml
 from flax.traverse_util import flatten_dict
+from test_hybrid import stepwise
 
 from evorl_pop import cli, make_mesh
 from evorl_pop.algorithms import pbt
@@ -47,13 +48,7 @@ def _equal(a, b):
 @pytest.fixture(scope="module")
 def reference():
     algo = pbt.PBT(CONFIG, make_mesh(1))
-    step = jax.jit(algo.step)
-    states, metrics = [algo.init(jax.random.key(0))], []
-    for k in KEYS:
-        state, m = step(states[-1], k)
-        states.append(state)
-        metrics.append(m)
-    assert step._cache_size() == 1  # new hyperparameters never recompile
+    states, metrics, _ = stepwise(algo, KEYS)  # new hyperparameters never recompile
     return algo, states, metrics
 
 
@@ -104,10 +99,13 @@ def test_exploit_copies_donors_exactly_into_the_bottom_fraction(reference, n):
     learners, hps, returns, valid = _padded_population(algo, before, n)
     # evosax fitness (minimised) of the real members: the decoys are never ranked
     new_learners, new_hps = jax.jit(algo.exploit)(learners, hps, -returns, KEYS[0])
-    pop, k = CONFIG.population_size, algo.num_replaced
+    pop = CONFIG.population_size
+    k = algo.num_replaced
     ranked = np.argsort(-np.asarray(returns))
-    top, bottom = set(ranked[:k].tolist()), set(ranked[pop - k :].tolist())
-    low, high = np.asarray(algo.low), np.asarray(algo.high)
+    top = set(ranked[:k].tolist())
+    bottom = set(ranked[pop - k :].tolist())
+    low = np.asarray(algo.low)
+    high = np.asarray(algo.high)
     donors = []
     for i in range(pop):
         mine = _row(new_learners, i)
@@ -140,7 +138,8 @@ def test_exploit_copies_donors_exactly_into_the_bottom_fraction(reference, n):
 def test_explore_stays_within_bounds():
     config = dataclasses.replace(CONFIG, resample_prob=0.3)
     algo = pbt.PBT(config)
-    low, high = np.asarray(algo.low), np.asarray(algo.high)
+    low = np.asarray(algo.low)
+    high = np.asarray(algo.high)
     keys = jax.random.split(jax.random.key(3), 256)
     at_bounds = jnp.stack([algo.low, algo.high, 0.5 * (algo.low + algo.high)])
     values = jax.vmap(lambda k: jax.vmap(algo.explore, (0, None))(at_bounds, k))(keys)
@@ -186,16 +185,19 @@ def _flat(tree):
 
 
 def test_resumed_run_equals_uninterrupted_and_plots_hyperparameters(tmp_path):
-    whole, part = tmp_path / "whole", tmp_path / "part"
+    whole = tmp_path / "whole"
+    part = tmp_path / "part"
     common = ["--devices", "2", "-q", "--no-figure", "--checkpoint-every", "1"]
     cfg = _write_config(tmp_path / "pbt.yaml", 3)
     assert cli.main(["train", "--config", cfg, "--out", str(whole), *common]) == 0
     short = _write_config(tmp_path / "short.yaml", 2)
     assert cli.main(["train", "--config", short, "--out", str(part), *common]) == 0
     assert cli.main(["resume", str(part), "--generations", "3", "-q", "--no-figure"]) == 0
-    a, b = restore.load_checkpoint(part), restore.load_checkpoint(whole)
+    a = restore.load_checkpoint(part)
+    b = restore.load_checkpoint(whole)
     assert a.generation == b.generation == 3
-    flat_a, flat_b = _flat(a.state), _flat(b.state)
+    flat_a = _flat(a.state)
+    flat_b = _flat(b.state)
     assert flat_a.keys() == flat_b.keys()
     for name in flat_a:
         np.testing.assert_array_equal(flat_a[name], flat_b[name], err_msg=name)

@@ -13,26 +13,49 @@ from evorl_pop.algorithms import pbt, ppo, sac
 from evorl_pop.base import ConfigError
 from evorl_pop.run import restore, store
 
-PPO_MEMBERS = pbt.Config(
-    task="CartPole-v1",
-    learner="ppo",
-    population_size=3,  # padded to 4 on 2 devices
-    interval=64,
-    eval_episodes=1,
-    episode_length=50,
-    ppo=ppo.Config(num_envs=4, unroll_length=16, num_minibatches=2, num_epochs=1,
-                   policy_hidden_sizes=(8,), value_hidden_sizes=(8,)),
-)  # fmt: skip
-SAC_MEMBERS = pbt.Config(
-    task="Pendulum-v1",
-    learner="sac",
-    population_size=3,
-    interval=100,
-    eval_episodes=1,
-    episode_length=25,
-    sac=sac.Config(num_envs=2, unroll_length=25, batch_size=16, learning_starts=50,
-                   updates_per_step=0.1, actor_hidden_sizes=(8,), critic_hidden_sizes=(8,)),
-)  # fmt: skip
+
+def _members(learner: str, task: str, interval: int, episode_length: int, settings):
+    """Three tiny members of ``learner`` (padded to 4 on 2 devices), one evaluation episode."""
+    return pbt.Config(
+        task=task,
+        learner=learner,
+        population_size=3,
+        interval=interval,
+        eval_episodes=1,
+        episode_length=episode_length,
+        **{learner: settings},
+    )
+
+
+PPO_MEMBERS = _members(
+    "ppo",
+    "CartPole-v1",
+    64,
+    50,
+    ppo.Config(
+        num_envs=4,
+        unroll_length=16,
+        num_minibatches=2,
+        num_epochs=1,
+        policy_hidden_sizes=(8,),
+        value_hidden_sizes=(8,),
+    ),
+)
+SAC_MEMBERS = _members(
+    "sac",
+    "Pendulum-v1",
+    100,
+    25,
+    sac.Config(
+        num_envs=2,
+        unroll_length=25,
+        batch_size=16,
+        learning_starts=50,
+        updates_per_step=0.1,
+        actor_hidden_sizes=(8,),
+        critic_hidden_sizes=(8,),
+    ),
+)
 
 
 def _run(config, n, generations=2):
@@ -81,9 +104,18 @@ def test_a_members_searched_learning_rate_is_the_one_it_trains_with():
 
 def test_default_search_is_the_learners_own():
     assert [h.name for h in pbt.Config(learner="ppo").searched()] == [
-        "learning_rate", "clip_epsilon", "entropy_cost", "gae_lambda", "discount"]  # fmt: skip
+        "learning_rate",
+        "clip_epsilon",
+        "entropy_cost",
+        "gae_lambda",
+        "discount",
+    ]
     assert [h.name for h in pbt.Config(learner="sac").searched()] == [
-        "actor_lr", "critic_lr", "target_entropy_scale", "discount"]  # fmt: skip
+        "actor_lr",
+        "critic_lr",
+        "target_entropy_scale",
+        "discount",
+    ]
     assert pbt.Config().learner == "td3" and pbt.Config().searched()[0].name == "actor_lr"
 
 
@@ -93,24 +125,35 @@ def test_bad_learner_settings_say_what_to_change():
     with pytest.raises(ConfigError, match="learner: unknown value 'ppo2'"):
         pbt.Config(learner="ppo2").validate()
     with pytest.raises(ConfigError, match="interval=100 must be a whole number of ppo"):
-        pbt.PBT(pbt.Config(task="CartPole-v1", learner="ppo", interval=100,
-                           ppo=PPO_MEMBERS.ppo))  # fmt: skip
+        pbt.PBT(pbt.Config(task="CartPole-v1", learner="ppo", interval=100, ppo=PPO_MEMBERS.ppo))
 
 
 def test_cli_trains_pbt_over_ppo_and_resumes_exactly(tmp_path):
     """``-a pbt --set learner=ppo`` runs from the command line; a resumed run equals
     the uninterrupted one."""
-    settings = ["task=CartPole-v1", "learner=ppo", "population_size=2", "interval=64",
-                "eval_episodes=1", "episode_length=50", "ppo.num_envs=4", "ppo.unroll_length=16",
-                "ppo.num_minibatches=2", "ppo.num_epochs=1", "ppo.policy_hidden_sizes=[8]",
-                "ppo.value_hidden_sizes=[8]"]  # fmt: skip
+    settings = [
+        "task=CartPole-v1",
+        "learner=ppo",
+        "population_size=2",
+        "interval=64",
+        "eval_episodes=1",
+        "episode_length=50",
+        "ppo.num_envs=4",
+        "ppo.unroll_length=16",
+        "ppo.num_minibatches=2",
+        "ppo.num_epochs=1",
+        "ppo.policy_hidden_sizes=[8]",
+        "ppo.value_hidden_sizes=[8]",
+    ]
     common = ["train", "-a", "pbt", "-q", "--no-figure", "--devices", "1"]
     common += [x for s in settings for x in ("--set", s)]
-    whole, part = tmp_path / "whole", tmp_path / "part"
+    whole = tmp_path / "whole"
+    part = tmp_path / "part"
     assert cli.main([*common, "-g", "2", "--out", str(whole)]) == 0
     assert cli.main([*common, "-g", "1", "--out", str(part)]) == 0
     assert cli.main(["resume", str(part), "--generations", "2", "-q", "--no-figure"]) == 0
-    a, b = restore.load_checkpoint(whole), restore.load_checkpoint(part)
+    a = restore.load_checkpoint(whole)
+    b = restore.load_checkpoint(part)
     assert a.generation == b.generation == 2 and a.env_steps == b.env_steps == 2 * 2 * 64
     for x, y in zip(jax.tree.leaves(a.state), jax.tree.leaves(b.state), strict=True):
         np.testing.assert_array_equal(x, y)

@@ -266,8 +266,13 @@ def test_time_limit_is_not_terminal(pendulum):
 
 def _collecting_engine(pop, n, episode_length):
     """The engine evaluating a population of TINY actors, collecting their transitions."""
-    task = ControlTask("Pendulum-v1", TINY.actor_hidden_sizes, TINY.actor_activation,
-                       episode_length=episode_length, transitions=True)  # fmt: skip
+    task = ControlTask(
+        "Pendulum-v1",
+        TINY.actor_hidden_sizes,
+        TINY.actor_activation,
+        episode_length=episode_length,
+        transitions=True,
+    )
     strategy = CEM(pop, jnp.zeros(task.num_dims), 2, Config())
     return task, Engine(strategy, task, make_mesh(n))
 
@@ -283,11 +288,15 @@ def test_collecting_evaluation_global_statistics(n):
     ref = jax.jit(
         jax.vmap(
             lambda x, i: collect_episode(
-                task.env, task.policy, task.unravel(x),
-                jax.random.split(jax.random.fold_in(jax.random.key(9), i))[0], 0.0, 12,
+                task.env,
+                task.policy,
+                task.unravel(x),
+                jax.random.split(jax.random.fold_in(jax.random.key(9), i))[0],
+                0.0,
+                12,
             )
         )
-    )(flat, jnp.arange(pop))  # fmt: skip
+    )(flat, jnp.arange(pop))
     r = np.asarray(ref.episode_return)
     np.testing.assert_allclose(summary.scores[:pop], r, rtol=1e-5)
     m = summary.metrics()

@@ -3,7 +3,8 @@
 A learner (PPO, SAC) keeps its networks, optimizer states and replay buffer
 replicated on every device of a one-dimensional ``DP`` mesh, and its batch of
 environments split over it: each device steps its contiguous slice of the
-environments and differentiates its contiguous slice of every minibatch.
+environments and differentiates its contiguous slice of every minibatch. Its
+config extends :class:`LearnerConfig`.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop import distributed as dist
-from evorl_pop.base import ConfigError
+from evorl_pop.base import ConfigError, check_config
 from evorl_pop.core.engine import make_mesh
+from evorl_pop.tasks.envs import env_names
 
 
 def dp_mesh(mesh: Mesh | None) -> Mesh:
@@ -113,6 +115,44 @@ def advance(state: Any, metrics: dict, steps: int, mesh: Mesh) -> tuple[Any, dic
     """
     state = state.replace(generation=state.generation + 1)
     return place_state(state, mesh), {**metrics, "env_steps": jnp.int32(steps)}
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+    """The settings every learner on a ``DP`` mesh has (PPO's and SAC's configs add theirs).
+
+    Attributes:
+      task: an environment (gymnax, e.g. ``'CartPole-v1'``, or ``'brax/hopper'``).
+      num_envs: environments stepped together, split over the devices.
+      unroll_length: steps of every environment per step of the learner.
+      episode_length: steps before an episode is truncated (``null``: the task's).
+      backend: brax's physics backend (``null``: evorl_pop's default, spring).
+    """
+
+    task: str = "CartPole-v1"
+    num_envs: int = 32
+    unroll_length: int = 64
+    episode_length: int | None = None
+    backend: str | None = None
+
+    #: The learner's searchable settings, traced: a flax struct with ``create(**values)``
+    #: whose fields are settings of the config (``Hyperparameters``).
+    HYPERPARAMETERS = None
+
+    def validate(self) -> None:
+        """Raises :class:`~evorl_pop.base.ConfigError` naming a value that cannot run."""
+        least = {"num_envs": 1, "unroll_length": 1, "episode_length": 1}
+        check_config(self, {"task": env_names()}, least)
+
+    def hyperparameters(self) -> Any:
+        """The searchable settings as traced scalars (:func:`traced_settings`)."""
+        return traced_settings(self.HYPERPARAMETERS, self)
+
+
+def traced_settings(cls: type, config: Any) -> Any:
+    """``cls.create`` of ``config``'s values of ``cls``'s fields: a learner's searchable
+    settings (its ``Hyperparameters``) as traced scalars."""
+    return cls.create(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
 
 
 class DataParallel:

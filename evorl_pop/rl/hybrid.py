@@ -15,7 +15,8 @@ replay buffer that takes every valid step of the population's evaluations, the
 learning gate (:func:`when_ready`), the ``'DP'`` split of each minibatch over the
 population's devices, and CEM-RL's training of several actors against one shared
 critic. Each learner's own half sits beside it (:class:`~evorl_pop.rl.td3.TD3Learner`,
-:class:`~evorl_pop.rl.sac.SACHybridLearner`).
+:class:`~evorl_pop.rl.sac.SACHybridLearner`). :class:`ReplayMember` makes such a learner
+a PBT member with a replay buffer of its own (TD3's).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from evorl_pop import registry
 from evorl_pop.base import ConfigError, EnvSpec, check_config, did_you_mean
 from evorl_pop.rl import data_parallel
 from evorl_pop.rl.replay import ReplayBuffer
-from evorl_pop.tasks.rollout import Transition, evaluate_episodes, rollout
+from evorl_pop.tasks.rollout import Episode, Transition, evaluate_episodes, rollout
 
 #: gymnax environments with continuous actions (those an actor-critic learner can learn).
 CONTINUOUS_ENVS = (
@@ -175,9 +176,7 @@ class HybridConfig:
         valid = registry.learners_with(self.ROLE)
         listed = f"Valid: {', '.join(valid)}."
         if spec is not None:
-            raise ConfigError(
-                f"learner: {self.learner!r} cannot be {_ROLES[self.ROLE]}. {listed}"
-            )
+            raise ConfigError(f"learner: {self.learner!r} cannot be {_ROLES[self.ROLE]}. {listed}")
         hint = did_you_mean(self.learner, valid)
         raise ConfigError(
             f"learner: unknown value {self.learner!r}.{hint} {listed} A learner of your own: "
@@ -267,7 +266,8 @@ class ReplayLearner:
     (and a batch), and split each minibatch over a ``'DP'`` mesh on the
     population's devices. A subclass sets :attr:`learn` (``(state, buffer, key)
     -> (state, losses)``, made by :meth:`data_parallel`) and defines ``init``,
-    ``actor``, ``shared``, ``with_actor`` and ``explore``.
+    ``actor``, ``shared`` and ``with_actor``; it explores with Gaussian action noise
+    unless it defines ``explore`` too.
 
     Args:
       task: the control task the population is evaluated on (its policy is the actor).
@@ -314,6 +314,14 @@ class ReplayLearner:
     def init_shared(self, key: jax.Array) -> Any:
         """A fresh shared part (CEM-RL's): that of a fresh learner state."""
         return self.shared(self.init(key))
+
+    def explore(self, params: Any, key: jax.Array, noise_std: float) -> Episode:
+        """An episode of the actor ``params`` with Gaussian action noise of
+        ``noise_std`` (half action ranges), its transitions collected."""
+        length = self.config.episode_length
+        return rollout(
+            self.task.env, self.task.policy, params, key, None, length, noise_std, collect=True
+        )
 
     def train_actors(self, shared: Any, flat: jax.Array, buffer: ReplayBuffer, key: jax.Array):
         """The learner's updates of each actor in turn, all against (and training)
@@ -405,18 +413,9 @@ class ReplayMember:
         return self.make_learner({}).init(key), buffer
 
     def train(self, learner: Any, buffer: ReplayBuffer, values: dict, key: jax.Array):
-        """One interval: episodes into the buffer, updates after each.
-
-        Args:
-          learner: the member's learner state.
-          buffer: its replay buffer.
-          values: its searched hyperparameters, name to traced scalar.
-          key: its PRNG key.
-
-        Returns:
-          ``(learner, buffer, steps, episodes, losses)``: the losses of each episode's
-          updates (NaN before learning starts).
-        """
+        """One interval (:meth:`~evorl_pop.algorithms.pbt_members.Member.train`): episodes
+        into the buffer, each followed by updates; the metrics are each episode's losses
+        (NaN before learning starts)."""
         rl = self.make_learner(values)
         noise = values.get("exploration_noise", self.config.exploration_noise)
 
@@ -424,8 +423,16 @@ class ReplayMember:
             learner, buffer = carry
             collect_key, train_key = jax.random.split(key)
             params = self.actor(learner)
-            ep = rollout(self.env, self.policy, params, collect_key, None, self.episode_length,
-                         noise, collect=True)  # fmt: skip
+            ep = rollout(
+                self.env,
+                self.policy,
+                params,
+                collect_key,
+                None,
+                self.episode_length,
+                noise,
+                collect=True,
+            )
             buffer = buffer.add(ep.transitions, ep.valid)
             learner, losses = when_ready(
                 buffer.size >= self.start,
@@ -443,6 +450,7 @@ class ReplayMember:
         """The mean return of the member's actor without noise."""
         del buffer
         params = self.actor(learner)
-        stats = evaluate_episodes(self.env, self.policy, params, key, episodes, None,
-                                  self.episode_length)  # fmt: skip
+        stats = evaluate_episodes(
+            self.env, self.policy, params, key, episodes, None, self.episode_length
+        )
         return stats.episode_return

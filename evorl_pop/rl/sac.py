@@ -44,11 +44,11 @@ import optax
 
 from evorl_pop import distributed as dist
 from evorl_pop.base import ConfigError, EnvSpec, did_you_mean
-from evorl_pop.rl import replay
+from evorl_pop.rl import data_parallel, replay
 from evorl_pop.rl.distributions import TanhNormal
 from evorl_pop.rl.hybrid import HybridConfig, ReplayLearner, check_continuous
 from evorl_pop.rl.replay import ReplayBuffer
-from evorl_pop.rl.td3 import CriticState, polyak
+from evorl_pop.rl.td3 import ActorCriticConfig, CriticState, polyak
 from evorl_pop.tasks.control import ControlTask
 from evorl_pop.tasks.envs import make_env
 from evorl_pop.tasks.policies import ACTIVATIONS, MLP, Critic, gaussian_policy
@@ -157,34 +157,58 @@ def soft_target(
     return reward + discount * (1.0 - terminal) * soft_value
 
 
-def check_settings(config: Any, prefix: str = "") -> None:
-    """Raises a ConfigError naming the first of SAC's learning settings that cannot run,
-    wherever they are given (``prefix``: ``'sac.'`` in a hybrid's config).
+@dataclasses.dataclass(frozen=True)
+class SACSettings(ActorCriticConfig):
+    """SAC's learning settings, wherever a config holds them: those of
+    :class:`~evorl_pop.rl.td3.ActorCriticConfig` and these.
 
-    Args:
-      config: a config with SAC's fields (``actor_lr``, ``critic_lr``, ``alpha_lr``,
-        ``reward_scaling``, ``discount``, ``tau``, ``init_alpha``, the hidden sizes,
-        ``activation``).
-      prefix: prepended to the field names in the message.
+    Attributes:
+      activation: the actor's ``'relu'``, ``'tanh'`` or ``'elu'`` (the critics use relu).
+      alpha_lr: Adam's step size for the log-temperature.
+      target_entropy_scale: the target entropy is ``-scale * action_dim``.
+      init_alpha: the initial temperature.
+      reward_scaling: rewards are multiplied by it for learning (not in the metrics).
     """
-    for name in ("actor_lr", "critic_lr", "alpha_lr", "reward_scaling"):
-        if getattr(config, name) < 0:
-            raise ConfigError(f"{prefix}{name} must be >= 0, got {getattr(config, name)}.")
-    if not 0.0 <= config.discount <= 1.0:
-        raise ConfigError(f"{prefix}discount must be in [0, 1], got {config.discount}.")
-    if not 0.0 < config.tau <= 1.0:
-        raise ConfigError(f"{prefix}tau must be in (0, 1], got {config.tau}.")
-    if config.init_alpha <= 0:
-        raise ConfigError(f"{prefix}init_alpha must be > 0, got {config.init_alpha}.")
-    for name in ("actor_hidden_sizes", "critic_hidden_sizes"):
-        if any(width < 1 for width in getattr(config, name)):
+
+    actor_hidden_sizes: tuple[int, ...] = (256, 256)
+    activation: str = "relu"
+    alpha_lr: float = 1e-3
+    target_entropy_scale: float = 1.0
+    init_alpha: float = 1.0
+    reward_scaling: float = 1.0
+
+    def validate(self) -> None:
+        """Raises a ConfigError naming the first setting that cannot run."""
+        super().validate()
+        prefix = self.PREFIX
+        for name in ("actor_lr", "critic_lr", "alpha_lr", "reward_scaling"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{prefix}{name} must be >= 0, got {getattr(self, name)}.")
+        if not 0.0 <= self.discount <= 1.0:
+            raise ConfigError(f"{prefix}discount must be in [0, 1], got {self.discount}.")
+        if self.init_alpha <= 0:
+            raise ConfigError(f"{prefix}init_alpha must be > 0, got {self.init_alpha}.")
+        if self.activation not in ACTIVATIONS:
+            hint = did_you_mean(self.activation, ACTIVATIONS)
+            valid = ", ".join(sorted(ACTIVATIONS))
             raise ConfigError(
-                f"{prefix}{name} must be positive widths, got {getattr(config, name)}."
+                f"{prefix}activation: unknown value {self.activation!r}.{hint} Valid: {valid}."
             )
-    if config.activation not in ACTIVATIONS:
-        hint, valid = did_you_mean(config.activation, ACTIVATIONS), ", ".join(sorted(ACTIVATIONS))
-        raise ConfigError(
-            f"{prefix}activation: unknown value {config.activation!r}.{hint} Valid: {valid}."
+
+    def hyperparameters(self) -> Hyperparameters:
+        """The searchable settings as traced scalars."""
+        return data_parallel.traced_settings(Hyperparameters, self)
+
+    def make_learner(self, spec: EnvSpec) -> SACLearner:
+        """SAC's networks, losses and updates on ``spec`` with these settings."""
+        return SACLearner(
+            spec,
+            self.actor_hidden_sizes,
+            self.critic_hidden_sizes,
+            self.activation,
+            self.tau,
+            self.reward_scaling,
+            self.init_alpha,
         )
 
 
@@ -431,43 +455,14 @@ class SACLearner:
 
 
 @dataclasses.dataclass(frozen=True)
-class SACConfig:
-    """SAC's settings as CEM-RL's and ERL's learner (the SAC algorithm's defaults, smaller
-    nets).
-
-    Attributes:
-      actor_hidden_sizes: hidden widths of the actor (the population's network).
-      activation: the actor's ``'relu'``, ``'tanh'`` or ``'elu'`` (the critics use relu).
-      critic_hidden_sizes: hidden widths of each critic.
-      actor_lr: Adam's step size for the actors.
-      critic_lr: for the critics.
-      alpha_lr: for the log-temperature.
-      target_entropy_scale: the target entropy is ``-scale * action_dim``.
-      discount: the discount factor gamma.
-      tau: Polyak averaging rate of the target critics.
-      init_alpha: the initial temperature.
-      reward_scaling: rewards are multiplied by it in the critics' target.
-      batch_size: global minibatch size, split over the devices.
-    """
+class SACConfig(SACSettings):
+    """SAC's settings as CEM-RL's and ERL's learner (:class:`SACSettings`, smaller nets)."""
 
     actor_hidden_sizes: tuple[int, ...] = (64, 64)
-    activation: str = "relu"
     critic_hidden_sizes: tuple[int, ...] = (128, 128)
-    actor_lr: float = 1e-3
-    critic_lr: float = 1e-3
-    alpha_lr: float = 1e-3
-    target_entropy_scale: float = 1.0
-    discount: float = 0.99
-    tau: float = 0.005
-    init_alpha: float = 1.0
-    reward_scaling: float = 1.0
     batch_size: int = 128
 
-    def validate(self) -> None:
-        """Raises a ConfigError naming a setting that cannot run."""
-        if self.batch_size < 1:
-            raise ConfigError(f"sac.batch_size must be at least 1, got {self.batch_size}.")
-        check_settings(self, "sac.")
+    PREFIX = "sac."
 
 
 def actor_task(config: HybridConfig, settings: SACConfig) -> ControlTask:
@@ -524,22 +519,8 @@ class SACHybridLearner(ReplayLearner):
         check_continuous(task.spec, algorithm)
         c = settings
         super().__init__(task, config, mesh, c.batch_size, "SAC")
-        self.sac = SACLearner(
-            task.spec,
-            c.actor_hidden_sizes,
-            c.critic_hidden_sizes,
-            c.activation,
-            c.tau,
-            c.reward_scaling,
-            c.init_alpha,
-        )
-        self.hyperparameters = Hyperparameters.create(
-            actor_lr=c.actor_lr,
-            critic_lr=c.critic_lr,
-            alpha_lr=c.alpha_lr,
-            target_entropy_scale=c.target_entropy_scale,
-            discount=c.discount,
-        )
+        self.sac = c.make_learner(task.spec)
+        self.hyperparameters = c.hyperparameters()
 
         def local(state, buffer, key):
             hp = self.hyperparameters
@@ -576,5 +557,13 @@ class SACHybridLearner(ReplayLearner):
         transitions collected (``noise_std``, TD3's action noise, is not used)."""
         del noise_std
         length = self.config.episode_length
-        return rollout(self.task.env, self.sampling_policy, params, key, None, length,
-                       collect=True, sample=True)  # fmt: skip
+        return rollout(
+            self.task.env,
+            self.sampling_policy,
+            params,
+            key,
+            None,
+            length,
+            collect=True,
+            sample=True,
+        )

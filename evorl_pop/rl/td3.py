@@ -36,49 +36,73 @@ from evorl_pop.rl.hybrid import HybridConfig, ReplayLearner, ReplayMember, check
 from evorl_pop.rl.replay import ReplayBuffer
 from evorl_pop.tasks.control import ControlTask
 from evorl_pop.tasks.policies import Critic, Policy, make_policy
-from evorl_pop.tasks.rollout import Episode, Transition, rollout
+from evorl_pop.tasks.rollout import Transition
 
 
 @dataclasses.dataclass(frozen=True)
-class TD3Config:
-    """TD3 hyper-parameters (defaults as in Fujimoto et al. 2018, smaller nets).
+class ActorCriticConfig:
+    """The settings every actor-critic learner here has (TD3's; SAC's, whose twin
+    critics and their Polyak update are TD3's).
 
     Attributes:
       actor_hidden_sizes: hidden widths of the actor MLP.
-      actor_activation: ``'relu'``, ``'tanh'`` or ``'elu'``.
       critic_hidden_sizes: hidden widths of each critic.
-      actor_lr: Adam learning rate of the actor.
-      critic_lr: Adam learning rate of the critics.
+      actor_lr: Adam's step size for the actor.
+      critic_lr: Adam's step size for the critics.
       discount: the discount factor gamma.
       tau: Polyak averaging rate of the target networks.
-      policy_noise: std of the target-policy smoothing noise, in units of half
-        the action range.
-      noise_clip: clip of that noise, in the same units.
-      policy_delay: critic updates per actor (and target) update.
-      batch_size: global minibatch size.
+      batch_size: global minibatch size, split over the devices.
     """
 
     actor_hidden_sizes: tuple[int, ...] = (64, 64)
-    actor_activation: str = "relu"
     critic_hidden_sizes: tuple[int, ...] = (256, 256)
     actor_lr: float = 1e-3
     critic_lr: float = 1e-3
     discount: float = 0.99
     tau: float = 0.005
+    batch_size: int = 256
+
+    #: Where a config holds these settings (``'td3.'``), for messages.
+    PREFIX = ""
+
+    def validate(self) -> None:
+        """Raises a ConfigError naming a setting that cannot run (the ones that stay Python
+        values: a population's search may trace the learning rates and the discount)."""
+        if self.batch_size < 1:
+            raise ConfigError(f"{self.PREFIX}batch_size must be at least 1, got {self.batch_size}.")
+        if not 0.0 < self.tau <= 1.0:
+            raise ConfigError(f"{self.PREFIX}tau must be in (0, 1], got {self.tau}.")
+        for name in ("actor_hidden_sizes", "critic_hidden_sizes"):
+            widths = getattr(self, name)
+            if any(width < 1 for width in widths):
+                raise ConfigError(f"{self.PREFIX}{name} must be positive widths, got {widths}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class TD3Config(ActorCriticConfig):
+    """TD3 hyper-parameters (defaults as in Fujimoto et al. 2018, smaller nets): those of
+    :class:`ActorCriticConfig` and these.
+
+    Attributes:
+      actor_activation: ``'relu'``, ``'tanh'`` or ``'elu'``.
+      policy_noise: std of the target-policy smoothing noise, in units of half
+        the action range.
+      noise_clip: clip of that noise, in the same units.
+      policy_delay: critic updates per actor (and target) update.
+    """
+
+    actor_activation: str = "relu"
     policy_noise: float = 0.2
     noise_clip: float = 0.5
     policy_delay: int = 2
-    batch_size: int = 256
+
+    PREFIX = "td3."
 
     def validate(self) -> None:
         """Raises a ConfigError naming a setting that cannot run."""
-        for name in ("batch_size", "policy_delay"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"td3.{name} must be at least 1, got {getattr(self, name)}.")
-        if not 0.0 < self.tau <= 1.0:
-            raise ConfigError(f"td3.tau must be in (0, 1], got {self.tau}.")
-        if any(h < 1 for h in (*self.actor_hidden_sizes, *self.critic_hidden_sizes)):
-            raise ConfigError("td3 hidden sizes must be at least 1.")
+        super().validate()
+        if self.policy_delay < 1:
+            raise ConfigError(f"td3.policy_delay must be at least 1, got {self.policy_delay}.")
 
 
 @flax.struct.dataclass
@@ -459,20 +483,6 @@ class TD3Learner(ReplayLearner):
     def with_actor(self, shared: CriticState, params: Any) -> TD3State:
         """TD3 on ``params`` (its target a copy, a fresh Adam) beside the critic ``shared``."""
         return TD3State(self.td3.init_actor(params), shared, jnp.int32(0))
-
-    def explore(self, params: Any, key: jax.Array, noise_std: float) -> Episode:
-        """An episode of the actor ``params`` with Gaussian action noise of
-        ``noise_std`` (half action ranges), its transitions collected."""
-        return rollout(
-            self.task.env,
-            self.task.policy,
-            params,
-            key,
-            None,
-            self.config.episode_length,
-            noise_std,
-            collect=True,
-        )
 
 
 def member(settings: TD3Config, config: Any) -> ReplayMember:

@@ -33,7 +33,6 @@ from evorl_pop.rl import replay
 from evorl_pop.rl.hybrid import ReplayLearner, ReplayMember, check_continuous
 from evorl_pop.tasks.control import ControlTask
 from evorl_pop.tasks.policies import Critic
-from evorl_pop.tasks.rollout import rollout
 
 #: The losses every learning generation reports.
 LOSSES = ("toy_critic_loss", "toy_actor_loss")
@@ -99,26 +98,29 @@ class Toy:
         action = jax.vmap(self.policy, (None, 0))(state.actor, batch.obs)
         return -jnp.mean(self.critic.apply(state.critic, batch.obs, action))
 
+    def step(self, loss, part: str, state: ToyState, opt_state, batch, axis):
+        """One gradient step of ``loss`` on the ``part`` (``'actor'``, ``'critic'``) of
+        ``state``: ``(loss, state, opt_state)``."""
+        update = dist.agent_gradient_update(
+            loss,
+            self.optimizer,
+            axis,
+            attach_fn=lambda s, params: s.replace(**{part: params}),
+            detach_fn=lambda s: getattr(s, part),
+        )
+        return update(opt_state, state, batch)
+
     def update(self, state: ToyState, batch: Any, axis: str | None) -> tuple[ToyState, dict]:
-        critic_step = dist.agent_gradient_update(
-            self.critic_loss,
-            self.optimizer,
-            axis,
-            attach_fn=lambda s, params: s.replace(critic=params),
-            detach_fn=lambda s: s.critic,
+        """The critic's step, then the actor's against the stepped critic."""
+        critic_loss, state, opt = self.step(
+            self.critic_loss, "critic", state, state.critic_opt, batch, axis
         )
-        critic_loss, state, critic_opt = critic_step(state.critic_opt, state, batch)
-        state = state.replace(critic_opt=critic_opt)
-        actor_step = dist.agent_gradient_update(
-            self.actor_loss,
-            self.optimizer,
-            axis,
-            attach_fn=lambda s, params: s.replace(actor=params),
-            detach_fn=lambda s: s.actor,
+        state = state.replace(critic_opt=opt)
+        actor_loss, state, opt = self.step(
+            self.actor_loss, "actor", state, state.actor_opt, batch, axis
         )
-        actor_loss, state, actor_opt = actor_step(state.actor_opt, state, batch)
         losses = dict(zip(LOSSES, (critic_loss, actor_loss), strict=True))
-        return state.replace(actor_opt=actor_opt), dist.pmean(losses, axis)
+        return state.replace(actor_opt=opt), dist.pmean(losses, axis)
 
     def learn(self, state: ToyState, buffer: Any, key: jax.Array, num_updates: int, axis=None):
         """``num_updates`` updates on minibatches of ``buffer``: ``(state, mean losses)``."""
@@ -169,18 +171,6 @@ class ToyHybrid(ReplayLearner):
     def with_actor(self, shared: tuple[Any, Any], params: Any) -> ToyState:
         critic, critic_opt = shared
         return ToyState(params, critic, self.toy.optimizer.init(params), critic_opt)
-
-    def explore(self, params: Any, key: jax.Array, noise_std: float):
-        return rollout(
-            self.task.env,
-            self.task.policy,
-            params,
-            key,
-            None,
-            self.config.episode_length,
-            noise_std,
-            collect=True,
-        )
 
 
 def member(settings: ToyConfig, config: Any) -> ReplayMember:
