@@ -401,6 +401,7 @@ def _cmd_render(args) -> int:
 
 
 def _cmd_list(args) -> int:
+    registry.load_plugins(args.plugins)
     print("algorithms:")
     for spec in config_lib.specs():
         print(f"  {spec.name:8s} {spec.description}")
@@ -411,6 +412,7 @@ def _cmd_list(args) -> int:
 
     for title, names in (
         ("strategies (es --strategy)", STRATEGIES.names()),
+        ("learners (cemrl, erl, pbt: --set learner=NAME)", registry.LEARNERS.names()),
         ("environments (--task)", tasks.envs.env_names()),
         ("black-box tasks (--task, with --set num_dims=N)", tasks.blackbox.BLACKBOX_FUNCTIONS),
         (
@@ -443,7 +445,6 @@ def main(argv=None) -> int:
     """
     args = build_parser().parse_args(argv)
     try:
-        registry.load_plugins(getattr(args, "plugins", ()))
         status = globals()[f"_cmd_{args.command}"](args)
         sys.stdout.flush()  # a closed pipe shows here, not at exit
         return status
