@@ -48,7 +48,15 @@ from evorl_pop.rl import data_parallel, replay
 from evorl_pop.rl.distributions import TanhNormal
 from evorl_pop.rl.hybrid import HybridConfig, ReplayLearner, check_continuous
 from evorl_pop.rl.replay import ReplayBuffer
-from evorl_pop.rl.td3 import ActorCriticConfig, CriticState, polyak
+from evorl_pop.rl.td3 import (
+    ActorCriticConfig,
+    CriticState,
+    actor_part,
+    critic_part,
+    polyak,
+    with_actor_part,
+    with_critic_part,
+)
 from evorl_pop.tasks.control import ControlTask
 from evorl_pop.tasks.envs import make_env
 from evorl_pop.tasks.policies import ACTIVATIONS, MLP, Critic, gaussian_policy
@@ -95,22 +103,6 @@ def _log_alpha(state: SACState) -> jax.Array:
 
 def _with_log_alpha(state: SACState, log_alpha: jax.Array) -> SACState:
     return state.replace(log_alpha=log_alpha)
-
-
-def _critic_params(state: SACState) -> Any:
-    return state.critic.params
-
-
-def _with_critic_params(state: SACState, params: Any) -> SACState:
-    return state.replace(critic=state.critic.replace(params=params))
-
-
-def _actor_params(state: SACState) -> Any:
-    return state.actor.params
-
-
-def _with_actor_params(state: SACState, params: Any) -> SACState:
-    return state.replace(actor=state.actor.replace(params=params))
 
 
 def _agent_loss(
@@ -383,27 +375,27 @@ class SACLearner:
         )
         log_alpha = _log_alpha(stepped)
         step = dist.agent_gradient_update(
-            _agent_loss(self.critic_loss, _critic_params),
+            _agent_loss(self.critic_loss, critic_part),
             critic_opt,
             dp_axis_name,
-            attach_fn=_with_critic_params,
-            detach_fn=_critic_params,
+            attach_fn=with_critic_part,
+            detach_fn=critic_part,
         )
         c_loss, stepped, critic_opt_state = step(
             state.critic.opt_state, state, batch, hp, critic_key, index
         )
-        critic_params = _critic_params(stepped)
+        critic_params = critic_part(stepped)
         step = dist.agent_gradient_update(
-            _agent_loss(self.actor_loss, _actor_params),
+            _agent_loss(self.actor_loss, actor_part),
             actor_opt,
             dp_axis_name,
-            attach_fn=_with_actor_params,
-            detach_fn=_actor_params,
+            attach_fn=with_actor_part,
+            detach_fn=actor_part,
         )
         p_loss, stepped, actor_opt_state = step(
             state.actor.opt_state, state, batch, actor_key, index
         )
-        actor_params = _actor_params(stepped)
+        actor_params = actor_part(stepped)
         target = polyak(state.critic.target_params, critic_params, self.tau)
         new = SACState(
             actor=ActorState(actor_params, actor_opt_state),

@@ -131,23 +131,27 @@ def polyak(target: Any, online: Any, tau: float) -> Any:
     return jax.tree.map(lambda t, o: (1.0 - tau) * t + tau * o, target, online)
 
 
-# The parts of a TD3State that a gradient step trains: agent_gradient_update's
-# detach_fn and attach_fn.
+# The parts of an actor-critic agent state (TD3's, SAC's: fields ``actor`` and ``critic``,
+# each with ``params``) that agent_gradient_update takes out and puts back.
 
 
-def _critic_params(state: TD3State) -> Any:
+def critic_part(state: Any) -> Any:
+    """The critics' parameters of an actor-critic state (a ``detach_fn``)."""
     return state.critic.params
 
 
-def _with_critic_params(state: TD3State, params: Any) -> TD3State:
+def with_critic_part(state: Any, params: Any) -> Any:
+    """``state`` with the critics' parameters ``params`` (an ``attach_fn``)."""
     return state.replace(critic=state.critic.replace(params=params))
 
 
-def _actor_params(state: TD3State) -> Any:
+def actor_part(state: Any) -> Any:
+    """The actor's parameters of an actor-critic state (a ``detach_fn``)."""
     return state.actor.params
 
 
-def _with_actor_params(state: TD3State, params: Any) -> TD3State:
+def with_actor_part(state: Any, params: Any) -> Any:
+    """``state`` with the actor's parameters ``params`` (an ``attach_fn``)."""
     return state.replace(actor=state.actor.replace(params=params))
 
 
@@ -296,8 +300,8 @@ class TD3:
             loss_fn,
             self.critic_optimizer,
             dp_axis_name,
-            attach_fn=_with_critic_params,
-            detach_fn=_critic_params,
+            attach_fn=with_critic_part,
+            detach_fn=critic_part,
         )
         loss, state, opt_state = step(state.critic.opt_state, state, batch, key, index)
         state = state.replace(critic=state.critic.replace(opt_state=opt_state))
@@ -328,8 +332,8 @@ class TD3:
             loss_fn,
             self.actor_optimizer,
             dp_axis_name,
-            attach_fn=_with_actor_params,
-            detach_fn=_actor_params,
+            attach_fn=with_actor_part,
+            detach_fn=actor_part,
         )
         loss, state, opt_state = step(state.actor.opt_state, state, batch.obs)
         state = state.replace(actor=state.actor.replace(opt_state=opt_state))
