@@ -26,8 +26,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from evorl_pop import distributed as dist
-from evorl_pop import registry
+from evorl_pop import distributed, registry
 from evorl_pop.base import ConfigError, EnvSpec
 from evorl_pop.rl import replay
 from evorl_pop.rl.hybrid import ReplayLearner, ReplayMember, check_continuous
@@ -101,7 +100,7 @@ class Toy:
     def step(self, loss, part: str, state: ToyState, opt_state, batch, axis):
         """One gradient step of ``loss`` on the ``part`` (``'actor'``, ``'critic'``) of
         ``state``: ``(loss, state, opt_state)``."""
-        update = dist.agent_gradient_update(
+        update = distributed.agent_gradient_update(
             loss,
             self.optimizer,
             axis,
@@ -120,7 +119,7 @@ class Toy:
             self.actor_loss, "actor", state, state.actor_opt, batch, axis
         )
         losses = dict(zip(LOSSES, (critic_loss, actor_loss), strict=True))
-        return state.replace(actor_opt=opt), dist.pmean(losses, axis)
+        return state.replace(actor_opt=opt), distributed.pmean(losses, axis)
 
     def learn(self, state: ToyState, buffer: Any, key: jax.Array, num_updates: int, axis=None):
         """``num_updates`` updates on minibatches of ``buffer``: ``(state, mean losses)``."""
@@ -155,7 +154,7 @@ class ToyHybrid(ReplayLearner):
         self.toy = Toy(task.spec, settings, task.policy)
 
         def local(state, buffer, key):
-            return self.toy.learn(state, buffer, key, num_updates, dist.DP_AXIS_NAME)
+            return self.toy.learn(state, buffer, key, num_updates, distributed.DP_AXIS_NAME)
 
         self.learn = self.data_parallel(local)
 
