@@ -32,6 +32,15 @@ def _render(capsys, *args):
     return capsys.readouterr().out
 
 
+def _viewer_system(html):
+    """The system and states brax's HTML viewer shows (its JSON, compressed in the page)."""
+    assert "brax/visualizer/js/viewer.js" in html  # brax's own viewer
+    (encoded,) = re.findall(r'"([A-Za-z0-9+/=]{100,})"', html) or re.findall(
+        r"'([A-Za-z0-9+/=]{100,})'", html
+    )
+    return json.loads(zlib.decompress(base64.b64decode(encoded)))
+
+
 def _returns(out):
     episodes = [float(x) for x in re.findall(r"episode \d+: return (\S+)", out)]
     (line,) = [ln for ln in out.splitlines() if ln.startswith("return ")]
@@ -88,13 +97,27 @@ def test_render_brax_html_viewer_with_a_frame_per_step(tmp_path, capsys):
     out = _render(capsys, str(run))
     episodes, printed = _returns(out)
     assert printed == float(store.read_metrics(run)["eval_return"][-1]) and episodes == [printed]
-    html = (run / "render.html").read_text()
-    assert "brax/visualizer/js/viewer.js" in html  # brax's own viewer
-    (encoded,) = re.findall(r'"([A-Za-z0-9+/=]{100,})"', html) or re.findall(
-        r"'([A-Za-z0-9+/=]{100,})'", html
-    )
-    system = json.loads(zlib.decompress(base64.b64decode(encoded)))
+    system = _viewer_system((run / "render.html").read_text())
     assert len(system["states"]["x"]) == length
+
+
+@pytest.mark.slow
+def test_render_playground_in_braxs_viewer_with_a_frame_per_step(tmp_path, capsys):
+    pytest.importorskip("mujoco_playground")
+    run = tmp_path / "cheetah"
+    length = 12
+    _train(run, "--task", "playground/CheetahRun", "--set", f"episode_length={length}", *SHORT)
+    out = _render(capsys, str(run))
+    episodes, printed = _returns(out)
+    assert printed == float(store.read_metrics(run)["eval_return"][-1])
+    # the drawn episode, stepped in one scan rather than the rollout's loops: MJX's sums
+    # may round differently there
+    np.testing.assert_allclose(episodes, [printed], rtol=1e-5)
+    system = _viewer_system((run / "render.html").read_text())
+    assert len(system["states"]["x"]) == length
+    # the bodies of Playground's cheetah, the world left out, as brax's viewer names them
+    assert {"torso", "bthigh", "fthigh"} <= set(system["geoms"])
+    assert np.asarray(system["states"]["x"][0]["pos"]).shape == (len(system["link_names"]), 3)
 
 
 @pytest.mark.slow

@@ -14,12 +14,13 @@ Each environment family says how its episodes are drawn
 (:class:`~evorl_pop.core.interfaces.EnvFamily`'s ``drawing`` and ``draw``),
 into ``RUN/render.<drawing>``:
 
-- brax tasks: brax's HTML viewer (``brax.io.html``), ``RUN/render.html``;
+- brax and Playground tasks: brax's HTML viewer (``brax.io.html``),
+  ``RUN/render.html``;
 - gymnax tasks: an animated GIF, one frame per step with the step and the
   return so far, ``RUN/render.gif``, drawn by gymnax's own visualiser where it
   has one for the environment (classic control needs gymnasium's pygame), else
-  the observation drawn with matplotlib (Playground's tasks, and a plug-in
-  family's unless it draws its own);
+  the observation drawn with matplotlib (a plug-in family's too, unless it
+  draws its own);
 - Gymnasium tasks (stepped on the host) and black-box tasks: nothing to render.
 """
 
@@ -125,8 +126,15 @@ def _trajectory(env, policy, params, obs_norm, episode_length, key) -> tuple[Tra
 
     final, seen = scan(carry, params, obs_norm)
     steps = int(final[3])
-    observations, states, so_far = jax.tree.map(lambda x: np.asarray(x[:steps]), seen)
+    observations, states, so_far = jax.tree.map(lambda x: _on_host(x[:steps]), seen)
     return Trajectory(states, observations, so_far), float(final[2])
+
+
+def _on_host(x) -> np.ndarray:
+    """``x`` as a NumPy array; a PRNG key (in Playground's states) as its key data."""
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    return np.asarray(x)
 
 
 def _reported(run_dir: Path, generation: int) -> float | None:

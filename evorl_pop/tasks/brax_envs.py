@@ -67,7 +67,7 @@ DEFAULT_EPISODE_LENGTH = 1000
 
 
 @contextlib.contextmanager
-def _quiet():
+def quiet_brax():
     """Hides two notices no user can act on: mujoco prints "Failed to import warp" when
     MJX's optional GPU backend is absent, and brax warns, for every model it loads, that
     brax itself is no longer maintained."""
@@ -78,7 +78,7 @@ def _quiet():
 
 def _import_brax_envs():
     try:
-        with _quiet():
+        with quiet_brax():
             import brax.envs
     except ImportError as err:
         raise ConfigError(
@@ -128,7 +128,7 @@ class BraxEnv:
                     f"backend='mjx' needs mujoco's MJX, which does not import ({err}); "
                     "pip install mujoco-mjx, or use backend='spring'."
                 ) from err
-        with _quiet():
+        with quiet_brax():
             env = envs.get_environment(name, backend=backend)
         self._bind(env, BRAX_PREFIX + name, episode_length, terminates=name not in FIXED_LENGTH)
 
@@ -192,16 +192,31 @@ class BraxFamily(JaxEnvFamily):
         return BraxEnv(name.removeprefix(BRAX_PREFIX), **settings)
 
     def draw(self, env: BraxEnv, episodes: Sequence[Trajectory], out: Path) -> int:
-        """brax's HTML viewer (``brax.io.html``) of the episodes, one after the other."""
-        from brax.io import html
-
+        """brax's HTML viewer of the episodes, one after the other."""
         frames = [
             jax.tree.map(lambda x, t=t: x[t], episode.states.inner.pipeline_state)
             for episode in episodes
             for t in range(len(episode.so_far))
         ]
-        out.write_text(html.render(env.env.sys, frames))
-        return len(frames)
+        return write_html(env.env.sys, frames, out)
+
+
+def write_html(system, frames: list, out: Path) -> int:
+    """brax's HTML viewer (``brax.io.html``) of a brax ``system`` into the file ``out``.
+
+    Args:
+      system: a brax ``System``.
+      frames: one state per frame, each with brax's ``x``: the position and rotation
+        of every body but the world.
+      out: the HTML file.
+
+    Returns:
+      The frames written.
+    """
+    from brax.io import html
+
+    out.write_text(html.render(system, frames))
+    return len(frames)
 
 
 registry.register_env_family("brax", BraxFamily())

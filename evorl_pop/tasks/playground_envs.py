@@ -16,7 +16,7 @@ episode is frozen the same way (same state, zero reward, ``done=True``) and
 the rollouts, their early exit and every algorithm that takes a
 continuous-action environment (ES, CEM-RL, ERL, PBT) use these tasks as they
 use brax's. Actions live in ``[-1, 1]``, every suite actuator's control range.
-``evorl-pop render`` draws their episodes as a GIF of the observations.
+``evorl-pop render`` shows their episodes in brax's HTML viewer.
 
 Physics runs in MJX, MuJoCo's JAX implementation (``impl='jax'``, on a CPU
 or an accelerator), or in MuJoCo Warp (``impl='warp'``, NVIDIA GPUs;
@@ -31,11 +31,15 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import types
 import warnings
+from collections.abc import Sequence
+from pathlib import Path
 
 from evorl_pop import registry
 from evorl_pop.base import ConfigError
-from evorl_pop.tasks.brax_envs import BraxEnv, check_choice
+from evorl_pop.tasks.brax_envs import BraxEnv, check_choice, quiet_brax, write_html
+from evorl_pop.tasks.drawing import Trajectory
 from evorl_pop.tasks.envs import check_episode_length
 from evorl_pop.tasks.jax_family import JaxEnvFamily
 
@@ -143,12 +147,29 @@ class PlaygroundFamily(JaxEnvFamily):
     description = "MuJoCo Playground's DM Control Suite in MJX (playground/CheetahRun, ...)"
     pattern = PLAYGROUND_PREFIX + "<Task>"
     settings = {"impl": IMPLS}
+    drawing = "html"
 
     def names(self) -> tuple[str, ...]:
         return tuple(PLAYGROUND_PREFIX + name for name in PLAYGROUND_ENVS)
 
     def make_env(self, name: str, **settings) -> PlaygroundEnv:
         return PlaygroundEnv(name.removeprefix(PLAYGROUND_PREFIX), **settings)
+
+    def draw(self, env: PlaygroundEnv, episodes: Sequence[Trajectory], out: Path) -> int:
+        """brax's HTML viewer of the episodes, one after the other: the task's MuJoCo
+        model as a brax system, each frame its bodies' positions and rotations."""
+        from brax.base import Transform
+        from brax.io import mjcf
+
+        with quiet_brax():
+            system = mjcf.load_model(env.env.mj_model)
+        frames = []
+        for episode in episodes:
+            data = episode.states.inner.data
+            for t in range(len(episode.so_far)):
+                bodies = Transform(pos=data.xpos[t, 1:], rot=data.xquat[t, 1:])  # less the world
+                frames.append(types.SimpleNamespace(x=bodies))
+        return write_html(system, frames, out)
 
 
 registry.register_env_family("playground", PlaygroundFamily())
