@@ -13,8 +13,9 @@ Every episode runs through :mod:`evorl_pop.tasks.rollout`.
 
 Names belong to environment families, plug-ins of
 :data:`evorl_pop.registry.ENV_FAMILIES` (an
-:class:`~evorl_pop.core.interfaces.EnvFamily` each), asked in turn whether
-they own a name::
+:class:`~evorl_pop.core.interfaces.EnvFamily` each): the family a name's prefix
+names (a bare name: gymnax's) is asked first whether it owns the name, then
+every other family in turn::
 
     gymnax       CartPole-v1, Breakout-MinAtar, ...   :mod:`evorl_pop.tasks.gymnax_envs`
     brax         brax/hopper, ...                     :mod:`evorl_pop.tasks.brax_envs`
@@ -29,6 +30,8 @@ stepped in JAX shares); the policies that act in the environments are
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,6 +39,9 @@ import numpy as np
 from evorl_pop import registry
 from evorl_pop.base import did_you_mean
 from evorl_pop.core.interfaces import Env, EnvFamily
+
+#: The family of a name without a ``family/`` or ``family:`` prefix (``CartPole-v1``).
+DEFAULT_FAMILY = "gymnax"
 
 
 def env_family(name: str) -> EnvFamily | None:
@@ -45,6 +51,12 @@ def env_family(name: str) -> EnvFamily | None:
     Args:
       name: an environment name (``'CartPole-v1'``, ``'brax/hopper'``, ``'gym:<id>'``).
     """
+    # The family a name's prefix names (brax/..., gym:...; a bare name: gymnax) first,
+    # so that only the module of the family that owns it is asked.
+    prefix = re.match(r"([^/:]+)[/:]", name)
+    family = registry.ENV_FAMILIES.find(prefix.group(1) if prefix else DEFAULT_FAMILY)
+    if family is not None and family.owns(name):
+        return family
     for _, family in registry.ENV_FAMILIES.items():
         if family.owns(name):
             return family
