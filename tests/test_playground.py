@@ -89,10 +89,9 @@ def test_every_listed_playground_task_trains_and_scores_as_playground_steps(name
     np.testing.assert_array_equal(history["episodes"], [8, 8])
     np.testing.assert_array_equal(history["env_steps"], [16, 16])
     assert int(state.generation) == 2
-    # the candidates' returns differed, and the strategy moved its mean after them
-    assert np.all(history["fitness_std"] > 0), history["fitness_std"]
-    init = es.init(jax.random.split(jax.random.key(0))[0])
-    assert not np.allclose(state.strategy_state.mean, init.strategy_state.mean)
+    # the trained mean policy scores as Playground's own stepping of it (sparse tasks,
+    # such as CartpoleBalanceSparse, can give every candidate the same 2-step return,
+    # so learning is shown on CartpoleBalance below)
     _scored_as_playground_steps(
         es.task, es.mean_solution(state), state.task_state, jax.random.key(7), length=2
     )
