@@ -31,7 +31,7 @@ def test_a_plugin_algorithm_trains_on_any_device_count_and_resumes(tmp_path):
     two = _train(tmp_path / "two", *args, "--devices", "2")
     # sphere at x0 = 3 in 5-D starts at 45; its optimum is 0
     assert one["fitness_best"][0] > 5.0
-    assert one["best_so_far"][-1] < 1e-3
+    assert one["best_so_far"][-1] < 0.05 * one["fitness_best"][0]
     np.testing.assert_allclose(two["fitness_best"], one["fitness_best"], rtol=1e-5, atol=1e-9)
     # the run folder records the plug-in: resume needs no --plugin
     saved = config.read_mapping(tmp_path / "one" / "config.yaml")
