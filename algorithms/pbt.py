@@ -56,6 +56,7 @@ from evorl_pop import registry
 from evorl_pop.algorithms import ppo, sac
 from evorl_pop.base import ConfigError, EvalInfo, did_you_mean
 from evorl_pop.core.engine import check_pop_axis, evaluate, make_mesh
+from evorl_pop.core.interfaces import Acting
 from evorl_pop.rl.hybrid import HybridConfig
 from evorl_pop.rl.td3 import HYBRID_SETTINGS, TD3Config
 
@@ -225,6 +226,12 @@ class PBT:
         split = n > 1 and config.population_size % n == 0
         self._members = NamedSharding(self.mesh, P(dist.POP_AXIS_NAME) if split else P())
         self._replicated = NamedSharding(self.mesh, P())
+
+    def acting(self, state: State) -> Acting:
+        """The deterministic policy of the member whose last evaluation was best."""
+        best = jnp.argmax(state.returns)
+        learner, own = jax.tree.map(lambda x: x[best], (state.learners, state.buffers))
+        return self.members.acting(learner, own)
 
     # --- hyperparameters -----------------------------------------------------------
 

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from evorl_pop.base import ConfigError
+from evorl_pop.core.interfaces import Acting
 
 
 @runtime_checkable
@@ -63,6 +64,9 @@ class Member(Protocol):
 
     def evaluate(self, learner: Any, own: Any, key: jax.Array, episodes: int) -> jax.Array:
         """The mean return of the member's deterministic policy over ``episodes``."""
+
+    def acting(self, learner: Any, own: Any) -> Acting:
+        """The member's deterministic policy, as :meth:`evaluate` runs it."""
 
 
 class AlgorithmMember:
@@ -127,6 +131,10 @@ class AlgorithmMember:
         """:meth:`Member.evaluate`."""
         state = self.join(learner, own, self.settings.hyperparameters())
         return self.algorithm.evaluate(state, key, episodes)
+
+    def acting(self, learner: Any, own: Any) -> Acting:
+        """:meth:`Member.acting`: the algorithm's own."""
+        return self.algorithm.acting(self.join(learner, own, self.settings.hyperparameters()))
 
 
 def algorithm_member(algorithm_class: type, split: Callable, join: Callable) -> Callable:

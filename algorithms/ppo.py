@@ -41,6 +41,7 @@ from evorl_pop import distributed as dist
 from evorl_pop import registry
 from evorl_pop.algorithms.pbt_members import algorithm_member
 from evorl_pop.base import ConfigError, check_config
+from evorl_pop.core.interfaces import Acting
 from evorl_pop.rl import data_parallel, replay, vec_env
 from evorl_pop.rl.ppo import Hyperparameters, Params, PPOLearner, Rollout, Samples, Segments
 from evorl_pop.tasks.obs_norm import ObsMoments, ObsNorm
@@ -324,15 +325,20 @@ class PPO(data_parallel.DataParallel):
         Returns:
           A float32 scalar.
         """
-        params = (state.params.policy, self._obs_norm(state))
+        acting = self.acting(state)
         return evaluate_episodes(
-            self.env,
-            self.learner.deterministic_policy,
-            params,
-            key,
-            num_episodes,
+            acting.env, acting.policy, acting.params, key, num_episodes,
+            episode_length=acting.episode_length,
+        ).episode_return  # fmt: skip
+
+    def acting(self, state: State) -> Acting:
+        """The deterministic policy (the distribution's mode) with its observation
+        statistics (``evorl-pop render``)."""
+        params = (state.params.policy, self._obs_norm(state))
+        return Acting(
+            self.env, self.learner.deterministic_policy, params,
             episode_length=self.config.episode_length,
-        ).episode_return
+        )  # fmt: skip
 
 
 registry.register_algorithm("ppo", Config, PPO, "PPO: clipped surrogate, GAE(lambda)")

@@ -39,6 +39,7 @@ from evorl_pop import distributed as dist
 from evorl_pop import registry
 from evorl_pop.algorithms.pbt_members import algorithm_member
 from evorl_pop.base import ConfigError, check_config
+from evorl_pop.core.interfaces import Acting
 from evorl_pop.rl import data_parallel, replay, vec_env
 from evorl_pop.rl.hybrid import example_transition
 from evorl_pop.rl.replay import ReplayBuffer
@@ -226,10 +227,18 @@ class SAC(data_parallel.DataParallel):
         Returns:
           A float32 scalar.
         """
+        acting = self.acting(state)
         return evaluate_episodes(
-            self.env, self.learner.deterministic_policy, state.learner.actor.params, key,
-            num_episodes, episode_length=self.config.episode_length,
+            acting.env, acting.policy, acting.params, key, num_episodes,
+            episode_length=acting.episode_length,
         ).episode_return  # fmt: skip
+
+    def acting(self, state: State) -> Acting:
+        """The deterministic policy (the squashed Gaussian mean) (``evorl-pop render``)."""
+        return Acting(
+            self.env, self.learner.deterministic_policy, state.learner.actor.params,
+            episode_length=self.config.episode_length,
+        )  # fmt: skip
 
 
 registry.register_algorithm("sac", Config, SAC, "SAC: soft actor-critic, twin critics")

@@ -23,7 +23,7 @@ never collides with them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
 
@@ -249,6 +249,27 @@ class Algorithm(Protocol):
 
     def step(self, state: Any, key: jax.Array) -> tuple[Any, dict]:
         """One generation, pure and jittable: ``(state, metrics)``, metrics scalars."""
+
+
+class Acting(NamedTuple):
+    """A deterministic policy as an algorithm's evaluation runs it: episodes of ``env``
+    stepped by ``policy(params, obs)`` (observations normalised by ``obs_norm`` where it
+    is not ``None``), at most ``episode_length`` steps (``None``: the environment's)."""
+
+    env: Any
+    policy: Any
+    params: Any
+    obs_norm: Any = None
+    episode_length: int | None = None
+
+
+@runtime_checkable
+class Acts(Protocol):
+    """An algorithm on an environment whose state holds a policy to show (``evorl-pop
+    render``): a learner's deterministic policy, PBT's best member."""
+
+    def acting(self, state: Any) -> Acting:
+        """The policy the algorithm's evaluation runs, from ``state``."""
 
 
 @runtime_checkable

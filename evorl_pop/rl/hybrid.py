@@ -33,6 +33,7 @@ from jax.sharding import PartitionSpec as P
 
 from evorl_pop import registry
 from evorl_pop.base import ConfigError, EnvSpec, check_config, did_you_mean
+from evorl_pop.core.interfaces import Acting
 from evorl_pop.rl import data_parallel
 from evorl_pop.rl.replay import ReplayBuffer
 from evorl_pop.tasks.rollout import Episode, Transition, evaluate_episodes, rollout
@@ -448,9 +449,13 @@ class ReplayMember:
 
     def evaluate(self, learner: Any, buffer: ReplayBuffer, key: jax.Array, episodes: int):
         """The mean return of the member's actor without noise."""
-        del buffer
-        params = self.actor(learner)
+        acting = self.acting(learner, buffer)
         stats = evaluate_episodes(
-            self.env, self.policy, params, key, episodes, None, self.episode_length
+            acting.env, acting.policy, acting.params, key, episodes, None, self.episode_length
         )
         return stats.episode_return
+
+    def acting(self, learner: Any, buffer: ReplayBuffer) -> Acting:
+        """The member's actor without noise."""
+        del buffer
+        return Acting(self.env, self.policy, self.actor(learner), None, self.episode_length)

@@ -35,6 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from evorl_pop.base import CheckpointError
+from evorl_pop.core.interfaces import Acts
 from evorl_pop.run import config as config_lib
 from evorl_pop.run import restore, shell, store
 from evorl_pop.tasks import rollout as rollout_lib
@@ -77,21 +79,25 @@ def _policy(algorithm, state):
             return jax.jit(fn)(solution, key, state.task_state)
 
         return task.env, task.policy, params, obs_norm, task.episode_length, evaluate
-    # PBT: the member whose last evaluation was best
-    best = int(np.argmax(np.asarray(state.returns)))
-    params = jax.tree.map(lambda x: x[best], state.learners.actor.params)
-    env = algorithm.env
-    policy = algorithm.policy
-    length = algorithm.episode_length
+    if not isinstance(algorithm, Acts):
+        raise CheckpointError(
+            f"{type(algorithm).__name__} has no policy to render: it defines neither "
+            "mean_solution (the engine's) nor acting (core.interfaces.Acts)."
+        )
+    # a learner's policy, PBT's best member
+    acting = algorithm.acting(state)
+    length = rollout_lib._length(acting.env, acting.episode_length)
 
     def evaluate(key, episodes):
-        def run(p, k):
-            stats = rollout_lib.evaluate_episodes(env, policy, p, k, episodes, None, length)
+        def run(p, n, k):
+            stats = rollout_lib.evaluate_episodes(
+                acting.env, acting.policy, p, k, episodes, n, length
+            )
             return stats.episode_return
 
-        return jax.jit(run)(params, key)
+        return jax.jit(run)(acting.params, acting.obs_norm, key)
 
-    return env, policy, params, None, length, evaluate
+    return acting.env, acting.policy, acting.params, acting.obs_norm, length, evaluate
 
 
 def _evaluation_key(algorithm, run_key, generation: int, state):
@@ -99,7 +105,10 @@ def _evaluation_key(algorithm, run_key, generation: int, state):
     key = jax.random.fold_in(run_key, max(generation - 1, 0))  # 0: no evaluation yet
     if hasattr(algorithm, "mean_solution"):
         return jax.random.split(key, 4)[3], algorithm.eval_episodes
-    best = int(np.argmax(np.asarray(state.returns)))
+    returns = getattr(state, "returns", None)
+    if returns is None:  # a learner: its run reports no evaluation
+        return key, None
+    best = int(np.argmax(np.asarray(returns)))  # PBT: the best member's evaluation
     member = jax.random.fold_in(jax.random.split(key)[0], best)
     return jax.random.split(member)[1], algorithm.config.eval_episodes
 

@@ -12,7 +12,6 @@ imported when a GIF is drawn.
 from __future__ import annotations
 
 import dataclasses
-import io
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,19 +48,33 @@ def draw_observation(ax, obs) -> None:
         ax.set_ylim(-3, 3)
 
 
+def _clear(ax) -> None:
+    """What the last frame drew, removed; the axes and its ticks kept (clearing the
+    axes would rebuild them, the most of a frame's time)."""
+    for artists in (ax.images, ax.lines, ax.patches, ax.collections, ax.texts, ax.artists):
+        for artist in list(artists):
+            artist.remove()
+
+
 def write_gif(
     env: Env,
     episodes: Sequence[Trajectory],
     out: Path,
     draw_state: StateDrawer | None = None,
+    fps: int = 20,
 ) -> int:
     """An animated GIF of ``episodes``, one frame per step, one episode after the other.
+
+    Every frame is drawn into one matplotlib figure, cleared between frames, and read
+    back as pixels: a 500-step episode takes a few seconds.
 
     Args:
       env: the environment the episodes ran in (its name titles the frames).
       episodes: the episodes.
       out: the GIF file.
-      draw_state: draws a state; ``None``: the observation (:func:`draw_observation`).
+      draw_state: draws a state into a cleared axes; ``None``: the observation
+        (:func:`draw_observation`).
+      fps: frames per second of the animation.
 
     Returns:
       The frames written.
@@ -72,21 +85,30 @@ def write_gif(
     import matplotlib.pyplot as plt
     from PIL import Image
 
+    fig, ax = plt.subplots(figsize=(4, 4), dpi=60)
+    fig.subplots_adjust(left=0.12, right=0.96, bottom=0.1, top=0.9)
     frames = []
-    for e, episode in enumerate(episodes):
-        for t in range(len(episode.so_far)):
-            fig, ax = plt.subplots(figsize=(4, 4), dpi=60)
-            if draw_state is not None:
-                draw_state(ax, jax.tree.map(lambda x, t=t: x[t], episode.states))
-            else:
-                draw_observation(ax, episode.observations[t])
-            which = f"episode {e + 1}  " if len(episodes) > 1 else ""
-            title = f"{env.spec.name}  {which}step {t + 1}  return {episode.so_far[t]:.4g}"
-            ax.set_title(title, fontsize=9)
-            fig.tight_layout()
-            buf = io.BytesIO()
-            fig.savefig(buf, format="png")
-            plt.close(fig)
-            frames.append(Image.open(buf).convert("RGB"))
-    frames[0].save(out, save_all=True, append_images=frames[1:], duration=50, loop=0)
+    try:
+        for e, episode in enumerate(episodes):
+            states = jax.tree.map(np.asarray, episode.states)
+            for t in range(len(episode.so_far)):
+                _clear(ax)
+                if draw_state is not None:
+                    draw_state(ax, jax.tree.map(lambda x, t=t: x[t], states))
+                else:
+                    draw_observation(ax, episode.observations[t])
+                which = f"episode {e + 1}  " if len(episodes) > 1 else ""
+                title = f"{env.spec.name}  {which}step {t + 1}  return {episode.so_far[t]:.4g}"
+                ax.set_title(title, fontsize=9)
+                ax.relim()
+                ax.autoscale_view()
+                fig.canvas.draw()
+                pixels = np.asarray(fig.canvas.buffer_rgba())[..., :3]
+                # a palette of its own per frame, by the fast octree (the GIF's own
+                # quantizer takes longer than drawing the frame)
+                image = Image.fromarray(pixels.copy())
+                frames.append(image.quantize(method=Image.Quantize.FASTOCTREE))
+    finally:
+        plt.close(fig)
+    frames[0].save(out, save_all=True, append_images=frames[1:], duration=1000 // fps, loop=0)
     return len(frames)

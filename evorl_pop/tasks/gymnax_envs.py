@@ -118,38 +118,58 @@ def gymnax_names() -> tuple[str, ...]:
 
 
 def gymnax_drawer(env: GymnaxEnv) -> StateDrawer | None:
-    """``draw(ax, state)`` by gymnax's own visualiser for ``env``, or ``None``."""
+    """``draw(ax, state)`` by gymnax's own visualiser for ``env``, or ``None``: classic
+    control by gymnasium's renderer (one environment for every frame), the others by
+    gymnax's ``Visualizer`` (one for every frame)."""
     try:
         from gymnax.visualize.visualizer import Visualizer
     except ImportError:
         return None
     inner = env.env
     params = env.params
-    if getattr(inner, "name", "") in PYGAME_DRAWN:
-        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame: no sound card to look for
-        try:
-            import pygame  # noqa: F401  (gymnasium draws classic control with it)
-        except ImportError:
-            return None
+    name = getattr(inner, "name", "")
+    if name in PYGAME_DRAWN:
+        return _classic_control_drawer(name, params)
+    import matplotlib.pyplot as plt
+
+    vis = Visualizer(inner, params, [])
+    plt.close(vis.fig)  # its own figure: drawn into the GIF's instead
 
     def draw(ax, state):
-        import matplotlib.pyplot as plt
-
-        vis = Visualizer(inner, params, [state])
-        plt.close(vis.fig)  # its own figure: drawn into ours instead
-        vis.fig = ax.figure
-        vis.ax = ax
+        vis.fig, vis.ax, vis.state_seq = ax.figure, ax, [state]
         vis.init()
 
     try:
-        import matplotlib.pyplot as plt
-
         fig, ax = plt.subplots()
-        probe = jax.tree.map(lambda x: x, env.reset(jax.random.key(0))[1])
-        draw(ax, probe)
+        draw(ax, jax.tree.map(np.asarray, env.reset(jax.random.key(0))[1]))
         plt.close(fig)
     except Exception:  # no visualiser for this environment
         return None
+    return draw
+
+
+def _classic_control_drawer(name: str, params) -> StateDrawer | None:
+    """Classic control as gymnasium draws it (pygame, no display), into an image."""
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame: no sound card,
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # no display to look for
+    try:
+        import gymnasium
+        import pygame  # noqa: F401  (gymnasium draws classic control with it)
+        from gymnax.visualize import vis_gym
+    except ImportError:
+        return None
+    world = gymnasium.make(name, render_mode="rgb_array")
+    world.reset(seed=0)
+    vis_gym.set_gym_params(world.unwrapped, name, params)
+
+    def draw(ax, state):
+        world.unwrapped.state = vis_gym.get_gym_state(state, name)
+        if name == "Pendulum-v1":
+            world.unwrapped.last_u = np.asarray(state.last_u, np.float64)
+        ax.imshow(world.render()[::2, ::2], interpolation="nearest")  # the GIF's size
+        ax.set_xticks([])
+        ax.set_yticks([])
+
     return draw
 
 
