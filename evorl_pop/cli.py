@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -263,7 +264,13 @@ def _overrides(args) -> list[str]:
         "algorithm strategy task population_size generations seed chunk checkpoint_every devices "
         "precision"
     ).split()
-    given = [f"{f}={getattr(args, f)}" for f in flags if getattr(args, f, None) is not None]
+    # as YAML strings: a name is never parsed as a mapping (gym:) or a number
+    names = {"algorithm", "strategy", "task", "precision"}
+    given = [
+        f"{f}={json.dumps(v) if f in names else v}"
+        for f in flags
+        if (v := getattr(args, f, None)) is not None
+    ]
     return given + args.overrides
 
 

@@ -392,6 +392,8 @@ def test_config_errors_say_what_to_change():
         PPO(Config(network="cnn"))
     with pytest.raises(ConfigError, match="task: unknown value 'CartPole-v2'. Did you mean"):
         Config(task="CartPole-v2").validate()
+    with pytest.raises(ConfigError, match="ppo learns a policy in an environment, and 'sphere'"):
+        Config(task="sphere").validate()
     with pytest.raises(ConfigError, match="value_hidden_sizes must be positive"):
         Config(value_hidden_sizes=(64, 0)).validate()
     with pytest.raises(ConfigError, match="activation: unknown value 'swish'"):

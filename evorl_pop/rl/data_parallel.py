@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 from evorl_pop import distributed as dist
 from evorl_pop.base import ConfigError, check_config
 from evorl_pop.core.engine import make_mesh
-from evorl_pop.tasks.envs import env_names
+from evorl_pop.tasks.envs import check_environment
 
 
 def dp_mesh(mesh: Mesh | None) -> Mesh:
@@ -142,7 +142,8 @@ class LearnerConfig:
     def validate(self) -> None:
         """Raises :class:`~evorl_pop.base.ConfigError` naming a value that cannot run."""
         least = {"num_envs": 1, "unroll_length": 1, "episode_length": 1}
-        check_config(self, {"task": env_names()}, least)
+        check_environment(self.task, type(self).__module__.rpartition(".")[2])
+        check_config(self, least=least)
 
     def hyperparameters(self) -> Any:
         """The searchable settings as traced scalars (:func:`traced_settings`)."""

@@ -36,6 +36,7 @@ from evorl_pop.base import ConfigError, EnvSpec, check_config, did_you_mean
 from evorl_pop.core.interfaces import Acting
 from evorl_pop.rl import data_parallel
 from evorl_pop.rl.replay import ReplayBuffer
+from evorl_pop.tasks.envs import check_environment
 from evorl_pop.tasks.rollout import Episode, Transition, evaluate_episodes, rollout
 
 #: gymnax environments with continuous actions (those an actor-critic learner can learn).
@@ -146,6 +147,7 @@ class HybridConfig:
 
     def validate(self) -> None:
         """Raises a ConfigError naming a setting that cannot run."""
+        check_environment(self.task, type(self).__module__.rpartition(".")[2])
         part = self.learner_part()
         settings = self.learner_config()
         settings.validate()

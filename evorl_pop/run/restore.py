@@ -40,6 +40,8 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     Raises:
       CheckpointError: the file is missing, unreadable, damaged or of an unknown format.
     """
+    if not Path(path).exists():
+        raise CheckpointError(f"{str(path)!r} does not exist: give a run folder or its checkpoint.")
     path = Path(path) / CHECKPOINT_FILENAME if Path(path).is_dir() else Path(path)
     name = repr(str(path))
     try:

@@ -41,7 +41,14 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
-from evorl_pop.base import ConfigError, RunError, __version__, objective_error, read_text
+from evorl_pop.base import (
+    CheckpointError,
+    ConfigError,
+    RunError,
+    __version__,
+    objective_error,
+    read_text,
+)
 from evorl_pop.core.engine import make_mesh
 from evorl_pop.run import config as config_lib
 from evorl_pop.run import loggers, processes, restore, store
@@ -481,7 +488,16 @@ def _restored(run_dir: Path, ckpt, source, overrides, config_file, more, force):
         algorithm, mesh, template, _, text = build(config)
     except jax.errors.JaxRuntimeError as err:
         raise objective_error(err) from None
-    state = restore.restore_state(template, ckpt)
+    try:
+        state = restore.restore_state(template, ckpt)
+    except CheckpointError as err:
+        if not changed:
+            raise
+        raise CheckpointError(
+            f"{err} The config was changed ({'; '.join(changed)}), and --force continues "
+            "only with changes that keep the state's shape (more generations, another "
+            "learning rate); this one needs a new run. Nothing was changed here."
+        ) from None
 
     def repair():
         path = run_dir / store.METRICS_FILENAME

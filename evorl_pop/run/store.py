@@ -423,6 +423,7 @@ class TrainLog(Recorder):
 
     def start(self, run: Run, state) -> None:
         self.nonfinite = []
+        self.episodes = 0  # episodes ended so far in this session
         self.last = {}
         writer = run.writer
         self.handler = logging.FileHandler(run.run_dir / LOG_FILENAME) if writer else None
@@ -439,7 +440,9 @@ class TrainLog(Recorder):
 
     def row(self, row: dict[str, Any]) -> None:
         self.last = row
-        if math.isnan(row.get("fitness_mean", 0.0)):
+        # a learner's fitness is NaN until its first episode ends: no alarm before then
+        self.episodes += row.get("episodes", 1)
+        if math.isnan(row.get("fitness_mean", 0.0)) and self.episodes > 0:
             self.nonfinite.append(row["generation"])
 
     def flush(self, run: Run, state) -> None:

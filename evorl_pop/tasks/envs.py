@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from evorl_pop import registry
-from evorl_pop.base import did_you_mean
+from evorl_pop.base import ConfigError, did_you_mean
 from evorl_pop.core.interfaces import Env, EnvFamily
 
 #: The family of a name without a ``family/`` or ``family:`` prefix (``CartPole-v1``).
@@ -61,6 +61,34 @@ def env_family(name: str) -> EnvFamily | None:
         if family.owns(name):
             return family
     return None
+
+
+def check_environment(name: str, who: str) -> None:
+    """:class:`~evorl_pop.base.ConfigError` unless ``name`` is an environment stepped in
+    JAX, saying why ``who`` (``'ppo'``, ``'cemrl'``) cannot run it.
+
+    Raises:
+      ConfigError: a black-box function, an environment stepped on the host, an unknown name.
+    """
+    family = env_family(name)
+    if family is not None and family.steps_in_jax:
+        return
+    if family is not None:
+        raise ConfigError(
+            f"task: {who} steps its environments in JAX, and {name!r} ({family.pattern}) is "
+            "stepped on the host; -a es runs it, or choose an environment of evorl-pop list."
+        )
+    from evorl_pop.tasks.blackbox import BLACKBOX_TASKS  # its import is slow: here only
+
+    if name in BLACKBOX_TASKS:
+        raise ConfigError(
+            f"task: {who} learns a policy in an environment, and {name!r} is a black-box "
+            "function (-a es optimises it); choose an environment of evorl-pop list, "
+            "e.g. task=Pendulum-v1."
+        )
+    names = env_names()
+    hint = did_you_mean(name, names, 3)
+    raise ConfigError(f"task: unknown value {name!r}.{hint} evorl-pop list shows the environments.")
 
 
 def env_names() -> tuple[str, ...]:
