@@ -142,6 +142,8 @@ PROCESSES = [
     ("--process-id", "this process's index", {"type": int, "metavar": "I"}),
     ("--heartbeat-timeout", "seconds until a silent process counts as dead (default: 100)",
      {"type": int, "default": 100, "metavar": "S"}),
+    ("--connect-timeout", "seconds to wait for the coordinator to answer (default: 30)",
+     {"type": int, "default": 30, "metavar": "S"}),
 ]
 PROCESSES_DEFAULT = ("Default: JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, "
                      "or the cluster's.")
@@ -234,7 +236,11 @@ def _precheck(args, sources, overrides) -> None:
     if stop.LAUNCHER_PID in os.environ:  # a process evorl-pop launch started ends with it
         stop.watch_launcher()
     joined = processes.initialize(
-        args.coordinator, args.num_processes, args.process_id, args.heartbeat_timeout
+        args.coordinator,
+        args.num_processes,
+        args.process_id,
+        args.heartbeat_timeout,
+        connect_timeout=args.connect_timeout,
     )
     if data is None:
         return

@@ -356,7 +356,7 @@ def test_bad_coordinators_fail_fast_with_one_line(tmp_path, capsys):
         port = s.getsockname()[1]
     start = time.time()
     second = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", "1"]
-    argv = ["train", *SMALL, "--out", str(tmp_path / "r"), *second, "--heartbeat-timeout", "3"]
+    argv = ["train", *SMALL, "--out", str(tmp_path / "r"), *second, "--connect-timeout", "7"]
     lonely = subprocess.run(
         [sys.executable, "-m", "evorl_pop.cli", *argv],
         env=_env(),
@@ -367,6 +367,7 @@ def test_bad_coordinators_fail_fast_with_one_line(tmp_path, capsys):
     assert time.time() - start < 60
     assert lonely.returncode == 2, lonely.stderr[-2000:]
     assert "No coordinator answered" in _last_line(lonely.stderr)
+    assert "waiting for the coordinator" in lonely.stderr  # every 5 s while it waits
     assert not (tmp_path / "r").exists()
 
 

@@ -30,6 +30,7 @@ import os
 import pickle
 import re
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -269,18 +270,27 @@ def _reach(address: str, process_id: int, timeout: float) -> None:
             f"--coordinator {address}: the host {host!r} does not resolve ({err.strerror}); "
             "give process 0's host name or IP address."
         ) from None
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    told = 0.0
     while process_id != 0:  # process 0 starts the coordinator itself
         try:
             socket.create_connection((host, int(port)), timeout=2).close()
             return
         except OSError:
-            if time.monotonic() > deadline:
+            waited = time.monotonic() - start
+            if waited > timeout:
                 raise ValueError(
                     f"No coordinator answered at {address} within {timeout:g} s: start process "
                     "0 there, check the address and port, or wait longer with "
-                    "--heartbeat-timeout."
+                    "--connect-timeout."
                 ) from None
+            if waited - told >= 5:  # a user starting processes by hand sees it wait
+                told = waited
+                print(
+                    f"waiting for the coordinator at {address}: {waited:.0f} s of "
+                    f"{timeout:g} s (--connect-timeout)",
+                    file=sys.stderr,
+                )
             time.sleep(0.5)
 
 
@@ -290,6 +300,7 @@ def initialize(
     process_id: int | None = None,
     heartbeat_timeout: int = 100,
     shutdown_timeout: int = 60,
+    connect_timeout: int = 30,
 ) -> bool:
     """Joins a multi-process run when one is asked for; must precede any JAX computation.
 
@@ -300,10 +311,12 @@ def initialize(
       coordinator, num_processes, process_id: process 0's ``HOST:PORT``, the
         number of processes, this one's index.
       heartbeat_timeout: seconds after which a silent process counts as dead; also
-        how long to wait for the coordinator at start-up (at least 20 s). The
+        how long process 0 waits for the others to join (at least 20 s). The
         default is JAX's own: a busy host (compiling, or sharing its cores)
         can go quiet for tens of seconds without being dead.
       shutdown_timeout: seconds a finishing process waits for the others.
+      connect_timeout: seconds a process other than 0 waits for the coordinator to
+        answer at start-up, saying so every 5 s: a mistyped address fails in that time.
 
     Returns:
       Whether ``jax.distributed`` was initialised (here or before); ValueError
@@ -333,6 +346,7 @@ def initialize(
     for name, value in (
         ("--num-processes", num_processes),
         ("--heartbeat-timeout", heartbeat_timeout),
+        ("--connect-timeout", connect_timeout),
     ):
         if value is not None and value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}.")
@@ -342,7 +356,7 @@ def initialize(
         return False  # one process needs no coordinator
     timeout = max(heartbeat_timeout, 20)
     if coordinator is not None and process_id is not None:
-        _reach(coordinator, process_id, timeout)
+        _reach(coordinator, process_id, connect_timeout)
     if jax.config.jax_cpu_collectives_implementation in (None, "none"):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
