@@ -78,7 +78,20 @@ def pytest_collection_modifyitems(config, items):
         items[:] = kept
 
 
+_MATRIX: list[str] = []
+
+
+def pytest_runtest_logreport(report):
+    """The algorithm x family pairs test_matrix ran (from any worker), for the summary."""
+    if report.when == "call":
+        _MATRIX.extend(value for name, value in report.user_properties if name == "matrix")
+
+
 def pytest_terminal_summary(terminalreporter, config):
+    if _MATRIX:
+        terminalreporter.section("algorithm x family matrix")
+        for line in sorted(_MATRIX):
+            terminalreporter.write_line(line)
     if _default_tier(config):
         terminalreporter.write_line("the default tier: the tests marked slow were left out "
                                     "(`--full` runs them too, `-m slow` alone)")  # fmt: skip

@@ -343,6 +343,9 @@ class EnvFamily(Protocol):
     #: The file type ``evorl-pop render`` draws its episodes as (``'html'``, ``'gif'``),
     #: or ``None``: there is nothing to draw.
     drawing: str | None
+    #: A quick task of the family, with continuous actions where it has them (the
+    #: matrix test runs every algorithm on it), or ``None``: the first of :meth:`names`.
+    example: str | None
 
     def names(self) -> tuple[str, ...]:
         """The names it lists (``evorl-pop list``, the configs' choices); none for a family

@@ -182,6 +182,7 @@ class BraxFamily(JaxEnvFamily):
 
     description = "brax's physics in JAX: locomotion and manipulation (brax/hopper, ...)"
     pattern = BRAX_PREFIX + "<env>"
+    example = BRAX_PREFIX + "inverted_pendulum"
     settings = {"backend": BACKENDS}
     drawing = "html"
 

@@ -300,6 +300,7 @@ class GymFamily:
         "gymnasium.registry, e.g. gym:CartPole-v1, gym:LunarLander-v3"
     )
     pattern = GYM_PREFIX + "<Gymnasium id>"
+    example = GYM_PREFIX + "Pendulum-v1"
     settings = {"vector": VECTOR_MODES}
     steps_in_jax = False
     drawing = None

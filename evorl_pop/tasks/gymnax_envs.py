@@ -178,6 +178,7 @@ class GymnaxFamily(JaxEnvFamily):
 
     description = "gymnax's environments in JAX: classic control, MinAtar, bsuite, misc"
     pattern = "<gymnax id>"
+    example = "Pendulum-v1"
 
     def names(self) -> tuple[str, ...]:
         return gymnax_names()

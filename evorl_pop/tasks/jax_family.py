@@ -48,6 +48,7 @@ class JaxEnvFamily:
     settings: dict[str, tuple[str, ...]] = {}
     steps_in_jax: bool = True
     drawing: str | None = "gif"
+    example: str | None = None
 
     def names(self) -> tuple[str, ...]:
         raise NotImplementedError

@@ -146,6 +146,7 @@ class PlaygroundFamily(JaxEnvFamily):
 
     description = "MuJoCo Playground's DM Control Suite in MJX (playground/CheetahRun, ...)"
     pattern = PLAYGROUND_PREFIX + "<Task>"
+    example = PLAYGROUND_PREFIX + "PointMass"
     settings = {"impl": IMPLS}
     drawing = "html"
 

@@ -1,0 +1,135 @@
+"""Every algorithm ``evorl-pop list`` shows on one task of every environment family: it
+trains 2 generations, renders, resumes a third generation that matches the uninterrupted
+run, or it is refused before anything is built, in one line that says why.
+
+The pairs come from the registries (an algorithm or a family joins by registering; a
+family names its quick task in ``example``), each algorithm shrunk by the settings of
+:data:`SMALL` it has. The run's outcome for each pair is printed at the end of the
+session ("algorithm x family matrix").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+import yaml
+
+from evorl_pop import cli, registry
+from evorl_pop.run import config as config_lib
+from evorl_pop.run import store
+
+#: Black-box functions: the family of tasks that are not environments.
+BLACK_BOX = "sphere"
+#: Each family's quick task, and the black-box one.
+TASKS = {
+    **{name: family.example or family.names()[0] for name, family in registry.ENV_FAMILIES.items()},
+    "black-box": BLACK_BOX,
+}
+ALGORITHMS = [spec.name for spec in config_lib.specs()]
+#: The project's own pairs that must be refused: the learners and the hybrids step their
+#: environments in JAX, so neither Gymnasium's host environments nor black-box functions.
+LEARNING = ("cemrl", "erl", "pbt", "ppo", "sac")
+REFUSED = {(a, f) for a in LEARNING for f in ("gym", "black-box")}
+
+#: A config field of this name, wherever an algorithm (or its learner's settings) has
+#: one, takes this value: a few tiny generations of tiny networks.
+SMALL = {
+    "population_size": 4,
+    "hidden_sizes": [8],
+    "actor_hidden_sizes": [8],
+    "critic_hidden_sizes": [8],
+    "policy_hidden_sizes": [8],
+    "value_hidden_sizes": [8],
+    "episode_length": 10,
+    "eval_episodes": 1,
+    "noise": "normal",
+    "num_dims": 4,
+    "learning_starts": 10,
+    "buffer_capacity": 64,
+    "batch_size": 16,
+    "num_envs": 2,
+    "unroll_length": 10,
+    "num_minibatches": 2,
+    "num_epochs": 1,
+    "num_elites": 2,
+    "num_rl_actors": 2,
+    "tournament_size": 2,
+    "updates_per_actor": 2,
+    "updates_per_generation": 2,
+    "interval": 20,
+}
+RUN = ["--chunk", "1", "--devices", "1", "-q", "--no-figure"]
+
+
+def _small(config) -> dict:
+    """The fields of :data:`SMALL` a config (dataclass) has, its settings' too."""
+    small = {}
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if field.name in SMALL:
+            small[field.name] = SMALL[field.name]
+        elif dataclasses.is_dataclass(value):
+            if nested := _small(value):
+                small[field.name] = nested
+    return small
+
+
+def _config_file(tmp_path, algorithm: str, task: str):
+    settings = _small(config_lib.get(algorithm).config_class())
+    path = tmp_path / "config.yaml"
+    data = {"algorithm": algorithm, "seed": 1, "algorithm_config": {**settings, "task": task}}
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def _rows(run) -> dict:
+    """metrics.csv without its clock columns."""
+    metrics = store.read_metrics(run)
+    return {k: v for k, v in metrics.items() if "time" not in k}
+
+
+@pytest.fixture(autouse=True)
+def _restore_xla_flags(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(TASKS))
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_algorithm_on_every_family(algorithm, family, tmp_path, capsys, record_property):
+    task = TASKS[family]
+    config = _config_file(tmp_path, algorithm, task)
+    run, whole = tmp_path / "run", tmp_path / "whole"
+    capsys.readouterr()
+    status = cli.main(["train", "--config", config, "-g", "2", *RUN, "--out", str(run)])
+    err = capsys.readouterr().err
+    own = config_lib.get(algorithm).module in registry.BUILTIN["algorithm"]
+    if (algorithm, family) in REFUSED or (status == 2 and not own):
+        # refused as a config error: one line, no traceback, no run folder
+        assert status == 2, err[-2000:]
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "config error: task:" in lines[0], err
+        assert not run.exists()
+        record_property("matrix", f"{algorithm} x {family} ({task}): refused: {lines[0]}")
+        return
+    assert status == 0, err[-3000:]
+
+    assert cli.main(["render", str(run)]) == 0
+    drawn = capsys.readouterr().out
+    first = drawn.splitlines()[0]
+    assert first.startswith(("wrote ", "nothing to render: ")), drawn
+    if first.startswith("wrote "):
+        assert os.path.getsize(first.split()[1]) > 0, drawn
+
+    assert cli.main(["resume", str(run), "--more", "1", "-q", "--no-figure"]) == 0
+    assert cli.main(["train", "--config", config, "-g", "3", *RUN, "--out", str(whole)]) == 0
+    resumed, uninterrupted = _rows(run), _rows(whole)
+    assert list(resumed) == list(uninterrupted)
+    assert len(resumed["generation"]) == 3
+    for column, values in uninterrupted.items():
+        np.testing.assert_array_equal(resumed[column], values, err_msg=column)
+    shown = f"wrote {os.path.basename(first.split()[1])}" if first.startswith("wrote") else first
+    record_property("matrix", f"{algorithm} x {family} ({task}): trained, {shown}, resumed")
