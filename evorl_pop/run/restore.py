@@ -31,6 +31,7 @@ from evorl_pop.run.store import (
     Checkpoint,
     _whole_lines,
     precision,
+    serializable,
 )
 
 
@@ -112,6 +113,7 @@ def restore_state(template: Any, ckpt: Checkpoint):
         lambda x: processes.to_host(x) if processes.is_key(x) else x, template
     )
     unfit = "The checkpoint's state does not fit this algorithm and config:"
+    serializable(host_template)
     try:
         restored = flax.serialization.from_state_dict(host_template, ckpt.state)
     except (KeyError, ValueError, TypeError) as err:
