@@ -29,7 +29,6 @@ population search may change them between steps without recompiling.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import flax.struct
@@ -45,7 +44,6 @@ from evorl_pop.core.interfaces import Acting
 from evorl_pop.rl import data_parallel, replay, vec_env
 from evorl_pop.rl.ppo import Hyperparameters, Params, PPOLearner, Rollout, Samples, Segments
 from evorl_pop.tasks.obs_norm import ObsMoments, ObsNorm
-from evorl_pop.tasks.rollout import evaluate_episodes
 
 DP = dist.DP_AXIS_NAME
 
@@ -312,24 +310,6 @@ class PPO(data_parallel.DataParallel):
           ``value_loss``, ``entropy``, ``approx_kl``).
         """
         return super().step(state, key)
-
-    @functools.partial(jax.jit, static_argnames=("self", "num_episodes"))
-    def evaluate(self, state: State, key: jax.Array, num_episodes: int = 10) -> jax.Array:
-        """The mean return of the deterministic policy (the distribution's mode).
-
-        Args:
-          state: a :class:`State`.
-          key: PRNG key of the episodes.
-          num_episodes: episodes to average.
-
-        Returns:
-          A float32 scalar.
-        """
-        acting = self.acting(state)
-        return evaluate_episodes(
-            acting.env, acting.policy, acting.params, key, num_episodes,
-            episode_length=acting.episode_length,
-        ).episode_return  # fmt: skip
 
     def acting(self, state: State) -> Acting:
         """The deterministic policy (the distribution's mode) with its observation

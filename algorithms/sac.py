@@ -28,7 +28,6 @@ population search may change them between steps without recompiling.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import flax.struct
 import jax
@@ -51,7 +50,7 @@ from evorl_pop.rl.sac import (
     SACState,
     actor_task,
 )
-from evorl_pop.tasks.rollout import Transition, evaluate_episodes
+from evorl_pop.tasks.rollout import Transition
 
 DP = dist.DP_AXIS_NAME
 
@@ -214,24 +213,6 @@ class SAC(data_parallel.DataParallel):
           temperature ``alpha``.
         """
         return super().step(state, key)
-
-    @functools.partial(jax.jit, static_argnames=("self", "num_episodes"))
-    def evaluate(self, state: State, key: jax.Array, num_episodes: int = 10) -> jax.Array:
-        """The mean return of the deterministic policy (the squashed Gaussian mean).
-
-        Args:
-          state: a :class:`State`.
-          key: PRNG key of the episodes.
-          num_episodes: episodes to average.
-
-        Returns:
-          A float32 scalar.
-        """
-        acting = self.acting(state)
-        return evaluate_episodes(
-            acting.env, acting.policy, acting.params, key, num_episodes,
-            episode_length=acting.episode_length,
-        ).episode_return  # fmt: skip
 
     def acting(self, state: State) -> Acting:
         """The deterministic policy (the squashed Gaussian mean) (``evorl-pop render``)."""

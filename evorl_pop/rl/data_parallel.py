@@ -10,6 +10,7 @@ config extends :class:`LearnerConfig`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -21,6 +22,7 @@ from evorl_pop import distributed as dist
 from evorl_pop.base import ConfigError, check_config
 from evorl_pop.core.engine import make_mesh
 from evorl_pop.tasks.envs import check_environment
+from evorl_pop.tasks.rollout import evaluate_episodes
 
 
 def dp_mesh(mesh: Mesh | None) -> Mesh:
@@ -161,8 +163,9 @@ class DataParallel:
 
     A subclass has ``config`` (``num_envs``, ``unroll_length``) and ``mesh`` (the
     ``DP`` mesh), defines ``fresh(key) -> state`` (one member's state, where it
-    was computed) and ``local_step(state, key, axis) -> (state, metrics)`` (a
-    step on this device's lanes), and calls :meth:`shard_steps` once built.
+    was computed), ``local_step(state, key, axis) -> (state, metrics)`` (a
+    step on this device's lanes) and ``acting(state)`` (its deterministic policy,
+    :class:`~evorl_pop.core.interfaces.Acting`), and calls :meth:`shard_steps` once built.
     """
 
     def shard_steps(self, state_class: type) -> None:
@@ -190,3 +193,13 @@ class DataParallel:
         state, metrics = self._sharded_step(state, key)
         steps = self.config.num_envs * self.config.unroll_length
         return advance(state, metrics, steps, self.mesh)
+
+    @functools.partial(jax.jit, static_argnames=("self", "num_episodes"))
+    def evaluate(self, state: Any, key: jax.Array, num_episodes: int = 10) -> jax.Array:
+        """The mean return of the deterministic policy (``acting(state)``, which a
+        subclass defines) over ``num_episodes`` episodes; a float32 scalar."""
+        acting = self.acting(state)
+        return evaluate_episodes(
+            acting.env, acting.policy, acting.params, key, num_episodes,
+            episode_length=acting.episode_length,
+        ).episode_return  # fmt: skip

@@ -185,12 +185,7 @@ class BraxFamily(JaxEnvFamily):
     example = BRAX_PREFIX + "inverted_pendulum"
     settings = {"backend": BACKENDS}
     drawing = "html"
-
-    def names(self) -> tuple[str, ...]:
-        return tuple(BRAX_PREFIX + name for name in BRAX_ENVS)
-
-    def make_env(self, name: str, **settings) -> BraxEnv:
-        return BraxEnv(name.removeprefix(BRAX_PREFIX), **settings)
+    prefix, ids, env_class = BRAX_PREFIX, BRAX_ENVS, BraxEnv
 
     def draw(self, env: BraxEnv, episodes: Sequence[Trajectory], out: Path) -> int:
         """brax's HTML viewer of the episodes, one after the other."""

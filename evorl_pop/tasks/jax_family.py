@@ -49,15 +49,23 @@ class JaxEnvFamily:
     steps_in_jax: bool = True
     drawing: str | None = "gif"
     example: str | None = None
+    #: A family whose names are ``prefix + <id>`` may set these instead of defining
+    #: :meth:`names` and :meth:`make_env`: the prefix (``'brax/'``), the ids it lists,
+    #: and the class built as ``env_class(<id>, **settings)``.
+    prefix: str = ""
+    ids: tuple[str, ...] = ()
+    env_class: type | None = None
 
     def names(self) -> tuple[str, ...]:
-        raise NotImplementedError
+        return tuple(self.prefix + name for name in self.ids)
 
     def owns(self, name: str) -> bool:
         return name in self.names()
 
     def make_env(self, name: str, **settings) -> Env:
-        raise NotImplementedError
+        if self.env_class is None:
+            raise NotImplementedError(f"{type(self).__name__} defines no make_env")
+        return self.env_class(name.removeprefix(self.prefix), **settings)
 
     def make_task(self, name: str, **kwargs) -> ControlTask:
         """A :class:`~evorl_pop.tasks.control.ControlTask` on environment ``name``:

@@ -149,12 +149,7 @@ class PlaygroundFamily(JaxEnvFamily):
     example = PLAYGROUND_PREFIX + "PointMass"
     settings = {"impl": IMPLS}
     drawing = "html"
-
-    def names(self) -> tuple[str, ...]:
-        return tuple(PLAYGROUND_PREFIX + name for name in PLAYGROUND_ENVS)
-
-    def make_env(self, name: str, **settings) -> PlaygroundEnv:
-        return PlaygroundEnv(name.removeprefix(PLAYGROUND_PREFIX), **settings)
+    prefix, ids, env_class = PLAYGROUND_PREFIX, PLAYGROUND_ENVS, PlaygroundEnv
 
     def draw(self, env: PlaygroundEnv, episodes: Sequence[Trajectory], out: Path) -> int:
         """brax's HTML viewer of the episodes, one after the other: the task's MuJoCo
