@@ -1,5 +1,6 @@
-"""``evorl-pop render``: a gymnax task's GIF and a brax task's HTML viewer, one frame per
-step, and a printed return equal to the one the run's evaluation reported."""
+"""``evorl-pop render``: a gymnax task's and a Gymnasium task's GIF and a brax task's
+HTML viewer, one frame per step, and a printed return equal to the one the run's
+evaluation reported."""
 
 import base64
 import json
@@ -77,15 +78,26 @@ def test_render_black_box_has_nothing_to_render(tmp_path, capsys):
     assert not (run / "render.gif").exists() and not (run / "render.html").exists()
 
 
-def test_render_a_gymnasium_task_says_its_family_draws_nothing(tmp_path, capsys):
+def test_render_a_gymnasium_task_replays_its_evaluation_on_the_host(tmp_path, capsys):
+    from PIL import Image
+
     run = tmp_path / "gym"
-    _train(run, "--task", "gym:CartPole-v1", "--pop", "4", "-g", "1", "--set", "eval_episodes=0")
-    out = _render(capsys, str(run)).strip()
-    assert out == (
-        "nothing to render: the family of 'gym:CartPole-v1' (gym:<Gymnasium id>, its "
-        "environments stepped on the host) draws none."
-    )
-    assert not (run / "render.gif").exists() and not (run / "render.html").exists()
+    _train(run, "--task", "gym:CartPole-v1", *SHORT)
+    out = _render(capsys, str(run))
+    episodes, printed = _returns(out)
+    reported = store.read_metrics(run)["eval_return"][-1]
+    # the plain loop with the evaluation's seeds plays the evaluated episode exactly
+    assert printed == float(reported) and episodes == [printed]
+    with Image.open(run / "render.gif") as gif:
+        assert gif.n_frames == int(printed)  # CartPole pays 1 per step it stays up
+    # two episodes of another key: the mean as the evaluation's, a frame per step
+    other = tmp_path / "two.gif"
+    out = _render(capsys, str(run), "--episodes", "2", "--seed", "5", "--out", str(other))
+    episodes, printed = _returns(out)
+    assert len(episodes) == 2
+    assert printed == pytest.approx(np.mean(np.float32(episodes)), rel=1e-6)
+    with Image.open(other) as gif:
+        assert gif.n_frames == int(sum(episodes))
 
 
 @pytest.mark.slow

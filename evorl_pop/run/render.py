@@ -21,7 +21,10 @@ into ``RUN/render.<drawing>``:
   has one for the environment (classic control needs gymnasium's pygame), else
   the observation drawn with matplotlib (a plug-in family's too, unless it
   draws its own);
-- Gymnasium tasks (stepped on the host) and black-box tasks: nothing to render.
+- Gymnasium tasks (stepped on the host): an animated GIF of the frames the
+  environment draws (``render_mode='rgb_array'``), its episodes replayed by a plain
+  Gymnasium loop with the evaluation's reset seeds;
+- black-box tasks: nothing to render.
 """
 
 from __future__ import annotations
@@ -182,10 +185,17 @@ def run_episodes(run_dir, episodes: int = 1, seed: int | None = None) -> Episode
         key = jax.random.key(seed)
     elif generation > 0 and episodes == eval_episodes:
         reported = _reported(run_dir, generation)
-    runs = [
-        _trajectory(env, policy, params, obs_norm, length, k)
-        for k in jax.random.split(key, episodes)
-    ]
+    family = env_family(config.algorithm_config.task)
+    if family.steps_in_jax:
+        runs = [
+            _trajectory(env, policy, params, obs_norm, length, k)
+            for k in jax.random.split(key, episodes)
+        ]
+    else:  # Gymnasium: the evaluation's episodes replayed by a plain loop on the host
+        from evorl_pop.tasks.gym_envs import play
+
+        solution = algorithm.mean_solution(state)
+        runs = play(algorithm.task, solution, key, state.task_state, episodes)
     evaluation = float(evaluate(key, episodes))
     trajectories = [trajectory for trajectory, _ in runs]
     returns = [ret for _, ret in runs]

@@ -55,7 +55,7 @@ from evorl_pop import registry
 from evorl_pop.base import ConfigError, EnvSpec, did_you_mean
 from evorl_pop.core.interfaces import Env
 from evorl_pop.tasks.control import ControlTask
-from evorl_pop.tasks.drawing import Trajectory
+from evorl_pop.tasks.drawing import Trajectory, write_gif
 from evorl_pop.tasks.envs import check_episode_length
 from evorl_pop.tasks.obs_norm import ObsMoments
 from evorl_pop.tasks.rollout import EpisodeStats
@@ -291,6 +291,71 @@ class GymTask(ControlTask):
         )
 
 
+def play(task: GymTask, solution, key: jax.Array, task_state, episodes: int) -> list:
+    """A candidate's evaluation episodes replayed by a plain Gymnasium loop (each reset
+    with its :func:`episode_seeds`), drawn by the environment (``render_mode='rgb_array'``).
+
+    Args:
+      task: the task.
+      solution: the candidate's flat weights.
+      key: its evaluation key (episode ``j``: ``split(key, episodes)[j]``).
+      task_state: the task's observation statistics (used where it normalises).
+      episodes: how many.
+
+    Returns:
+      Per episode ``(Trajectory, return)``: its states the frames drawn after each
+      step, its return summed as the task sums it.
+
+    Raises:
+      ValueError: the environment draws no ``rgb_array`` frames.
+    """
+    params = task.unravel(solution)
+    obs_norm = task_state if task.normalize_obs else None
+
+    @jax.jit
+    def act(obs):
+        return task.policy(params, obs if obs_norm is None else obs_norm.normalize(obs))
+
+    env = made_quietly(functools.partial(task.pool.factory, render_mode="rgb_array"))
+    if env.render_mode != "rgb_array":
+        raise ValueError(f"{task.name} draws no rgb_array frames: there is nothing to render.")
+    space = env.action_space
+    one_hot = task.pool.one_hot
+    runs = []
+    try:
+        for seed in np.asarray(episode_seeds(key, episodes)):
+            obs, _ = env.reset(seed=int(seed))
+            frames, observations, so_far, total = [], [], [], 0.0
+            for _ in range(task.spec.max_steps):
+                seen = np.asarray(obs, np.float32)
+                if one_hot:
+                    seen = np.eye(task.spec.obs_shape[0], dtype=np.float32)[obs - space.start]
+                action = np.asarray(act(seen))
+                if task.spec.discrete:
+                    action = int(action.reshape(-1)[0]) + int(space.start)
+                else:
+                    action = action.reshape(space.shape).astype(space.dtype)
+                obs, reward, terminated, truncated, _ = env.step(action)
+                total += float(reward)
+                frames.append(np.asarray(env.render())[::2, ::2])  # the GIF's size
+                observations.append(seen)
+                so_far.append(np.float32(total))
+                if terminated or truncated:
+                    break
+            trajectory = Trajectory(np.stack(frames), np.stack(observations), np.asarray(so_far))
+            runs.append((trajectory, float(np.float32(total))))
+    finally:
+        env.close()
+    return runs
+
+
+def draw_frame(ax, frame) -> None:
+    """An RGB frame the environment drew."""
+    ax.imshow(frame, interpolation="nearest")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
 class GymFamily:
     """Every Gymnasium environment, ``gym:<id>``: a :class:`GymTask` each, stepped on the
     host (an :class:`~evorl_pop.core.interfaces.EnvFamily` without JAX environments)."""
@@ -303,7 +368,7 @@ class GymFamily:
     example = GYM_PREFIX + "Pendulum-v1"
     settings = {"vector": VECTOR_MODES}
     steps_in_jax = False
-    drawing = None
+    drawing = "gif"
 
     def names(self) -> tuple[str, ...]:
         return ()  # any id of Gymnasium's registry, checked when its task is made
@@ -321,7 +386,8 @@ class GymFamily:
         return GymTask(name, **kwargs)
 
     def draw(self, env: Env, episodes: Sequence[Trajectory], out: Path) -> int:
-        raise ValueError(f"{env.spec.name}'s episodes are stepped on the host, not drawn.")
+        """A GIF of the frames the environment drew (:func:`play`)."""
+        return write_gif(env, episodes, out, draw_frame)
 
 
 registry.register_env_family("gym", GymFamily())
