@@ -457,3 +457,33 @@ def test_ctrl_c_ends_an_example_in_one_line_with_its_checkpoint(tmp_path):
     line = _last_line(err)
     assert line.startswith("openes_pendulum.py: interrupted; ") and f"resume {run}`" in line, line
     assert restore.load_checkpoint(run).generation >= 10  # the chunk of 10 generations it ran
+
+
+def test_the_users_mistakes_are_one_line_errors_that_say_what_to_do(tmp_path, capsys):
+    out = str(tmp_path / "r")
+    # a name is a name, never a YAML mapping
+    _one_line_error(capsys, ["train", "-q", "--task", "gym:", "--out", out], 2, "gym:ID")
+    # a learner on a black-box function: the task is what is wrong
+    err = _one_line_error(capsys, ["train", "-q", "-a", "ppo", "--task", "sphere", "--out", out], 2)
+    assert "ppo learns a policy in an environment" in err and "-a es" in err
+    # a folder that is not there
+    _one_line_error(capsys, ["render", str(tmp_path / "none")], 1, "does not exist")
+    assert not (tmp_path / "r").exists()
+    # resume --force with a change that reshapes the state: nothing is changed
+    run = tmp_path / "run"
+    assert _train(run, "--generations", "2") == 0
+    before = {name: (run / name).read_bytes() for name in RECORDS}
+    argv = ["resume", str(run), "--more", "1", "--force", "--set", "num_dims=5", "-q"]
+    _one_line_error(capsys, argv, 1, "does not fit", "num_dims", "needs a new run")
+    assert {name: (run / name).read_bytes() for name in RECORDS} == before
+
+
+def test_a_learner_before_its_first_episode_ends_is_no_alarm(tmp_path, capsys):
+    """SAC's fitness is NaN until an episode ends (Pendulum: 200 steps); no warning."""
+    argv = ["train", "-a", "sac", "-g", "1", "--devices", "1", "--no-figure", "--out"]
+    settings = ["num_envs=1", "unroll_length=20", "learning_starts=10", "batch_size=8"]
+    settings += ["actor_hidden_sizes=[4]", "critic_hidden_sizes=[4]"]
+    overrides = [arg for s in settings for arg in ("--set", s)]
+    assert cli.main([*argv, str(tmp_path / "sac"), *overrides]) == 0
+    assert np.isnan(store.read_metrics(tmp_path / "sac")["fitness_mean"][0])
+    assert "no finite fitness" not in capsys.readouterr().err
