@@ -4,7 +4,9 @@ import json
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+from _env import TEST_XLA_FLAGS
+
+os.environ["XLA_FLAGS"] = f"{TEST_XLA_FLAGS} --xla_force_host_platform_device_count=2"
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _env import cli_env
 from flax.traverse_util import flatten_dict
 
 from evorl_pop import cli
@@ -28,10 +29,7 @@ GENERATIONS = 120
 
 
 def _env():
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = ""  # the CLI's --devices sets the device count itself
-    env["JAX_PLATFORMS"] = "cpu"
-    return env
+    return cli_env()
 
 
 def _cli(*args, **kwargs):

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _env import cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -34,7 +35,7 @@ PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 FENCE = re.compile(r"^```(\w*)([^\n]*)\n(.*?)^```", re.M | re.S)
 RUN_LANGUAGES = {"python": "python", "bash": "shell", "sh": "shell", "shell": "shell"}
 NOT_RUN = "not run:"
-ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", "NO_MKDOCS_2_WARNING": "1"}
+ENV = cli_env(NO_MKDOCS_2_WARNING="1")
 
 
 @dataclasses.dataclass(frozen=True)

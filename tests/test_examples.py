@@ -3,7 +3,6 @@ threshold of the metric it prints at the end, and draws that run in its figure (
 and the documentation's code blocks: tests/test_docs.py)."""
 
 import dataclasses
-import os
 import re
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import matplotlib.colors
 import matplotlib.image
 import numpy as np
 import pytest
+from _env import cli_env
 
 from evorl_pop.run import store
 
@@ -122,7 +122,7 @@ TRAINING = {
 
 def _run(script, *args, returncode=0, cwd=None, **env):
     """Runs a script as a user starts it (it sets its own devices); its completed process."""
-    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", **env}
+    env = cli_env(**env)
     out = subprocess.run(
         [sys.executable, str(script), *args],
         env=env,

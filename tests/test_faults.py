@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _env import cli_env
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -39,7 +40,7 @@ def _restore_xla_flags(monkeypatch):
 
 
 def _env(**extra):
-    return {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", **extra}
+    return cli_env(**extra)
 
 
 def _start(*args, launch=False):

@@ -4,7 +4,6 @@ after a kill and resume, and across two processes; worker processes forked while
 another thread holds MuJoCo's notices lock; the errors are one line."""
 
 import multiprocessing
-import os
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _env import cli_env
 
 from evorl_pop import make_mesh
 from evorl_pop.algorithms.es import ES, ESConfig
@@ -242,7 +242,7 @@ def test_unbounded_actions_and_no_time_limit_are_refused():
 
 
 def _env():
-    return {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+    return cli_env()
 
 
 def _cli(*args, **env):

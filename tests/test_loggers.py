@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from _env import cli_env
 
 from evorl_pop import cli
 from evorl_pop.run import loggers, restore, shell, store
@@ -34,8 +35,7 @@ def _offline(monkeypatch):
 
 
 def _env():
-    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
-    return env
+    return cli_env()
 
 
 def _kill_past_checkpoint(run, logged, *args):

@@ -8,7 +8,6 @@ the persistent compilation cache (``$EVORL_POP_COMPILATION_CACHE``), so a rerun
 against a kept cache costs only their tracing.
 """
 
-import os
 import subprocess
 import sys
 
@@ -16,6 +15,7 @@ import _loop
 import jax
 import numpy as np
 import pytest
+from _env import cli_env
 
 from evorl_pop import make_mesh, use_compilation_cache
 from evorl_pop.algorithms.es import ES, ESConfig
@@ -211,7 +211,7 @@ def test_the_cli_without_playground_ends_in_one_line(tmp_path):
             "--out",
             str(tmp_path / "run"),
         ],
-        env={**os.environ, "PYTHONPATH": str(tmp_path), "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"},
+        env=cli_env(PYTHONPATH=str(tmp_path)),
         capture_output=True,
         text=True,
         timeout=300,

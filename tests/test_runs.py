@@ -12,6 +12,7 @@ import time
 import flax.serialization
 import numpy as np
 import pytest
+from _env import cli_env
 
 from evorl_pop import cli
 from evorl_pop.run import config, restore, store
@@ -24,10 +25,7 @@ RECORDS = ("config.yaml", "metrics.csv", "checkpoint.msgpack")
 
 
 def _env():
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = ""  # the CLI's --devices sets the device count itself
-    env["JAX_PLATFORMS"] = "cpu"
-    return env
+    return cli_env()
 
 
 def _start(*args):
