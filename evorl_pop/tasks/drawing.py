@@ -23,6 +23,11 @@ from evorl_pop.core.interfaces import Env
 
 #: ``draw_state(ax, state)``: draws one environment state into a matplotlib axes.
 StateDrawer = Callable[[Any, Any], None]
+#: ``pictures(states) -> uint8 array (steps, height, width, 3)``: an episode's states
+#: (leading axis the steps) as images, for a family that draws its states itself.
+EpisodePictures = Callable[[Any], np.ndarray]
+#: A GIF frame's size in pixels, and the band above the picture that holds the title.
+FRAME, TITLE = 240, 18
 
 
 @dataclasses.dataclass
@@ -56,17 +61,45 @@ def _clear(ax) -> None:
             artist.remove()
 
 
+def _title(env: Env, episodes: Sequence[Trajectory], e: int, t: int) -> str:
+    which = f"episode {e + 1}  " if len(episodes) > 1 else ""
+    return f"{env.spec.name}  {which}step {t + 1}  return {episodes[e].so_far[t]:.4g}"
+
+
+def _titled_pictures(env, episodes, pictures: EpisodePictures) -> list:
+    """Each step's picture under its title, composed by Pillow (no figure per frame)."""
+    from PIL import Image, ImageDraw
+
+    frames = []
+    for e, episode in enumerate(episodes):
+        images = np.asarray(pictures(jax.tree.map(np.asarray, episode.states)), np.uint8)
+        height, width = images.shape[1:3]
+        scale = min(FRAME / width, (FRAME - TITLE) / height)
+        size = (max(1, round(width * scale)), max(1, round(height * scale)))
+        where = ((FRAME - size[0]) // 2, TITLE + (FRAME - TITLE - size[1]) // 2)
+        sharp = Image.Resampling.NEAREST if scale >= 1 else Image.Resampling.BILINEAR
+        for t, image in enumerate(images):
+            frame = Image.new("RGB", (FRAME, FRAME), "white")
+            frame.paste(Image.fromarray(image).resize(size, sharp), where)
+            ImageDraw.Draw(frame).text((4, 3), _title(env, episodes, e, t), fill="black")
+            frames.append(frame.quantize(method=Image.Quantize.FASTOCTREE))
+    return frames
+
+
 def write_gif(
     env: Env,
     episodes: Sequence[Trajectory],
     out: Path,
     draw_state: StateDrawer | None = None,
     fps: int = 20,
+    pictures: EpisodePictures | None = None,
 ) -> int:
-    """An animated GIF of ``episodes``, one frame per step, one episode after the other.
+    """An animated GIF of ``episodes``, one frame per step, one episode after the other,
+    each frame titled with the step and the return so far.
 
-    Every frame is drawn into one matplotlib figure, cleared between frames, and read
-    back as pixels: a 500-step episode takes a few seconds.
+    A family that draws its states as images gives ``pictures``: Pillow composes the
+    frames (a 500-step episode in a few seconds). Otherwise every frame is drawn into
+    one matplotlib figure, cleared between frames, and read back as pixels.
 
     Args:
       env: the environment the episodes ran in (its name titles the frames).
@@ -75,10 +108,16 @@ def write_gif(
       draw_state: draws a state into a cleared axes; ``None``: the observation
         (:func:`draw_observation`).
       fps: frames per second of the animation.
+      pictures: an episode's states as images (:data:`EpisodePictures`), instead of
+        ``draw_state``.
 
     Returns:
       The frames written.
     """
+    if pictures is not None:
+        frames = _titled_pictures(env, episodes, pictures)
+        frames[0].save(out, save_all=True, append_images=frames[1:], duration=1000 // fps, loop=0)
+        return len(frames)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -97,9 +136,7 @@ def write_gif(
                     draw_state(ax, jax.tree.map(lambda x, t=t: x[t], states))
                 else:
                     draw_observation(ax, episode.observations[t])
-                which = f"episode {e + 1}  " if len(episodes) > 1 else ""
-                title = f"{env.spec.name}  {which}step {t + 1}  return {episode.so_far[t]:.4g}"
-                ax.set_title(title, fontsize=9)
+                ax.set_title(_title(env, episodes, e, t), fontsize=9)
                 ax.relim()
                 ax.autoscale_view()
                 fig.canvas.draw()

@@ -349,13 +349,6 @@ def play(task: GymTask, solution, key: jax.Array, task_state, episodes: int) -> 
     return runs
 
 
-def draw_frame(ax, frame) -> None:
-    """An RGB frame the environment drew."""
-    ax.imshow(frame, interpolation="nearest")
-    ax.set_xticks([])
-    ax.set_yticks([])
-
-
 class GymFamily:
     """Every Gymnasium environment, ``gym:<id>``: a :class:`GymTask` each, stepped on the
     host (an :class:`~evorl_pop.core.interfaces.EnvFamily` without JAX environments)."""
@@ -387,7 +380,7 @@ class GymFamily:
 
     def draw(self, env: Env, episodes: Sequence[Trajectory], out: Path) -> int:
         """A GIF of the frames the environment drew (:func:`play`)."""
-        return write_gif(env, episodes, out, draw_frame)
+        return write_gif(env, episodes, out, pictures=lambda frames: frames)
 
 
 registry.register_env_family("gym", GymFamily())

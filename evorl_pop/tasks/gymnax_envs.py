@@ -27,7 +27,7 @@ import numpy as np
 
 from evorl_pop import registry
 from evorl_pop.base import EnvSpec
-from evorl_pop.tasks.drawing import StateDrawer, Trajectory, write_gif
+from evorl_pop.tasks.drawing import EpisodePictures, StateDrawer, Trajectory, write_gif
 from evorl_pop.tasks.envs import check_episode_length
 from evorl_pop.tasks.jax_family import JaxEnvFamily
 
@@ -118,21 +118,15 @@ def gymnax_names() -> tuple[str, ...]:
 
 
 def gymnax_drawer(env: GymnaxEnv) -> StateDrawer | None:
-    """``draw(ax, state)`` by gymnax's own visualiser for ``env``, or ``None``: classic
-    control by gymnasium's renderer (one environment for every frame), the others by
-    gymnax's ``Visualizer`` (one for every frame)."""
+    """``draw(ax, state)`` by gymnax's own visualiser for ``env`` (one for every frame),
+    or ``None``: it has none."""
     try:
         from gymnax.visualize.visualizer import Visualizer
     except ImportError:
         return None
-    inner = env.env
-    params = env.params
-    name = getattr(inner, "name", "")
-    if name in PYGAME_DRAWN:
-        return _classic_control_drawer(name, params)
     import matplotlib.pyplot as plt
 
-    vis = Visualizer(inner, params, [])
+    vis = Visualizer(env.env, env.params, [])
     plt.close(vis.fig)  # its own figure: drawn into the GIF's instead
 
     def draw(ax, state):
@@ -148,8 +142,10 @@ def gymnax_drawer(env: GymnaxEnv) -> StateDrawer | None:
     return draw
 
 
-def _classic_control_drawer(name: str, params) -> StateDrawer | None:
-    """Classic control as gymnasium draws it (pygame, no display), into an image."""
+def classic_control_pictures(env: GymnaxEnv) -> EpisodePictures | None:
+    """Classic control as gymnasium draws it (pygame, no display): one renderer for
+    every frame; ``None`` without gymnasium's drawing extra (pygame)."""
+    name, params = env.env.name, env.params
     os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame: no sound card,
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # no display to look for
     try:
@@ -158,19 +154,46 @@ def _classic_control_drawer(name: str, params) -> StateDrawer | None:
         from gymnax.visualize import vis_gym
     except ImportError:
         return None
-    world = gymnasium.make(name, render_mode="rgb_array")
-    world.reset(seed=0)
-    vis_gym.set_gym_params(world.unwrapped, name, params)
 
-    def draw(ax, state):
-        world.unwrapped.state = vis_gym.get_gym_state(state, name)
-        if name == "Pendulum-v1":
-            world.unwrapped.last_u = np.asarray(state.last_u, np.float64)
-        ax.imshow(world.render()[::2, ::2], interpolation="nearest")  # the GIF's size
-        ax.set_xticks([])
-        ax.set_yticks([])
+    def pictures(states) -> np.ndarray:
+        world = gymnasium.make(name, render_mode="rgb_array")
+        world.reset(seed=0)
+        vis_gym.set_gym_params(world.unwrapped, name, params)
+        images = []
+        for t in range(len(jax.tree.leaves(states)[0])):
+            state = jax.tree.map(lambda x, t=t: x[t], states)
+            world.unwrapped.state = vis_gym.get_gym_state(state, name)
+            if name == "Pendulum-v1":
+                world.unwrapped.last_u = np.asarray(state.last_u, np.float64)
+            images.append(world.render()[::2, ::2])  # about the GIF's size
+        world.close()
+        return np.stack(images)
 
-    return draw
+    return pictures
+
+
+def grid_pictures(env: GymnaxEnv) -> EpisodePictures:
+    """A grid world's observation (MinAtar's channels), as gymnax's visualiser draws it:
+    each cell the colour of its highest channel (a colour each), black where none is set."""
+    import matplotlib
+
+    inner, params = env.env, env.params
+    channels = inner.obs_shape[-1]
+    palette = matplotlib.colormaps["tab10" if channels <= 10 else "hsv"](
+        np.arange(channels) / (10 if channels <= 10 else channels)
+    )[:, :3]
+    palette = np.concatenate([np.zeros((1, 3)), palette]) * 255
+
+    @jax.jit
+    def observe(states):
+        return jax.vmap(lambda s: inner.get_obs(s, params))(states)
+
+    def pictures(states) -> np.ndarray:
+        obs = np.asarray(observe(states))
+        top = np.max(obs * np.arange(1, channels + 1), axis=-1).astype(int)
+        return palette[top].astype(np.uint8)
+
+    return pictures
 
 
 class GymnaxFamily(JaxEnvFamily):
@@ -193,8 +216,17 @@ class GymnaxFamily(JaxEnvFamily):
         return GymnaxEnv(name, **settings)
 
     def draw(self, env: GymnaxEnv, episodes: Sequence[Trajectory], out: Path) -> int:
-        """A GIF drawn by gymnax's visualiser where it has one for ``env``, else of the
-        observations."""
+        """A GIF: classic control as gymnasium draws it, MinAtar's grids as gymnax's
+        visualiser colours them, the others by gymnax's visualiser where it has one
+        for ``env``, else of the observations."""
+        name = env.env.name
+        pictures = None
+        if name in PYGAME_DRAWN:
+            pictures = classic_control_pictures(env)
+        elif name.endswith("-MinAtar"):
+            pictures = grid_pictures(env)
+        if pictures is not None:
+            return write_gif(env, episodes, out, pictures=pictures)
         return write_gif(env, episodes, out, gymnax_drawer(env))
 
 
