@@ -6,10 +6,10 @@
 Each environment is stepped ``--gif-steps`` (``--html-steps`` for brax) times by
 random actions in one ``lax.scan`` (an episode's end is not a reset here: every
 step is a frame), and its family draws the steps as ``evorl-pop render`` does
-(``EnvFamily.draw``). For a GIF the table also draws the same frames the way
-``render`` drew them before (a new matplotlib figure and a PNG per frame, gymnax's
-``Visualizer`` built per frame), and gives the ratio. Drawing only is timed:
-stepping and compiling are not.
+(``EnvFamily.draw``). For a GIF the table also draws the same frames the plain
+way (a new matplotlib figure and a PNG per frame, gymnax's ``Visualizer`` built
+per frame), and gives the ratio. Drawing only is timed: stepping and compiling
+are not.
 """
 
 import argparse
@@ -53,7 +53,7 @@ def episode(env, steps: int) -> Trajectory:
 
 
 def per_frame_figures(env, trajectory: Trajectory, out: Path) -> int:
-    """The way frames were drawn before: a figure, a visualiser and a PNG per frame."""
+    """The plain way: a figure, a visualiser and a PNG per frame."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -91,7 +91,7 @@ def main() -> None:
     parser.add_argument("--html-steps", type=int, default=1000)
     parser.add_argument("--gymnax", default="CartPole-v1,Breakout-MinAtar")
     parser.add_argument("--brax", default="brax/hopper")
-    parser.add_argument("--no-before", action="store_true", help="skip the old way (slow)")
+    parser.add_argument("--no-before", action="store_true", help="skip the plain way (slow)")
     args = parser.parse_args()
 
     rows = []
@@ -113,7 +113,7 @@ def main() -> None:
             )
             rows.append((name, f"HTML, {frames} frames", seconds, None))
 
-    print(f"{'environment':20s} {'drawing':18s} {'seconds':>8s} {'before':>8s} {'ratio':>6s}")
+    print(f"{'environment':20s} {'drawing':18s} {'seconds':>8s} {'plain':>8s} {'ratio':>6s}")
     for name, what, seconds, before in rows:
         old = f"{before:8.2f}" if before is not None else f"{'':8s}"
         ratio = f"{before / seconds:6.1f}" if before is not None else ""

@@ -201,9 +201,13 @@ def test_an_environment_error_ends_the_run_in_one_line():
             r"'CartPole-v1'",
         ),
         (
-            "gym:Blackjack-v1",
-            r"gym:Blackjack-v1: its observation space Tuple\(.*\) is not "
-            r"supported; Gymnasium tasks take Box .* or Discrete spaces\.",
+            "gym:no_such_module:CartPole-v1",
+            r"the module 'no_such_module' that registers it does not import",
+        ),
+        (
+            "gym:gymnasium.envs.classic_control:CartPoel-v1",
+            r"Unknown Gymnasium environment 'CartPoel-v1' after importing "
+            r"'gymnasium.envs.classic_control'\. Did you mean 'CartPole-v1'",
         ),
     ],
 )
@@ -328,3 +332,41 @@ def test_a_missing_simulator_names_the_install_in_one_line(tmp_path):
     assert line.endswith(
         "install Gymnasium's Box2D and MuJoCo environments with: pip install -e '.[gymnasium]'"
     ), line
+
+
+# --- Gymnasium plug-in environments and structured observations ----------------------
+
+DICT_REACH = "gym:gym_dict_env:DictReach-v0"
+
+
+@pytest.fixture
+def plugin_envs(monkeypatch):
+    from _plugins import PLUGINS_DIR
+
+    monkeypatch.syspath_prepend(str(PLUGINS_DIR))
+
+
+def test_dict_observations_are_flattened_in_key_order(plugin_envs):
+    from evorl_pop.tasks.gym_envs import registered_factory
+
+    task = GymTask(DICT_REACH.removeprefix("gym:"))
+    assert task.spec.obs_shape == (6,)  # phase one-hot (3), position (2), target (1)
+    env = registered_factory("gym_dict_env:DictReach-v0")()
+    obs, _ = env.reset(seed=0)
+    inner = env.unwrapped
+    inner.position, inner.target, inner.time = 0.5, 0.75, 1
+    obs, *_ = env.step(np.zeros(1, np.float32))  # position 0.5, phase 2
+    np.testing.assert_allclose(obs, [0, 0, 1, 0.5, 0.5 - 0.75, 0.75], rtol=1e-6)
+    # a Tuple of Discrete spaces is one-hot, entry after entry (Blackjack: 32 + 11 + 2)
+    assert GymTask("Blackjack-v1", episode_length=10).spec.obs_shape == (45,)
+
+
+def test_a_module_id_environment_trains_the_same_on_1_and_2_devices(plugin_envs):
+    config = ESConfig(task=DICT_REACH, population_size=8, hidden_sizes=(4,), eval_episodes=1)
+    histories = [_train(config, n, 3)[2] for n in (1, 2)]
+    for key, values in histories[0].items():
+        # continuous actions of a device's slice of 8 or 4 may round differently
+        np.testing.assert_allclose(values, histories[1][key], rtol=1e-5, err_msg=key)
+    returns = np.asarray(histories[0]["fitness_mean"])
+    assert np.isfinite(returns).all() and (returns < 0).all()  # minus distances
+    assert np.asarray(histories[0]["env_steps"]).tolist() == [8 * 20] * 3  # no early ends

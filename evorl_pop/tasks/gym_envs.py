@@ -44,6 +44,7 @@ extra ``pip install -e '.[gymnasium]'``.
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -72,7 +73,9 @@ def registered_factory(env_id: str, episode_length: int | None = None, **kwargs)
     """A factory of the registered Gymnasium environment ``env_id``.
 
     Args:
-      env_id: a Gymnasium id (``'CartPole-v1'``).
+      env_id: a Gymnasium id (``'CartPole-v1'``), or Gymnasium's ``'module:id'``: the
+        module (a package that registers environments when imported, such as
+        ``shimmy``'s ``dm_control/...``) is imported first, here and in every worker.
       episode_length: its time limit instead of the registered one.
       **kwargs: passed to ``gymnasium.make``.
 
@@ -80,19 +83,51 @@ def registered_factory(env_id: str, episode_length: int | None = None, **kwargs)
       ``() -> gymnasium.Env`` (picklable, for worker processes).
 
     Raises:
-      ConfigError: ``env_id`` is not registered (with the nearest ids).
+      ConfigError: a module that does not import, or an id that is not registered
+        (with the nearest ids).
     """
     import gymnasium as gym  # imported once a Gymnasium task is built
 
-    if env_id not in gym.registry:
-        hint = did_you_mean(env_id, gym.registry, 3)
+    module, sep, name = env_id.rpartition(":")
+    if sep:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ConfigError(
+                f"gym:{env_id}: the module {module!r} that registers it does not import "
+                f"({err}); install it, or put it on PYTHONPATH."
+            ) from None
+    if name not in gym.registry:
+        hint = did_you_mean(name, gym.registry, 3)
+        where = f" after importing {module!r}" if sep else ""
         raise ConfigError(
-            f"Unknown Gymnasium environment {env_id!r}.{hint} Any id of "
-            "gymnasium.registry works as gym:ID (gymnasium.pprint_registry() lists them)."
+            f"Unknown Gymnasium environment {name!r}{where}.{hint} Any id of "
+            "gymnasium.registry works as gym:ID, and gym:MODULE:ID imports the module that "
+            "registers it first (gymnasium.pprint_registry() lists them)."
         )
     if episode_length is not None:
         kwargs["max_episode_steps"] = int(episode_length)
-    return functools.partial(gym.make, env_id, **kwargs)
+    return Flattened(functools.partial(gym.make, env_id, **kwargs))
+
+
+class Flattened:
+    """A factory whose environments observe a flat vector where their observation space
+    is a ``Dict`` or a ``Tuple`` (Gymnasium's ``FlattenObservation``): a ``Dict``'s
+    entries in its key order (sorted, unless it was built from an ordered mapping), a
+    ``Tuple``'s in order, each entry flattened as ``gymnasium.spaces.flatten`` does
+    (a ``Box`` raveled, a ``Discrete`` one-hot). Keyword arguments reach the factory."""
+
+    def __init__(self, factory: Callable):
+        self.factory = factory
+
+    def __call__(self, **kwargs):
+        from gymnasium import spaces
+        from gymnasium.wrappers import FlattenObservation
+
+        env = self.factory(**kwargs)
+        if isinstance(env.observation_space, (spaces.Dict, spaces.Tuple)):
+            return FlattenObservation(env)
+        return env
 
 
 def _space_error(name: str, role: str, space) -> ValueError:
@@ -207,7 +242,7 @@ class GymTask(ControlTask):
             factory = registered_factory(env_id, episode_length)
             name = name or GYM_PREFIX + env_id
         elif callable(env):
-            factory = env
+            factory = Flattened(env)
             name = name or GYM_PREFIX + getattr(env, "__name__", type(env).__name__)
         else:
             raise ValueError(f"env must be a Gymnasium id or a factory, got {type(env).__name__}.")
@@ -387,6 +422,7 @@ registry.register_env_family("gym", GymFamily())
 
 __all__ = [
     "GYM_PREFIX",
+    "Flattened",
     "GymFamily",
     "GymTask",
     "VECTOR_MODES",
