@@ -4,9 +4,7 @@ import json
 import os
 import sys
 
-from _env import TEST_XLA_FLAGS
-
-os.environ["XLA_FLAGS"] = f"{TEST_XLA_FLAGS} --xla_force_host_platform_device_count=2"
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402

@@ -6,8 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _env import TEST_XLA_FLAGS
-
 #: The folder of the test plug-ins: each one file that touches no package file.
 PLUGINS_DIR = Path(__file__).parent / "plugins"
 
@@ -16,7 +14,7 @@ def plugin_env(site: Path | None = None) -> dict:
     """The environment of a command that can import the test plug-ins (and, with
     ``site``, the distribution :func:`install_entry_points` wrote there)."""
     env = dict(os.environ)
-    env["XLA_FLAGS"] = TEST_XLA_FLAGS  # the CLI's --devices sets the device count itself
+    env["XLA_FLAGS"] = ""  # the CLI's --devices sets the device count itself
     env["JAX_PLATFORMS"] = "cpu"
     paths = [str(PLUGINS_DIR), *([str(site)] if site else [])]
     env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)

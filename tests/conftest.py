@@ -5,16 +5,10 @@ import os
 import shutil
 import tempfile
 
-from _env import TEST_XLA_FLAGS
-
 # Must happen before JAX initialises its backend.
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
-    _flags = f"{_flags} --xla_force_host_platform_device_count=8".strip()
-# The flags every compilation of the tests shares (the commands they start too: _env.py).
-if TEST_XLA_FLAGS not in _flags:
-    _flags = f"{_flags} {TEST_XLA_FLAGS}"
-os.environ["XLA_FLAGS"] = _flags
+    os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count=8".strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One compilation cache for this test session (its worker processes and the
 # commands they start inherit it), not the user's, removed at the end.

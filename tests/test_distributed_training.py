@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from _env import TEST_XLA_FLAGS, cli_env
+from _env import cli_env
 from flax.traverse_util import flatten_dict
 
 from evorl_pop import cli
@@ -186,7 +186,7 @@ def test_without_the_launcher_survivors_fail_instead_of_hanging(tmp_path):
     run = tmp_path / "bare"
     port = launcher.free_port()
     env = _env()
-    env["XLA_FLAGS"] = f"{TEST_XLA_FLAGS} --xla_force_host_platform_device_count=2"
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "evorl_pop.cli", "train", *KILL_JOB,

