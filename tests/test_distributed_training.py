@@ -72,6 +72,7 @@ def _assert_same_state(a, b, rtol=1e-3, atol=1e-3):
             np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("job", [OPENES, CMAES], ids=["openes-cartpole", "cmaes-sphere"])
 def test_two_processes_equal_one_process_and_one_device(tmp_path, job):
     common = [*job, "--generations", "6", "--chunk", "3", "--checkpoint-every", "3", "-q"]
@@ -107,6 +108,7 @@ KILL_JOB = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_killed_process_stops_the_launch_and_the_run_resumes(tmp_path):
     run, whole = tmp_path / "killed", tmp_path / "whole"
     launch = subprocess.Popen(
@@ -180,6 +182,7 @@ def test_launch_refuses_reserved_options_and_other_commands():
     assert launcher.describe_exit(3) == "exit code 3"
 
 
+@pytest.mark.slow
 def test_without_the_launcher_survivors_fail_instead_of_hanging(tmp_path):
     # Two processes started by hand; the coordinator notices the dead one when
     # its heartbeats stop, and the survivor terminates with an error.

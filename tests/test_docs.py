@@ -128,6 +128,7 @@ RUNNER = textwrap.dedent("""\
 """)
 
 
+@pytest.mark.slow
 def test_python_blocks_run_as_written(tmp_path):
     """Each distinct runnable Python block, as written, in a fresh namespace; blocks that switch
     JAX to 64-bit run in a process of their own, all others share one (it compiles once)."""
@@ -156,6 +157,7 @@ def test_python_blocks_run_as_written(tmp_path):
         assert out.stdout.count("--- ") == len(group)
 
 
+@pytest.mark.slow
 def test_shell_blocks_run_as_written(tmp_path):
     """The runnable shell blocks, page by page in one folder, with the installed evorl-pop;
     then the first run's metrics.csv columns are all documented."""

@@ -86,6 +86,7 @@ def test_sharded_run_reproduces_plain_evosax_loop(name, pop, kwargs):
         assert int(state.generation) == GENERATIONS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["SimpleGA", "DifferentialEvolution"])
 def test_population_based_strategies_are_device_count_invariant(name):
     task = BlackBoxTask("sphere", num_dims=5, x0=1.0)

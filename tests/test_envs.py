@@ -384,6 +384,7 @@ def test_unlisted_environment_says_why():
         make_env("MNISTBandit-bsuite")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "task, extra",
     [

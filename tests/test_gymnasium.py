@@ -271,6 +271,7 @@ def _rows(run):
     return {k: v for k, v in rows.items() if k != "wall_time"}
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     killed, whole = tmp_path / "killed", tmp_path / "whole"
     cli = [sys.executable, "-m", "evorl_pop.cli"]
@@ -304,6 +305,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one(tmp_path):
     """Under jax.distributed, each process steps the environments of its own device."""
     common = [a for a in JOB if a not in ("--devices", "2")]

@@ -97,6 +97,7 @@ def test_cemrl_same_on_any_device_count(cem_reference, n):
     assert [int(m["episodes"]) for m in metrics] == [6, 6]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [2, 4])
 def test_erl_same_on_any_device_count(erl_reference, n):
     _check_invariance(erl_reference, lambda n: erl.ERL(ERL_CONFIG, make_mesh(n)), n)

@@ -63,6 +63,7 @@ def _history(algo, state, scan: bool):
     return state, jax.tree.map(lambda *xs: jnp.stack(xs), *metrics)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "make, config",
     [(cemrl.CEMRL, CEM_CONFIG), (erl.ERL, ERL_CONFIG)],

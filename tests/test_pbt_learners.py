@@ -69,6 +69,7 @@ def _run(config, n, generations=2):
     return jax.device_get(state), history
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", [PPO_MEMBERS, SAC_MEMBERS], ids=["ppo", "sac"])
 def test_same_members_and_history_on_1_and_2_devices(config):
     one, history_one = _run(config, 1)

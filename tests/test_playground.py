@@ -143,6 +143,7 @@ def test_openes_learns_cartpole_balance():
     assert history["eval_return"].max() >= 95, history["eval_return"]
 
 
+@pytest.mark.slow
 def test_the_same_history_on_1_and_2_devices():
     config = ESConfig(task="playground/CartpoleBalance", **TINY)
     one, two = (_train(config, n)[2] for n in (1, 2))
@@ -150,6 +151,7 @@ def test_the_same_history_on_1_and_2_devices():
         np.testing.assert_allclose(two[name], one[name], rtol=1e-5, atol=1e-5, err_msg=name)
 
 
+@pytest.mark.slow
 def test_cemrl_reports_the_return_playgrounds_stepping_gives_its_solution():
     from evorl_pop.algorithms import cemrl
     from evorl_pop.rl.td3 import TD3Config

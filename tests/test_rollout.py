@@ -215,6 +215,7 @@ def test_episode_length_is_honoured_by_the_engine_on_any_device_count():
         np.testing.assert_allclose(metrics[4][k], metrics[1][k], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_queued_slices_give_the_per_episode_results_on_any_device_count():
     # CartPole episodes of random policies end early, at different steps
     strategy, params = make_strategy("Open_ES", 8, ControlTask("CartPole-v1", (4,)).num_dims)

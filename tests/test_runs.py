@@ -78,6 +78,7 @@ def _snapshot(run):
 # --- the lock: real concurrent processes -------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_second_writer_fails_at_once_and_a_killed_holder_does_not_block(tmp_path):
     run = tmp_path / "run"
     holder = _start(
