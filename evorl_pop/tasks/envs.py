@@ -44,6 +44,11 @@ from evorl_pop.core.interfaces import Env, EnvFamily
 DEFAULT_FAMILY = "gymnax"
 
 
+#: Each name already found, to the family that owns it: a registered family keeps its
+#: names, so a config's checks, its task and its render ask the families once per name.
+_OWNERS: dict[str, EnvFamily] = {}
+
+
 def env_family(name: str) -> EnvFamily | None:
     """The family that owns the environment ``name``, or ``None`` (a black-box task, or
     a name no family has).
@@ -51,6 +56,15 @@ def env_family(name: str) -> EnvFamily | None:
     Args:
       name: an environment name (``'CartPole-v1'``, ``'brax/hopper'``, ``'gym:<id>'``).
     """
+    owner = _OWNERS.get(name)
+    if owner is None:
+        owner = _find_family(name)
+        if owner is not None:
+            _OWNERS[name] = owner
+    return owner
+
+
+def _find_family(name: str) -> EnvFamily | None:
     # The family a name's prefix names (brax/..., gym:...; a bare name: gymnax) first,
     # so that only the module of the family that owns it is asked.
     prefix = re.match(r"([^/:]+)[/:]", name)
