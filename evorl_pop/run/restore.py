@@ -24,6 +24,7 @@ import numpy as np
 
 from evorl_pop.base import CheckpointError, read_text, write_atomic
 from evorl_pop.run import processes
+from evorl_pop.run.state_dicts import serializable
 from evorl_pop.run.store import (
     CHECKPOINT_FILENAME,
     FORMAT_VERSION,
@@ -31,7 +32,6 @@ from evorl_pop.run.store import (
     Checkpoint,
     _whole_lines,
     precision,
-    serializable,
 )
 
 
