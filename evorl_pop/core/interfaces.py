@@ -7,6 +7,7 @@ The engine, the run shell and the algorithms call only what these declare::
     Learner     step / observe beside a population (CEM-RL's, ERL's RL part)
     ReplayLearner  actors trained from a population's replay buffer (TD3, SAC, yours)
     Algorithm   init(key) -> state, step(state, key) -> (state, metrics)
+    Exports     an algorithm's result beyond one solution (an archive, a front)
     Recorder    what a run records (metrics.csv, TensorBoard, W&B, yours)
     Env         reset / step in JAX; EnvFamily builds them by name
 
@@ -270,6 +271,17 @@ class Acts(Protocol):
 
     def acting(self, state: Any) -> Acting:
         """The policy the algorithm's evaluation runs, from ``state``."""
+
+
+@runtime_checkable
+class Exports(Protocol):
+    """An algorithm whose result is more than one solution (an archive of elites, a
+    Pareto front): the run writes it into the run folder at the end, beside ``fitness.png``."""
+
+    def export(self, state: Any, run_dir: Path) -> dict[str, Path]:
+        """Writes the result of ``state`` into ``run_dir`` (data files and figures);
+        returns the figures written, by name (``{'archive': run_dir / 'archive.png'}``),
+        which the recorders are shown as images."""
 
 
 @runtime_checkable

@@ -50,6 +50,7 @@ from evorl_pop.base import (
     read_text,
 )
 from evorl_pop.core.engine import make_mesh
+from evorl_pop.core.interfaces import Exports
 from evorl_pop.run import config as config_lib
 from evorl_pop.run import loggers, processes, restore, store
 from evorl_pop.run import stop as stop_lib
@@ -310,6 +311,8 @@ def _session(
                 signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         if figure and run.writer:
             _figure(run, recorders)
+        if run.writer and isinstance(algorithm, Exports):
+            _export(run, algorithm, state, recorders)
         for recorder in reversed(recorders):
             recorder.finish(run, completed=True)
     except KeyboardInterrupt as err:
@@ -336,6 +339,21 @@ def _figure(run: store.Run, recorders) -> None:
         return
     for recorder in recorders:
         recorder.image("fitness", path)
+
+
+def _export(run: store.Run, algorithm: Exports, state, recorders) -> None:
+    """The algorithm's result beyond one solution (:class:`Exports`), its figures shown
+    to the recorders; one that cannot be written is a line in the log, as a figure."""
+    try:
+        figures = algorithm.export(state, run.run_dir)
+    except (ValueError, OSError) as err:
+        what = err.strerror if isinstance(err, OSError) and err.strerror else err
+        logger.info("no export: %s", what)
+        print(f"warning: the run's result was not exported ({what})", file=sys.stderr)
+        return
+    for name, path in figures.items():
+        for recorder in recorders:
+            recorder.image(name, path)
 
 
 def _desc(config: RunConfig) -> str:
