@@ -141,6 +141,26 @@ class EpisodicTask(Protocol):
 
 
 @runtime_checkable
+class Describes(Protocol):
+    """A task whose evaluation also returns a behaviour descriptor (quality-diversity:
+    MAP-Elites files each candidate in the cell of its descriptor).
+
+    ``descriptor_bounds`` is ``(low, high)``, each a tuple of ``descriptor_size``
+    floats; ``genotype_bounds`` is ``(low, high)`` floats every coordinate of a
+    genotype stays in (``None``: unbounded). ``qd_offset`` is added to every elite's
+    fitness in the QD-score, so that each term is non-negative.
+    """
+
+    descriptor_size: int
+    descriptor_bounds: tuple[tuple[float, ...], tuple[float, ...]]
+    genotype_bounds: tuple[float, float] | None
+    qd_offset: float
+
+    def evaluate_descriptor(self, solution: jax.Array, key: jax.Array, task_state: Any) -> Any:
+        """``(score, info, descriptor)`` of one candidate; descriptor ``(descriptor_size,)``."""
+
+
+@runtime_checkable
 class KnowsOptimum(Protocol):
     """A benchmark function with a known optimal value (``f_minus_fopt``)."""
 

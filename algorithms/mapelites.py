@@ -1,0 +1,297 @@
+"""MAP-Elites: an archive of the best candidate of every behaviour, sharded by cell.
+
+Quality-diversity (Mouret & Clune 2015): the descriptor space of a task
+(:class:`~evorl_pop.core.interfaces.Describes`: ``qd/arm``, ``qd/rastrigin_proj``)
+is cut into cells, a grid or a CVT, and each cell keeps its elite. A generation has
+the shape of every other algorithm's::
+
+    ask:      parents drawn uniformly over the filled cells of every device
+              ─► isoline variation (Vassiliades & Mouret 2018):
+                 x + iso_sigma * N(0, I) + line_sigma * N(0, 1) * (y - x),
+                 clipped to the task's genotype bounds
+    evaluate: the one evaluator (score, descriptor), sharded P('POP')
+    tell:     the candidates inserted into the archive, each device into its cells
+
+The archive (:mod:`evorl_pop.core.archive`) is sharded across the devices by cell,
+so memory per device is proportional to cells / devices, and a run gives the same
+archive on any device count. Its metrics per generation: ``qd_score`` (the sum over
+filled cells of fitness plus the task's ``qd_offset``, QDax's convention, so that
+each term is non-negative), ``coverage``, ``archive_size``, ``archive_fitness_max``
+and ``archive_fitness_mean``, beside the evaluated batch's ``fitness_*``. At the end
+of a run, ``archive.npz`` and ``archive.png`` (2-D descriptors) in the run folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from evorl_pop import registry
+from evorl_pop.base import ConfigError, check_config, float_dtype
+from evorl_pop.core.archive import KINDS, Archive, ShardedArchive, cvt_centroids
+from evorl_pop.core.engine import evaluate, make_mesh
+from evorl_pop.core.interfaces import Describes
+from evorl_pop.tasks.qd import QD_TASKS, make_qd_task
+
+ARCHIVE_FILENAME = "archive.npz"
+FIGURE_FILENAME = "archive.png"
+
+
+def isoline_variation(key, x, y, iso_sigma: float, line_sigma: float, bounds=None):
+    """Isoline variation (Vassiliades & Mouret 2018) of parents ``x`` and ``y`` (rows):
+    ``x + iso_sigma * N(0, I) + line_sigma * N(0, 1) * (y - x)``, one normal per row for
+    the line, clipped to ``bounds = (low, high)`` unless ``None``."""
+    k_iso, k_line = jax.random.split(key)
+    iso = jax.random.normal(k_iso, x.shape, x.dtype) * iso_sigma
+    line = jax.random.normal(k_line, x.shape[:1] + (1,) * (x.ndim - 1), x.dtype) * line_sigma
+    children = x + iso + line * (y - x)
+    return children if bounds is None else jnp.clip(children, *bounds)
+
+
+@dataclasses.dataclass(frozen=True)
+class MapElitesConfig:
+    """Configuration of a MAP-Elites run. Every field can be overridden.
+
+    Attributes:
+      task: a quality-diversity task (``qd/arm``, ``qd/rastrigin_proj``).
+      num_dims: the genotype's dimension (the arm's joints).
+      population_size: candidates per generation (and in the initial batch).
+      archive: ``'grid'`` (``cells_per_dim`` cells per descriptor dimension) or
+        ``'cvt'`` (``num_cells`` centroids by k-means on ``cvt_samples`` uniform
+        samples, ``cvt_iterations`` Lloyd steps, from ``cvt_seed``).
+      cells_per_dim: grid archives: cells per descriptor dimension.
+      num_cells: CVT archives: cells.
+      cvt_samples, cvt_iterations, cvt_seed: CVT archives: how the centroids are drawn.
+      iso_sigma: isoline variation's isotropic Gaussian width.
+      line_sigma: isoline variation's width along the line between the two parents.
+      eval_mode: ``'vmap'`` (fast) or ``'map'`` (low memory) per device.
+    """
+
+    task: str = "qd/arm"
+    num_dims: int = 8
+    population_size: int = 128
+    archive: str = "grid"
+    cells_per_dim: int = 32
+    num_cells: int = 1024
+    cvt_samples: int = 50_000
+    cvt_iterations: int = 30
+    cvt_seed: int = 0
+    iso_sigma: float = 0.005
+    line_sigma: float = 0.05
+    eval_mode: str = "vmap"
+
+    def validate(self) -> None:
+        """Raises a :class:`~evorl_pop.base.ConfigError` naming a value that cannot run."""
+        if self.task not in QD_TASKS:
+            raise ConfigError(
+                f"task: mapelites needs a task with behaviour descriptors "
+                f"({', '.join(QD_TASKS)}), and {self.task!r} has none: -a es optimises it, "
+                f"or choose task=qd/arm."
+            )
+        check_config(
+            self,
+            choices={"archive": KINDS, "eval_mode": ("vmap", "map")},
+            least={
+                "num_dims": 2,
+                "population_size": 1,
+                "cells_per_dim": 1,
+                "num_cells": 1,
+                "cvt_iterations": 0,
+            },
+        )
+        if self.archive == "cvt" and self.cvt_samples < self.num_cells:
+            raise ConfigError(
+                f"cvt_samples must be at least num_cells={self.num_cells}, got {self.cvt_samples}."
+            )
+        for name in ("iso_sigma", "line_sigma"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}.")
+
+    def make_task(self):
+        """The task ``task`` names, in ``num_dims`` dimensions."""
+        return make_qd_task(self.task, self.num_dims)
+
+
+@flax.struct.dataclass
+class MapElitesState:
+    """A MAP-Elites run's state: the archive (sharded by cell), the task's state."""
+
+    archive: Archive
+    task_state: Any
+    generation: jax.Array  # int32, generations completed
+
+
+class MapElites:
+    """MAP-Elites with isoline variation, its archive sharded over the ``POP`` axis."""
+
+    def __init__(self, config: MapElitesConfig, mesh=None, task=None):
+        """Builds the task and the archive.
+
+        Args:
+          config: a :class:`MapElitesConfig`.
+          mesh: a mesh with a ``'POP'`` axis (``None``: every device).
+          task: a ready task with descriptors instead of ``config.task``.
+
+        Raises:
+          ConfigError: a value of ``config`` that cannot run, or a task without descriptors.
+        """
+        if task is None:
+            config.validate()
+            task = config.make_task()
+        elif not isinstance(task, Describes):
+            raise ConfigError(
+                f"task: MAP-Elites needs a task with behaviour descriptors (descriptor_size, "
+                f"descriptor_bounds, genotype_bounds, qd_offset, evaluate_descriptor); "
+                f"{type(task).__name__} has none."
+            )
+        self.config = config
+        self.task = task
+        self.mesh = make_mesh() if mesh is None else mesh
+        low, high = task.descriptor_bounds
+        if config.archive == "grid":
+            cells = (config.cells_per_dim,) * task.descriptor_size
+            self.archive = ShardedArchive(self.mesh, low, high, cells_per_dim=cells)
+        else:
+            centroids = cvt_centroids(
+                jax.random.key(config.cvt_seed),
+                config.num_cells,
+                config.cvt_samples,
+                low,
+                high,
+                config.cvt_iterations,
+            )
+            self.archive = ShardedArchive(self.mesh, low, high, centroids=centroids)
+        self.population_size = config.population_size
+
+    def _evaluate(self, population, key, task_state):
+        """``(summary, quality, descriptors)``: the batch's statistics (task units), its
+        fitness maximised and its descriptors, replicated."""
+        task = self.task
+
+        def one(x, k):
+            return task.evaluate_descriptor(x, k, task_state)
+
+        summary, descriptors = evaluate(
+            one, population, key, self.mesh, task.maximize, self.config.eval_mode
+        )
+        n = population.shape[0]
+        scores = summary.scores[:n]
+        quality = scores if task.maximize else -scores
+        return summary, quality, descriptors[:n]
+
+    def _initial_population(self, key):
+        dims = self.task.num_dims
+        shape = (self.population_size, dims)
+        bounds = self.task.genotype_bounds
+        if bounds is None:
+            start = self.task.init_solution(key)
+            return start + jax.random.normal(key, shape, float_dtype())
+        return jax.random.uniform(key, shape, float_dtype(), *bounds)
+
+    def init(self, key: jax.Array) -> MapElitesState:
+        """The archive after a batch of uniform random genotypes (within the task's
+        genotype bounds; normals around its start without bounds)."""
+        k_pop, k_eval = jax.random.split(key)
+        task_state = self.task.init_state()
+        population = self._initial_population(k_pop)
+        _, quality, descriptors = self._evaluate(population, k_eval, task_state)
+        archive = self.archive.empty(self.task.num_dims)
+        archive, _ = self.archive.insert(archive, population, quality, descriptors)
+        state = MapElitesState(archive, task_state, jnp.int32(0))
+        state = jax.tree.map(jnp.asarray, state, jax.tree.map(jnp.result_type, state))
+        replicated = NamedSharding(self.mesh, P())
+        rest = jax.lax.with_sharding_constraint(state.replace(archive=None), replicated)
+        return rest.replace(archive=archive)
+
+    def ask(self, state: MapElitesState, key) -> jax.Array:
+        """A generation's candidates: isoline variation of parents drawn over the archive."""
+        k_parents, k_vary = jax.random.split(key)
+        parents = self.archive.sample(state.archive, k_parents, 2 * self.population_size)
+        x, y = jnp.split(parents, 2)
+        c = self.config
+        return isoline_variation(k_vary, x, y, c.iso_sigma, c.line_sigma, self.task.genotype_bounds)
+
+    def step(self, state: MapElitesState, key: jax.Array) -> tuple[MapElitesState, dict]:
+        """One generation: ask, evaluate, insert. Pure, jittable."""
+        k_ask, k_eval = jax.random.split(key)
+        population = self.ask(state, k_ask)
+        summary, quality, descriptors = self._evaluate(population, k_eval, state.task_state)
+        archive, added = self.archive.insert(state.archive, population, quality, descriptors)
+        task_state = self.task.update_state(state.task_state, summary.info)
+        new = MapElitesState(archive, task_state, state.generation + 1)
+        new = jax.tree.map(jnp.asarray, new, jax.tree.map(jnp.result_type, state))
+        metrics = summary.metrics()
+        metrics.update(
+            generation=new.generation,
+            evaluations=jnp.int32(self.population_size),
+            archive_added=added,
+            **self.archive.metrics(archive, self.task.qd_offset),
+        )
+        return new, metrics
+
+    def export(self, state: MapElitesState, run_dir: Path) -> dict[str, Path]:
+        """Writes ``archive.npz`` (``genotypes``, ``fitness``: ``-inf`` for an empty
+        cell, ``descriptors``, ``centroids``, ``filled``) and, for 2-D descriptors,
+        ``archive.png``, a heat map of the elites' fitness over the descriptor space."""
+        data = self.archive.to_numpy(state.archive)
+        run_dir = Path(run_dir)
+        with open(run_dir / ARCHIVE_FILENAME, "wb") as f:
+            np.savez(f, **data)
+        if self.task.descriptor_size != 2:
+            return {}
+        path = run_dir / FIGURE_FILENAME
+        plot_archive(data, self.archive, path, title=f"MAP-Elites on {self.task.name}")
+        return {"archive": path}
+
+
+def plot_archive(data: dict, archive: ShardedArchive, out: Path, title: str = "") -> None:
+    """A heat map of a 2-D archive's elites' fitness (``data``: :meth:`ShardedArchive.to_numpy`):
+    a grid's cells as an image, a CVT's cells as their Voronoi regions (each pixel
+    coloured by its nearest centroid); empty cells white."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    low, high = archive.low, archive.high
+    fitness = np.where(data["filled"], data["fitness"], np.nan)
+    if archive.grid is not None:
+        image = fitness.reshape(archive.grid)
+    else:  # each pixel of a 256 x 256 raster takes its nearest centroid's value
+        axes = [np.linspace(lo, hi, 256) for lo, hi in zip(low, high, strict=True)]
+        grid = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 2)
+        c = data["centroids"].astype(np.float64)
+        nearest = np.argmin(((grid[:, None, :] - c[None]) ** 2).sum(-1), axis=1)
+        image = fitness[nearest].reshape(256, 256)
+    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    shown = ax.imshow(
+        image.T,
+        origin="lower",
+        extent=(low[0], high[0], low[1], high[1]),
+        aspect="auto",
+        cmap="viridis",
+        interpolation="nearest",
+    )
+    fig.colorbar(shown, ax=ax, label="fitness")
+    coverage = data["filled"].mean()
+    ax.set(xlabel="descriptor 1", ylabel="descriptor 2")
+    ax.set_title(f"{title}\n{int(data['filled'].sum())} elites, coverage {coverage:.1%}")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+registry.register_algorithm(
+    "mapelites",
+    MapElitesConfig,
+    MapElites,
+    "MAP-Elites quality-diversity, its archive of elites sharded across devices by cell",
+)
