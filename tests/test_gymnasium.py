@@ -372,3 +372,36 @@ def test_a_module_id_environment_trains_the_same_on_1_and_2_devices(plugin_envs)
     returns = np.asarray(histories[0]["fitness_mean"])
     assert np.isfinite(returns).all() and (returns < 0).all()  # minus distances
     assert np.asarray(histories[0]["env_steps"]).tolist() == [8 * 20] * 3  # no early ends
+
+
+# --- the DM Control suite in MuJoCo's C simulator (shimmy's dm_control/ namespace) ------
+
+DMC = "gym:dm_control/cartpole-balance-v0"
+
+
+def test_a_dm_control_task_trains_the_same_on_1_and_2_devices():
+    pytest.importorskip("shimmy")
+    # its Dict observation (position 3, velocity 2) is flattened; its 1,000-step limit is
+    # the suite's own (no TimeLimit wrapper), shortened here
+    task = GymTask(DMC.removeprefix("gym:"))
+    assert task.spec.obs_shape == (5,) and task.spec.max_steps == 1000
+    config = ESConfig(task=DMC, population_size=4, hidden_sizes=(4,), episode_length=30)
+    histories = [_train(config, n, 2)[2] for n in (1, 2)]
+    for key, values in histories[0].items():
+        np.testing.assert_allclose(values, histories[1][key], rtol=1e-5, err_msg=key)
+    returns = np.asarray(histories[0]["fitness_mean"])
+    assert np.isfinite(returns).all() and (returns > 0).all()  # balancing earns every step
+    assert np.asarray(histories[0]["env_steps"]).tolist() == [4 * 30] * 2
+
+
+def test_a_namespace_whose_package_is_missing_names_the_extra(monkeypatch):
+    from evorl_pop.tasks import gym_envs
+
+    # as dm_control/ without shimmy installed
+    monkeypatch.setitem(gym_envs.NAMESPACES, "elsewhere", ("no_such_package_here", "dmc"))
+    with pytest.raises(ConfigError) as err:
+        gym_envs.registered_factory("elsewhere/task-v0")
+    assert str(err.value) == (
+        "gym:elsewhere/task-v0: the elsewhere/ environments are registered by the package "
+        "'no_such_package_here', which is not installed: pip install 'evorl_pop[dmc]'."
+    )

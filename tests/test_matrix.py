@@ -27,12 +27,16 @@ BLACK_BOX = "sphere"
 TASKS = {
     **{name: family.example or family.names()[0] for name, family in registry.ENV_FAMILIES.items()},
     "black-box": BLACK_BOX,
+    # the DM Control suite in MuJoCo's C simulator: Gymnasium's family, through shimmy
+    "dm_control": "gym:dm_control/cartpole-balance-v0",
 }
 ALGORITHMS = [spec.name for spec in config_lib.specs()]
 #: The project's own pairs that must be refused: the learners and the hybrids step their
 #: environments in JAX, so neither Gymnasium's host environments nor black-box functions.
 LEARNING = ("cemrl", "erl", "pbt", "ppo", "sac")
-REFUSED = {(a, f) for a in LEARNING for f in ("gym", "black-box")}
+REFUSED = {(a, f) for a in LEARNING for f in ("gym", "dm_control", "black-box")}
+#: MAP-Elites needs a task with behaviour descriptors (qd/arm, ...), which no family has.
+REFUSED |= {("mapelites", f) for f in TASKS}
 
 #: A config field of this name, wherever an algorithm (or its learner's settings) has
 #: one, takes this value: a few tiny generations of tiny networks.

@@ -45,6 +45,8 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -67,6 +69,11 @@ GYM_PREFIX = "gym:"
 #: :class:`~evorl_pop.tasks.control.ControlTask`'s settings of environments stepped in JAX,
 #: which a :class:`GymTask` does not take.
 JAX_SETTINGS = ("backend", "impl", "lanes", "virtual_batch_norm", "transitions")
+#: Gymnasium namespaces whose environments a package registers when it is imported:
+#: the namespace, to that module and the project's extra that installs it. ``gym:ID`` in
+#: one of them imports the module first (``gym:dm_control/cheetah-run-v0``: the DM
+#: Control suite in MuJoCo's C simulator, through ``shimmy``).
+NAMESPACES: dict[str, tuple[str, str]] = {"dm_control": ("shimmy", "dmc")}
 
 
 def registered_factory(env_id: str, episode_length: int | None = None, **kwargs) -> Callable:
@@ -89,6 +96,17 @@ def registered_factory(env_id: str, episode_length: int | None = None, **kwargs)
     import gymnasium as gym  # imported once a Gymnasium task is built
 
     module, sep, name = env_id.rpartition(":")
+    namespace = name.partition("/")[0] if "/" in name else None
+    if not sep and name not in gym.registry and namespace in NAMESPACES:
+        module, extra = NAMESPACES[namespace]
+        if importlib.util.find_spec(module) is None:
+            raise ConfigError(
+                f"gym:{env_id}: the {namespace}/ environments are registered by the package "
+                f"{module!r}, which is not installed: pip install 'evorl_pop[{extra}]'."
+            )
+        sep, env_id = ":", f"{module}:{name}"  # every worker imports it too
+        if not os.environ.get("DISPLAY"):  # MuJoCo draws frames without a window: EGL
+            os.environ.setdefault("MUJOCO_GL", "egl")
     if sep:
         try:
             importlib.import_module(module)
@@ -137,6 +155,13 @@ def _space_error(name: str, role: str, space) -> ValueError:
     )
 
 
+def _own_limit(env) -> int | None:
+    """The step limit an environment keeps itself, without a ``TimeLimit`` wrapper (DM
+    Control's ``control.Environment`` behind ``shimmy``: its ``_step_limit``), else ``None``."""
+    limit = getattr(getattr(env.unwrapped, "_env", None), "_step_limit", None)
+    return int(limit) if isinstance(limit, int | float) and np.isfinite(limit) else None
+
+
 def _spec(name: str, env, episode_length: int | None) -> EnvSpec:
     """The :class:`EnvSpec` of a Gymnasium environment; ValueError for spaces a policy cannot use.
 
@@ -164,7 +189,7 @@ def _spec(name: str, env, episode_length: int | None) -> EnvSpec:
         high = tuple(np.asarray(act_space.high, np.float32).ravel().tolist())
     else:
         raise _space_error(name, "action", act_space)
-    limit = episode_length or getattr(env.spec, "max_episode_steps", None)
+    limit = episode_length or getattr(env.spec, "max_episode_steps", None) or _own_limit(env)
     if limit is None:
         raise ValueError(
             f"{name} has no time limit (no max_episode_steps): give it an episode_length."
