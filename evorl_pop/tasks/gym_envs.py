@@ -115,6 +115,12 @@ def registered_factory(env_id: str, episode_length: int | None = None, **kwargs)
                 f"gym:{env_id}: the module {module!r} that registers it does not import "
                 f"({err}); install it, or put it on PYTHONPATH."
             ) from None
+        except Exception as err:  # a module that fails as it imports: a plug-in's own error
+            gl = f" (MUJOCO_GL={os.environ['MUJOCO_GL']})" if "MUJOCO_GL" in os.environ else ""
+            raise ConfigError(
+                f"gym:{env_id}: importing the module {module!r} that registers it failed"
+                f"{gl}: {type(err).__name__}: {err}"
+            ) from None
     if name not in gym.registry:
         hint = did_you_mean(name, gym.registry, 3)
         where = f" after importing {module!r}" if sep else ""
@@ -351,6 +357,19 @@ class GymTask(ControlTask):
         )
 
 
+def _frame(env, name: str) -> np.ndarray:
+    """The environment's ``rgb_array`` frame; ValueError when it cannot draw (MuJoCo without
+    an OpenGL library), saying what to install: the run itself is unaffected."""
+    try:
+        return np.asarray(env.render())
+    except Exception as err:  # OpenGL's, MuJoCo's, PyOpenGL's errors have no common class
+        raise ValueError(
+            f"{name} could not draw a frame ({type(err).__name__}: {err}). MuJoCo draws "
+            "through OpenGL: MUJOCO_GL=egl (apt-get install libegl1) or MUJOCO_GL=osmesa "
+            "(apt-get install libosmesa6); the run folder is unaffected."
+        ) from None
+
+
 def play(task: GymTask, solution, key: jax.Array, task_state, episodes: int) -> list:
     """A candidate's evaluation episodes replayed by a plain Gymnasium loop (each reset
     with its :func:`episode_seeds`), drawn by the environment (``render_mode='rgb_array'``).
@@ -367,7 +386,7 @@ def play(task: GymTask, solution, key: jax.Array, task_state, episodes: int) -> 
       step, its return summed as the task sums it.
 
     Raises:
-      ValueError: the environment draws no ``rgb_array`` frames.
+      ValueError: the environment draws no ``rgb_array`` frames, or cannot draw them.
     """
     params = task.unravel(solution)
     obs_norm = task_state if task.normalize_obs else None
@@ -397,7 +416,7 @@ def play(task: GymTask, solution, key: jax.Array, task_state, episodes: int) -> 
                     action = action.reshape(space.shape).astype(space.dtype)
                 obs, reward, terminated, truncated, _ = env.step(action)
                 total += float(reward)
-                frames.append(np.asarray(env.render())[::2, ::2])  # the GIF's size
+                frames.append(_frame(env, task.name)[::2, ::2])  # the GIF's size
                 observations.append(seen)
                 so_far.append(np.float32(total))
                 if terminated or truncated:
