@@ -228,3 +228,21 @@ def test_the_cli_without_playground_ends_in_one_line(tmp_path):
 def test_unknown_playground_impl():
     with pytest.raises(ConfigError, match=r"impl: unknown value 'wrap'.*Did you mean 'warp'"):
         ES(ESConfig(task="playground/CheetahRun", impl="wrap"))
+
+
+def test_every_task_names_its_dm_control_id_and_a_cpu_run_says_so_once(monkeypatch, capsys):
+    pytest.importorskip("shimmy")
+    import gymnasium as gym
+
+    from evorl_pop.tasks import gym_envs, playground_envs
+
+    gym_envs.registered_factory("dm_control/cartpole-balance-v0")  # imports shimmy
+    for name in PLAYGROUND_ENVS:
+        assert playground_envs.c_simulator_id(name) in gym.registry, name
+    assert playground_envs.c_simulator_id("BallInCup") == "dm_control/ball_in_cup-catch-v0"
+    assert playground_envs.c_simulator_id("SwimmerSwimmer6") == "dm_control/swimmer-swimmer6-v0"
+    monkeypatch.setattr(playground_envs, "_noticed", False)
+    playground_envs._cpu_notice("CheetahRun")
+    playground_envs._cpu_notice("WalkerWalk")
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--task gym:dm_control/cheetah-run-v0" in lines[0], lines

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import sys
 import threading
 import types
 import warnings
@@ -139,6 +141,38 @@ class PlaygroundEnv(BraxEnv):
             env = suite.load(name, config_overrides=overrides)
         # the suite ends an episode only at its time limit
         self._bind(env, PLAYGROUND_PREFIX + name, episode_length, terminates=False)
+        _cpu_notice(name)
+
+
+#: Playground's tasks whose DM Control id is not their name's words (``ball_in_cup-catch``).
+_C_IDS = {"BallInCup": "ball_in_cup-catch", "PointMass": "point_mass-easy"}
+_noticed = False
+
+
+def c_simulator_id(name: str) -> str:
+    """The Gymnasium id of Playground's task ``name`` (``'CheetahRun'``) in MuJoCo's C
+    simulator, through shimmy: ``'dm_control/cheetah-run-v0'``."""
+    if name not in _C_IDS:
+        words = [w.lower() for w in re.findall(r"[A-Z][a-z0-9]*", name)]
+        return f"dm_control/{words[0]}-{'_'.join(words[1:])}-v0"
+    return f"dm_control/{_C_IDS[name]}-v0"
+
+
+def _cpu_notice(name: str) -> None:
+    """Says once per process, on a CPU, that MuJoCo's C simulator steps the task faster."""
+    import jax
+
+    global _noticed
+    if _noticed or jax.default_backend() != "cpu":
+        return
+    _noticed = True
+    print(
+        f"note: playground/{name} steps in MJX, which is built for accelerators; on a CPU, "
+        "MuJoCo's C simulator steps the same task 10 to 100 times faster for -a es: --task "
+        f"gym:{c_simulator_id(name)} (pip install 'evorl_pop[dmc]'; the environments guide "
+        "has the numbers).",
+        file=sys.stderr,
+    )
 
 
 class PlaygroundFamily(JaxEnvFamily):
