@@ -130,13 +130,31 @@ def pad_to_multiple(tree, multiple: int, axis: int = 0):
 # --- the sign convention and failed evaluations --------------------------------------
 
 
-def to_minimization(score, maximize: bool):
+def to_minimization(score, maximize):
     """Task score -> evosax fitness (lower is better): the one place signs flip.
 
     Tasks report scores in their own units (returns maximised, losses
-    minimised); evosax minimises.
+    minimised); evosax minimises. ``maximize`` is one bool, or one per objective
+    (a tuple, the last axis of ``score``) for a task with several objectives.
     """
+    if isinstance(maximize, tuple):
+        return jnp.where(jnp.asarray(maximize), -score, score)
     return -score if maximize else score
+
+
+def num_objectives(task) -> int:
+    """How many objectives ``task`` scores (its ``num_objectives``; 1 when it has none)."""
+    return int(getattr(task, "num_objectives", 1))
+
+
+def _per_candidate(flags):
+    """``flags`` of shape ``(n, *objectives)`` reduced to ``(n,)``: any objective's."""
+    return flags if flags.ndim == 1 else jnp.any(flags, axis=tuple(range(1, flags.ndim)))
+
+
+def _rows(vector, like):
+    """A ``(n,)`` vector shaped to broadcast against the rows of ``like``."""
+    return vector.reshape(vector.shape + (1,) * (like.ndim - 1))
 
 
 def worst_for_nonfinite(fitness):
@@ -147,17 +165,22 @@ def worst_for_nonfinite(fitness):
     entry is finite, all become the largest finite float: the generation ranks
     as a tie (nothing to learn from it) and cannot enter a best-so-far archive.
 
+    With several objectives (``fitness`` of shape ``(n, k)``), a candidate with
+    any non-finite objective failed: each of its objectives becomes
+    just-worse-than-worst of that objective's column, so every finite
+    candidate dominates it.
+
     Args:
-      fitness: a fitness vector, lower is better.
+      fitness: a fitness vector, lower is better (or a ``(n, k)`` matrix).
 
     Returns:
-      ``(clean_fitness, num_nonfinite)``.
+      ``(clean_fitness, num_nonfinite)``: failed candidates counted once each.
     """
-    finite = jnp.isfinite(fitness)
-    worst = jnp.max(jnp.where(finite, fitness, -jnp.inf))
+    finite = _rows(~_per_candidate(~jnp.isfinite(fitness)), fitness)
+    worst = jnp.max(jnp.where(finite, fitness, -jnp.inf), axis=0)
     largest = jnp.finfo(jnp.result_type(fitness, jnp.float32)).max
-    penalty = jnp.where(jnp.any(finite), jnp.nextafter(worst, jnp.inf), largest)
-    return jnp.where(finite, fitness, penalty), jnp.sum(~finite)
+    penalty = jnp.where(jnp.any(finite, axis=0), jnp.nextafter(worst, jnp.inf), largest)
+    return jnp.where(finite, fitness, penalty), jnp.sum(_per_candidate(~finite))
 
 
 # --- statistics of an evaluated population ------------------------------------------
@@ -165,28 +188,39 @@ def worst_for_nonfinite(fitness):
 
 @flax.struct.dataclass
 class Summary:
-    """Global statistics of one evaluated population, in the task's units."""
+    """Global statistics of one evaluated population, in the task's units.
+
+    With ``k`` objectives, ``scores`` is ``(padded_pop, k)`` and each statistic
+    has one entry per objective (shape ``(k,)``); ``maximize`` is then a tuple.
+    """
 
     scores: jax.Array  # (padded_pop,) every candidate's score, global order
     best: jax.Array
     worst: jax.Array
     mean: jax.Array  # over finite scores only; NaN when none is finite
     std: jax.Array  # likewise
-    num_nonfinite: jax.Array  # int32
+    num_nonfinite: jax.Array  # int32, candidates with a non-finite score
     info: Any  # the candidates' EvalInfo, summed over the real ones
-    maximize: bool = flax.struct.field(pytree_node=False, default=True)
+    maximize: Any = flax.struct.field(pytree_node=False, default=True)  # bool or tuple
 
     def fitness(self, size: int) -> jax.Array:
         """evosax fitness (minimised) of the ``size`` real candidates, non-finite made worst."""
         return worst_for_nonfinite(to_minimization(self.scores[:size], self.maximize))[0]
 
     def metrics(self) -> dict[str, jax.Array]:
-        """The population statistics every algorithm reports, as metrics."""
+        """The population statistics every algorithm reports, as metrics.
+
+        With several objectives, ``fitness_best_<i>`` (and mean, worst, std) for
+        objective ``i`` from 0, and ``fitness_best`` ... those of objective 0.
+        """
+        stats = {"best": self.best, "mean": self.mean, "worst": self.worst, "std": self.std}
+        metrics = {f"fitness_{name}": value for name, value in stats.items()}
+        if self.best.ndim:  # one column per objective
+            metrics = {name: value[0] for name, value in metrics.items()}
+            for i in range(self.best.shape[0]):
+                metrics.update({f"fitness_{name}_{i}": value[i] for name, value in stats.items()})
         return {
-            "fitness_best": self.best,
-            "fitness_mean": self.mean,
-            "fitness_worst": self.worst,
-            "fitness_std": self.std,
+            **metrics,
             "num_nonfinite": self.num_nonfinite,
             "env_steps": self.info.steps,
             "episodes": self.info.episodes,
@@ -200,33 +234,43 @@ def summarize(scores, info, mask, maximize: bool, axis_name: str | None = POP_AX
     NaN / inf scores are counted and left out of extremes and means. With no
     finite score at all, mean and std are NaN (a 0.0 would read as a result).
 
+    With several objectives (``scores`` of shape ``(local_pop, k)``), each
+    statistic is per objective, and a candidate with any non-finite objective
+    counts once in ``num_nonfinite``.
+
     Args:
-      scores: this device's scores, shape ``(local_pop,)``.
+      scores: this device's scores, shape ``(local_pop,)`` (or ``(local_pop, k)``).
       info: this device's per-candidate info pytree (leading axis local_pop).
       mask: ``True`` for real candidates.
-      maximize: whether higher scores are better.
+      maximize: whether higher scores are better (a tuple: per objective).
       axis_name: the population axis (``None`` when unsharded).
 
     Returns:
       A :class:`Summary`, identical on every device.
     """
-    finite = jnp.isfinite(scores) & mask
+    finite = jnp.isfinite(scores) & _rows(mask, scores)
+    failed = mask & _per_candidate(~jnp.isfinite(scores))
 
     def masked(x):  # the real candidates' sum of an info leaf
         m = mask.reshape(mask.shape + (1,) * (x.ndim - 1))
         return jnp.sum(jnp.where(m, x, jnp.zeros_like(x)), axis=0)
 
     # one psum for the counts, the score total and every info leaf
-    local = (jnp.sum(finite), jnp.sum(mask & ~finite), jnp.sum(jnp.where(finite, scores, 0.0)))
+    total = jnp.sum(jnp.where(finite, scores, 0.0), axis=0)
+    local = (jnp.sum(finite, axis=0), jnp.sum(failed), total)
     (count, num_nonfinite, total), info = psum((local, jax.tree.map(masked, info)), axis_name)
-    hi = pmax(jnp.max(jnp.where(finite, scores, -jnp.inf)), axis_name)
-    lo = pmin(jnp.min(jnp.where(finite, scores, jnp.inf)), axis_name)
+    hi = pmax(jnp.max(jnp.where(finite, scores, -jnp.inf), axis=0), axis_name)
+    lo = pmin(jnp.min(jnp.where(finite, scores, jnp.inf), axis=0), axis_name)
     gathered = all_gather(scores, axis_name, tiled=True, to="invarying")
     denom = jnp.maximum(count, 1).astype(jnp.result_type(scores, jnp.float32))
     mean = total / denom
-    var = psum(jnp.sum(jnp.where(finite, (scores - mean) ** 2, 0.0)), axis_name) / denom
+    var = psum(jnp.sum(jnp.where(finite, (scores - mean) ** 2, 0.0), axis=0), axis_name) / denom
     none_finite = count == 0
-    best, worst = (hi, lo) if maximize else (lo, hi)
+    if isinstance(maximize, tuple):  # per objective
+        up = jnp.asarray(maximize)
+        best, worst = jnp.where(up, hi, lo), jnp.where(up, lo, hi)
+    else:
+        best, worst = (hi, lo) if maximize else (lo, hi)
     return Summary(
         scores=gathered,
         best=best,
@@ -249,12 +293,13 @@ def evaluate(fn, candidates, key, mesh: Mesh, maximize: bool, eval_mode: str = "
 
     Args:
       fn: ``fn(candidate, key) -> (score, info, out)``: a score in the task's
-        units, an :class:`~evorl_pop.base.EvalInfo`, and whatever else each
-        candidate returns (``None``, transitions, a trained learner).
+        units (shape ``(k,)`` for a task with ``k`` objectives), an
+        :class:`~evorl_pop.base.EvalInfo`, and whatever else each candidate
+        returns (``None``, transitions, a trained learner).
       candidates: a pytree whose leaves lead with the population axis.
       key: the evaluation's key.
       mesh: a mesh with a ``'POP'`` axis.
-      maximize: whether higher scores are better.
+      maximize: whether higher scores are better (a tuple: per objective).
       eval_mode: ``'vmap'`` evaluates each device's slice vectorised, ``'map'``
         one candidate at a time (lower memory), ``'batch'`` with one call of
         ``fn(slice, keys)`` on the device's whole slice (``fn`` vectorised by hand).
@@ -321,6 +366,9 @@ class Engine:
     ``env_steps`` and ``episodes`` metrics add to the evaluation's.
     """
 
+    #: Whether the engine's metrics and strategy take several objectives (a subclass's).
+    multi_objective = False
+
     def __init__(
         self,
         strategy,
@@ -358,6 +406,11 @@ class Engine:
             )
         if eval_mode not in ("vmap", "map"):
             raise ValueError(f"eval_mode must be 'vmap' or 'map', got {eval_mode!r}.")
+        if num_objectives(task) != 1 and not self.multi_objective:
+            raise ValueError(
+                f"The task {task.name!r} has {num_objectives(task)} objectives; an evosax "
+                "strategy ranks one. Search it with a multi-objective algorithm (nsga2)."
+            )
         # evosax starts JAX's backend when imported: the engine imports it once it is built
         from evosax.algorithms.population_based.base import PopulationBasedAlgorithm
 

@@ -1,0 +1,205 @@
+"""Multi-objective test problems: ZDT1-3 (Zitzler, Deb and Thiele 2000) and DTLZ1-2
+(Deb, Thiele, Laumanns and Zitzler 2002), with their known Pareto fronts.
+
+Each is a black-box task whose score is a vector of ``num_objectives`` values,
+all minimised, on the unit box ``[0, 1]^num_dims`` (candidates outside it are
+clipped to it before they are scored)::
+
+    mo/zdt1   f2 = g (1 - sqrt(f1 / g))                        front: f2 = 1 - sqrt(f1)
+    mo/zdt2   f2 = g (1 - (f1 / g)^2)                          front: f2 = 1 - f1^2
+    mo/zdt3   f2 = g (1 - sqrt(f1 / g) - f1 / g sin(10 pi f1)) front: 5 disconnected pieces
+    mo/dtlz1  linear front, sum f = 1/2                        (M objectives)
+    mo/dtlz2  spherical front, sum f^2 = 1                     (M objectives)
+
+A task knows its front (:meth:`MOTask.pareto_front`, for IGD and IGD+), its
+search box (``bounds``) and a reference point for the hypervolume
+(``ref_point``). Build one by name with :func:`make_mo_task`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from evorl_pop.base import EvalInfo, did_you_mean, float_dtype
+
+#: Task names of the multi-objective problems: ``mo/<problem>``.
+MO_PREFIX = "mo/"
+#: The problems; ZDT ones have 2 objectives, DTLZ ones ``num_objectives`` (3 by default).
+PROBLEMS = ("zdt1", "zdt2", "zdt3", "dtlz1", "dtlz2")
+#: DTLZ's ``k``: the variables of ``g`` beyond the ``M - 1`` position variables.
+DTLZ_K = {"dtlz1": 5, "dtlz2": 10}
+#: Hypervolume reference points (every objective's value), as commonly used for each.
+REF_POINT = {"zdt1": 1.1, "zdt2": 1.1, "zdt3": 1.1, "dtlz1": 1.0, "dtlz2": 1.1}
+
+
+def mo_task_names() -> list[str]:
+    """``mo/<problem>`` for every problem."""
+    return [MO_PREFIX + name for name in PROBLEMS]
+
+
+def das_dennis(partitions: int, num_objectives: int) -> np.ndarray:
+    """Das and Dennis's (1998) evenly spaced points of the unit simplex.
+
+    Every point whose coordinates are multiples of ``1 / partitions`` and sum to
+    1: ``C(partitions + M - 1, M - 1)`` rows of ``M`` columns.
+    """
+    rows = []
+
+    def fill(prefix: list[int], left: int, slots: int) -> None:
+        if slots == 1:
+            rows.append([*prefix, left])
+            return
+        for i in range(left + 1):
+            fill([*prefix, i], left - i, slots - 1)
+
+    fill([], partitions, num_objectives)
+    return np.asarray(rows, np.float64) / partitions
+
+
+def nondominated(points: np.ndarray) -> np.ndarray:
+    """The rows of ``points`` (minimised) that no other row dominates."""
+    p = np.asarray(points)
+    leq = np.all(p[:, None, :] <= p[None, :, :], axis=-1)
+    lt = np.any(p[:, None, :] < p[None, :, :], axis=-1)
+    dominated = np.any(leq & lt, axis=0)
+    return p[~dominated]
+
+
+@functools.cache
+def _front(problem: str, num_objectives: int, size: int) -> np.ndarray:
+    if problem in ("zdt1", "zdt2", "zdt3"):
+        f1 = np.linspace(0.0, 1.0, size if problem != "zdt3" else 20 * size)
+        if problem == "zdt1":
+            return np.stack([f1, 1.0 - np.sqrt(f1)], axis=1)
+        if problem == "zdt2":
+            return np.stack([f1, 1.0 - f1**2], axis=1)
+        f2 = 1.0 - np.sqrt(f1) - f1 * np.sin(10.0 * np.pi * f1)
+        front = nondominated(np.stack([f1, f2], axis=1))
+        keep = np.linspace(0, len(front) - 1, min(size, len(front))).round().astype(int)
+        return front[keep]
+    # the fewest partitions whose simplex has at least `size` points
+    partitions = 1
+    while math.comb(partitions + num_objectives - 1, num_objectives - 1) < size:
+        partitions += 1
+    simplex = das_dennis(partitions, num_objectives)
+    if problem == "dtlz1":
+        return 0.5 * simplex
+    return simplex / np.linalg.norm(simplex, axis=1, keepdims=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class MOTask:
+    """Minimise ``num_objectives`` objectives of a ``num_dims`` vector in ``[0, 1]^num_dims``.
+
+    Attributes:
+      problem: one of :data:`PROBLEMS`.
+      num_dims: the variables (``None``: 30 for ZDT, ``M + k - 1`` for DTLZ with
+        ``k`` of :data:`DTLZ_K`).
+      num_objectives: ZDT: 2; DTLZ: ``M`` (``None``: 3).
+    """
+
+    problem: str = "zdt1"
+    num_dims: int | None = None
+    num_objectives: int | None = None
+
+    def __post_init__(self):
+        if self.problem not in PROBLEMS:
+            hint = did_you_mean(self.problem, PROBLEMS, 3)
+            raise ValueError(
+                f"Unknown multi-objective problem {self.problem!r}.{hint} "
+                f"Valid: {', '.join(PROBLEMS)}."
+            )
+        zdt = self.problem.startswith("zdt")
+        m = self.num_objectives if self.num_objectives is not None else (2 if zdt else 3)
+        if zdt and m != 2:
+            raise ValueError(f"{self.problem} has 2 objectives, got num_objectives={m}.")
+        if m < 2:
+            raise ValueError(f"num_objectives must be at least 2, got {m}.")
+        n = (
+            self.num_dims
+            if self.num_dims is not None
+            else (30 if zdt else m + DTLZ_K[self.problem] - 1)
+        )
+        if n < (2 if zdt else m):
+            least = 2 if zdt else f"num_objectives ({m})"
+            raise ValueError(f"{self.problem}: num_dims must be at least {least}, got {n}.")
+        object.__setattr__(self, "num_objectives", m)
+        object.__setattr__(self, "num_dims", n)
+
+    @property
+    def name(self) -> str:
+        return f"{MO_PREFIX}{self.problem}-{self.num_dims}d-{self.num_objectives}obj"
+
+    @property
+    def maximize(self) -> tuple[bool, ...]:
+        return (False,) * self.num_objectives
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """Every variable's ``(lower, upper)``."""
+        return 0.0, 1.0
+
+    @property
+    def ref_point(self) -> tuple[float, ...]:
+        """The hypervolume's reference point, in the task's units."""
+        return (REF_POINT[self.problem],) * self.num_objectives
+
+    def pareto_front(self, size: int = 1000) -> np.ndarray:
+        """About ``size`` points of the true Pareto front, shape ``(n, num_objectives)``."""
+        return _front(self.problem, self.num_objectives, size)
+
+    def init_solution(self, key):
+        del key
+        return jnp.full((self.num_dims,), 0.5, float_dtype())
+
+    def init_state(self):
+        return ()
+
+    def update_state(self, task_state, info_total):
+        return task_state
+
+    def objectives(self, x: jax.Array) -> jax.Array:
+        """The objective vector of one candidate ``x`` (clipped to the unit box)."""
+        x = jnp.clip(x, 0.0, 1.0)
+        if self.problem.startswith("zdt"):
+            f1 = x[0]
+            g = 1.0 + 9.0 * jnp.sum(x[1:]) / (self.num_dims - 1)
+            h = f1 / g
+            if self.problem == "zdt1":
+                f2 = g * (1.0 - jnp.sqrt(h))
+            elif self.problem == "zdt2":
+                f2 = g * (1.0 - h**2)
+            else:
+                f2 = g * (1.0 - jnp.sqrt(h) - h * jnp.sin(10.0 * jnp.pi * f1))
+            return jnp.stack([f1, f2])
+        m = self.num_objectives
+        position, distance = x[: m - 1], x[m - 1 :]
+        if self.problem == "dtlz1":
+            d = distance - 0.5
+            g = 100.0 * (distance.size + jnp.sum(d**2 - jnp.cos(20.0 * jnp.pi * d)))
+            lead, tail, scale = position, 1.0 - position, 0.5 * (1.0 + g)
+        else:
+            g = jnp.sum((distance - 0.5) ** 2)
+            angle = 0.5 * jnp.pi * position
+            lead, tail, scale = jnp.cos(angle), jnp.sin(angle), 1.0 + g
+        # f_i = scale * lead_1 ... lead_{M-i} * tail_{M-i+1} (no tail for f_1)
+        prods = jnp.concatenate([jnp.ones(1, x.dtype), jnp.cumprod(lead)])  # prods[j] = lead_1..j
+        f = [prods[m - 1 - i] * (tail[m - 1 - i] if i else 1.0) for i in range(m)]
+        return scale * jnp.stack(f)
+
+    def evaluate(self, solution, key, task_state):
+        del key, task_state
+        return self.objectives(solution), EvalInfo(steps=jnp.int32(0), episodes=jnp.int32(0))
+
+
+def make_mo_task(name: str, num_dims: int | None = None, num_objectives: int | None = None):
+    """The problem ``mo/<problem>`` (:class:`MOTask`)."""
+    if not name.startswith(MO_PREFIX):
+        raise ValueError(f"A multi-objective problem is named {MO_PREFIX}<problem>, got {name!r}.")
+    return MOTask(name[len(MO_PREFIX) :], num_dims, num_objectives)
