@@ -145,6 +145,12 @@ class ShardedArchive:
         self.padded_cells = -(-self.num_cells // devices) * devices
         self.local_cells = self.padded_cells // devices
         self.descriptor_size = self.low.size
+        # compiled once each (an eager shard_map would trace at every call)
+        self.empty = jax.jit(self.empty, static_argnums=0)
+        self.cells = jax.jit(self.cells)
+        self.insert = jax.jit(self.insert)
+        self.sample = jax.jit(self.sample, static_argnums=2)
+        self.metrics = jax.jit(self.metrics)
 
     def _sharded(self, tree):
         return jax.lax.with_sharding_constraint(tree, NamedSharding(self.mesh, POP))
