@@ -37,8 +37,6 @@ LEARNING = ("cemrl", "erl", "pbt", "ppo", "sac")
 REFUSED = {(a, f) for a in LEARNING for f in ("gym", "dm_control", "black-box")}
 #: MAP-Elites needs a task with behaviour descriptors (qd/arm, ...), which no family has.
 REFUSED |= {("mapelites", f) for f in TASKS}
-#: MAP-Elites needs a task with behaviour descriptors (qd/arm, ...), which no family has.
-REFUSED |= {("mapelites", f) for f in TASKS}
 
 #: A config field of this name, wherever an algorithm (or its learner's settings) has
 #: one, takes this value: a few tiny generations of tiny networks.
