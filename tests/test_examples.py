@@ -117,6 +117,11 @@ TRAINING = {
     "sac_pendulum.py": Example(
         "sac_pendulum.png", ("sac-pendulum",), 12, "fitness_mean", at_least=-600
     ),
+    # coverage of the 1,024 cells: 14% at generation 1; seeds 0, 1 and 2: 69.1%, 68.0% and
+    # 69.0% after the example's 100 generations (12,928 evaluations)
+    "mapelites_arm.py": Example(
+        "mapelites_arm.png", ("mapelites-arm",), 100, "coverage", at_least=0.6
+    ),
 }
 
 
