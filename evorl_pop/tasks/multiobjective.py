@@ -62,13 +62,12 @@ def das_dennis(partitions: int, num_objectives: int) -> np.ndarray:
     return np.asarray(rows, np.float64) / partitions
 
 
-def nondominated(points: np.ndarray) -> np.ndarray:
-    """The rows of ``points`` (minimised) that no other row dominates."""
-    p = np.asarray(points)
-    leq = np.all(p[:, None, :] <= p[None, :, :], axis=-1)
-    lt = np.any(p[:, None, :] < p[None, :, :], axis=-1)
-    dominated = np.any(leq & lt, axis=0)
-    return p[~dominated]
+def nondominated_2d(points: np.ndarray) -> np.ndarray:
+    """The rows of ``points`` (two objectives, minimised) that no other row dominates,
+    by the first objective: a sweep keeping the rows below every earlier one."""
+    p = np.asarray(points)[np.lexsort((points[:, 1], points[:, 0]))]
+    earlier = np.minimum.accumulate(np.concatenate([[np.inf], p[:-1, 1]]))
+    return p[p[:, 1] < earlier]
 
 
 @functools.cache
@@ -80,7 +79,7 @@ def _front(problem: str, num_objectives: int, size: int) -> np.ndarray:
         if problem == "zdt2":
             return np.stack([f1, 1.0 - f1**2], axis=1)
         f2 = 1.0 - np.sqrt(f1) - f1 * np.sin(10.0 * np.pi * f1)
-        front = nondominated(np.stack([f1, f2], axis=1))
+        front = nondominated_2d(np.stack([f1, f2], axis=1))
         keep = np.linspace(0, len(front) - 1, min(size, len(front))).round().astype(int)
         return front[keep]
     # the fewest partitions whose simplex has at least `size` points
