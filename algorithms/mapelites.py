@@ -69,7 +69,9 @@ class MapElitesConfig:
         samples, ``cvt_iterations`` Lloyd steps, from ``cvt_seed``).
       cells_per_dim: grid archives: cells per descriptor dimension.
       num_cells: CVT archives: cells.
-      cvt_samples, cvt_iterations, cvt_seed: CVT archives: how the centroids are drawn.
+      cvt_samples: CVT archives: the uniform samples of the descriptor box k-means runs on.
+      cvt_iterations: CVT archives: Lloyd's k-means steps.
+      cvt_seed: CVT archives: the seed of the samples (the centroids depend on it only).
       iso_sigma: isoline variation's isotropic Gaussian width.
       line_sigma: isoline variation's width along the line between the two parents.
       eval_mode: ``'vmap'`` (fast) or ``'map'`` (low memory) per device.
