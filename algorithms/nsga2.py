@@ -31,6 +31,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from evorl_pop import registry
 from evorl_pop.algorithms.es import ESConfig
@@ -171,30 +172,38 @@ class NSGA2Strategy:
         shape = (self.population_size, self.num_dims)
         return jax.random.uniform(key, shape, float_dtype(), self.lower, self.upper)
 
-    def survive(self, population, fitness, born, generation) -> NSGAState:
+    def survive(self, key, population, fitness, born, generation) -> NSGAState:
         """The ``population_size`` best of ``population``: by front, then crowding distance."""
+        del key
         n = self.population_size
         rank = nondominated_ranks(fitness, needed=n)
         crowding = crowding_distance(fitness, rank)
         order = jnp.lexsort((jnp.arange(rank.shape[0]), -crowding, rank))[:n]
         fitness = fitness[order]
         population = population[order]
+        return self.state(
+            population, fitness, rank[order], crowding[order], born[order], generation
+        )
+
+    @staticmethod
+    def state(population, fitness, rank, crowding, born, generation) -> NSGAState:
+        """The state of survivors ordered best first."""
         return NSGAState(
             population=population,
             fitness=fitness,
-            rank=rank[order],
-            crowding=crowding[order],
-            born=born[order],
+            rank=rank,
+            crowding=crowding,
+            born=born,
             generation=generation,
             best_solution=population[0],
             best_fitness=fitness[0],
         )
 
     def init(self, key, population, fitness, params=None):
-        del key, params
+        del params
         fitness = fitness.reshape(population.shape[0], -1)
         born = jnp.zeros(population.shape[0], jnp.int32)
-        return self.survive(population, fitness, born, jnp.int32(0))
+        return self.survive(key, population, fitness, born, jnp.int32(0))
 
     def select(self, key, state: NSGAState, count: int):
         """``count`` parents, each the winner of a binary tournament by the crowded
@@ -226,10 +235,11 @@ class NSGA2Strategy:
         return children, state
 
     def tell(self, key, population, fitness, state: NSGAState, params=None):
-        del key, params
+        del params
         generation = state.generation + 1
         born = jnp.full(population.shape[0], generation, jnp.int32)
         new = self.survive(
+            key,
             jnp.concatenate([state.population, population]),
             jnp.concatenate([state.fitness, fitness.reshape(population.shape[0], -1)]),
             jnp.concatenate([state.born, born]),
@@ -356,7 +366,6 @@ class NSGA2(Engine):
     :class:`NSGA2Strategy`, multi-objective metrics and the exported front."""
 
     multi_objective = True
-    strategy_class = NSGA2Strategy
 
     def __init__(self, config: NSGA2Config, mesh=None, task=None):
         """Builds the strategy and the task, and the engine that runs them.
@@ -372,24 +381,30 @@ class NSGA2(Engine):
         config.validate()
         self.config = config
         task = config.make_task() if task is None else task
-        lower, upper = config.bounds or getattr(task, "bounds", DEFAULT_BOUNDS)
-        strategy = self.strategy_class(
-            config.population_size,
-            task.num_dims,
-            lower,
-            upper,
-            crossover_prob=config.crossover_prob,
-            eta_crossover=config.eta_crossover,
-            mutation_prob=config.mutation_prob,
-            eta_mutation=config.eta_mutation,
-        )
-        super().__init__(strategy, task, mesh=mesh)
+        super().__init__(self.make_strategy(config, task), task, mesh=mesh)
         self.population_based = True
         self.num_objectives = num_objectives(task)
         ref = config.ref_point if config.ref_point is not None else getattr(task, "ref_point", None)
         self.ref_point = None if ref is None else tuple(float(r) for r in ref)
         front = getattr(task, "pareto_front", None)
         self.true_front = None if front is None else np.asarray(front())
+
+    @staticmethod
+    def variation(config: NSGA2Config, task) -> dict:
+        """The strategy's search box and variation settings, from ``config``."""
+        lower, upper = config.bounds or getattr(task, "bounds", DEFAULT_BOUNDS)
+        return {
+            "lower": lower,
+            "upper": upper,
+            "crossover_prob": config.crossover_prob,
+            "eta_crossover": config.eta_crossover,
+            "mutation_prob": config.mutation_prob,
+            "eta_mutation": config.eta_mutation,
+        }
+
+    def make_strategy(self, config: NSGA2Config, task) -> NSGA2Strategy:
+        """The strategy the engine runs: :class:`NSGA2Strategy`."""
+        return NSGA2Strategy(config.population_size, task.num_dims, **self.variation(config, task))
 
     def minimised(self, scores):
         """Scores in the task's units, as the ``(n, k)`` minimised fitness (and back)."""
@@ -403,7 +418,10 @@ class NSGA2(Engine):
         metrics = {"front_size": jnp.sum(front, dtype=jnp.int32)}
         if self.ref_point is not None:
             ref = to_minimization(jnp.asarray(self.ref_point, s.fitness.dtype), self.task.maximize)
-            metrics["hypervolume"] = hypervolume(s.fitness, ref.reshape(-1), front)
+            # replicated in and out, as the state: 3 objectives or more call the host, on
+            # each device, instead of the compiler moving the front to one device
+            volume = jax.shard_map(hypervolume, mesh=self.mesh, in_specs=P(), out_specs=P())
+            metrics["hypervolume"] = volume(s.fitness, ref.reshape(-1), front)
         if self.true_front is not None:
             true = to_minimization(
                 jnp.asarray(self.true_front, s.fitness.dtype), self.task.maximize

@@ -46,6 +46,7 @@ BUILTIN: dict[str, tuple[str, ...]] = {
         "evorl_pop.algorithms.erl",
         "evorl_pop.algorithms.mapelites",
         "evorl_pop.algorithms.nsga2",
+        "evorl_pop.algorithms.nsga3",
         "evorl_pop.algorithms.pbt",
         "evorl_pop.algorithms.ppo",
         "evorl_pop.algorithms.sac",

@@ -259,18 +259,8 @@ def test_nsga2_same_run_on_1_2_and_4_devices():
     last = history1[-1]
     assert 1 <= last["front_size"] <= 6 and last["hypervolume"] >= 0
     assert last["igd_plus"] <= last["igd"] + 1e-6
-
-
-def test_nsga2_three_objectives_reports_moocore_hypervolume():
-    state, history = _run(2, generations=2, task="mo/dtlz2", num_dims=5)
-    s = state.strategy_state
-    front = np.asarray(s.fitness)[np.asarray(s.rank) == 0]
-    ref = np.full(3, 1.1)
-    inside = front[np.all(front < ref, axis=1)]
-    want = moocore.hypervolume(inside, ref=ref) if len(inside) else 0.0
-    assert history[-1]["hypervolume"] == pytest.approx(want, rel=1e-5)
     # survivors: sorted by front, each front's rows by decreasing crowding
-    rank, crowd = np.asarray(s.rank), np.asarray(s.crowding)
+    rank, crowd = np.asarray(state1.strategy_state.rank), np.asarray(state1.strategy_state.crowding)
     assert (np.diff(rank) >= 0).all()
     same = rank[1:] == rank[:-1]
     assert (crowd[:-1][same] >= crowd[1:][same]).all()
@@ -326,3 +316,59 @@ def test_nsga2_learns_zdt1_front():
     assert metrics["igd"][-1] < 0.02, metrics["igd"][::20]
     assert metrics["hypervolume"][-1] > 0.85  # the front's: 1.21 - 1/3 = 0.8767
     assert metrics["front_size"][-1] == 100
+
+
+# --- NSGA-III --------------------------------------------------------------------------------
+
+
+def test_nsga3_association_and_partitions_by_hand():
+    from evorl_pop.algorithms.nsga3 import associate, default_partitions
+
+    directions = jnp.asarray(das_dennis(2, 2))  # (0, 1), (0.5, 0.5), (1, 0)
+    points = jnp.asarray([[0.1, 2.0], [1.0, 1.2], [3.0, 0.0]])
+    niche, distance = associate(points, directions)
+    np.testing.assert_array_equal(niche, [0, 1, 2])
+    np.testing.assert_allclose(distance, [0.1, 0.2 / np.sqrt(2), 0.0], atol=1e-5)
+    assert default_partitions(92, 3) == 12 and default_partitions(91, 3) == 12
+    assert default_partitions(90, 3) == 11 and default_partitions(4, 1) == 1
+
+
+def test_nsga3_same_run_on_1_and_4_devices_and_moocore_hypervolume():
+    from evorl_pop.algorithms.nsga3 import NSGA3, NSGA3Config
+
+    states = []
+    for n in (1, 4):
+        config = NSGA3Config(task="mo/dtlz2", population_size=6, num_dims=4)
+        algo = NSGA3(config, mesh=make_mesh(n))
+        state, step = jax.jit(algo.init)(jax.random.key(0)), jax.jit(algo.step)
+        for g in range(2):
+            state, metrics = step(state, jax.random.fold_in(jax.random.key(1), g))
+        states.append(jax.device_get(state))
+    for a, b in zip(*map(jax.tree.leaves, states), strict=True):
+        np.testing.assert_array_equal(a, b)
+    s = states[0].strategy_state
+    rank = np.asarray(s.rank)
+    assert (np.diff(rank) >= 0).all()
+    # 3 objectives: the hypervolume metric is moocore's of the front
+    front = np.asarray(s.fitness)[rank == 0]
+    inside = front[np.all(front < 1.1, axis=1)]
+    want = moocore.hypervolume(inside, ref=np.full(3, 1.1)) if len(inside) else 0.0
+    assert float(metrics["hypervolume"]) == pytest.approx(want, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_nsga3_learns_dtlz2_front():
+    """DTLZ2 with 3 objectives (12 variables), population 92 (91 directions): IGD below
+    0.06 within 100 generations, better than NSGA-II's there (about 0.08)."""
+    from evorl_pop.algorithms.nsga3 import NSGA3, NSGA3Config
+
+    algo = NSGA3(NSGA3Config(), mesh=make_mesh(2))
+
+    def run(key):
+        state = algo.init(key)
+        body = lambda s, g: algo.step(s, jax.random.fold_in(key, g))  # noqa: E731
+        return jax.lax.scan(body, state, jnp.arange(100))[1]
+
+    metrics = jax.device_get(jax.jit(run)(jax.random.key(0)))
+    assert metrics["igd"][-1] < 0.06, metrics["igd"][::10]
+    assert metrics["front_size"][-1] == 92
