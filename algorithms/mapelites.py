@@ -39,7 +39,8 @@ from evorl_pop.base import ConfigError, check_config, float_dtype
 from evorl_pop.core.archive import KINDS, Archive, ShardedArchive, cvt_centroids
 from evorl_pop.core.engine import evaluate, make_mesh
 from evorl_pop.core.interfaces import Describes
-from evorl_pop.tasks.qd import QD_TASKS, make_qd_task
+from evorl_pop.tasks.brax_envs import BACKENDS
+from evorl_pop.tasks.qd import QD_TASKS, BraxFeetTask, make_qd_task
 
 ARCHIVE_FILENAME = "archive.npz"
 FIGURE_FILENAME = "archive.png"
@@ -61,8 +62,9 @@ class MapElitesConfig:
     """Configuration of a MAP-Elites run. Every field can be overridden.
 
     Attributes:
-      task: a quality-diversity task (``qd/arm``, ``qd/rastrigin_proj``).
-      num_dims: the genotype's dimension (the arm's joints).
+      task: a quality-diversity task (``qd/arm``, ``qd/rastrigin_proj``,
+        ``qd/hopper_uni``, ``qd/walker2d_uni``).
+      num_dims: black-box tasks: the genotype's dimension (the arm's joints).
       population_size: candidates per generation (and in the initial batch).
       archive: ``'grid'`` (``cells_per_dim`` cells per descriptor dimension) or
         ``'cvt'`` (``num_cells`` centroids by k-means on ``cvt_samples`` uniform
@@ -75,6 +77,11 @@ class MapElitesConfig:
       iso_sigma: isoline variation's isotropic Gaussian width.
       line_sigma: isoline variation's width along the line between the two parents.
       eval_mode: ``'vmap'`` (fast) or ``'map'`` (low memory) per device.
+      hidden_sizes: brax tasks: the policy MLP's hidden layers.
+      activation: brax tasks: ``'tanh'``, ``'relu'`` or ``'elu'``.
+      episode_length: brax tasks: steps per episode (``None``: 1000).
+      backend: brax tasks: the physics backend (``'spring'``, ``'positional'``,
+        ``'generalized'``, ``'mjx'``).
     """
 
     task: str = "qd/arm"
@@ -89,6 +96,10 @@ class MapElitesConfig:
     iso_sigma: float = 0.005
     line_sigma: float = 0.05
     eval_mode: str = "vmap"
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    activation: str = "tanh"
+    episode_length: int | None = None
+    backend: str = "spring"
 
     def validate(self) -> None:
         """Raises a :class:`~evorl_pop.base.ConfigError` naming a value that cannot run."""
@@ -100,26 +111,42 @@ class MapElitesConfig:
             )
         check_config(
             self,
-            choices={"archive": KINDS, "eval_mode": ("vmap", "map")},
+            choices={
+                "archive": KINDS,
+                "eval_mode": ("vmap", "map"),
+                "activation": ("tanh", "relu", "elu"),
+                "backend": BACKENDS,
+            },
             least={
                 "num_dims": 2,
                 "population_size": 1,
                 "cells_per_dim": 1,
                 "num_cells": 1,
                 "cvt_iterations": 0,
+                "episode_length": 1,
             },
         )
         if self.archive == "cvt" and self.cvt_samples < self.num_cells:
             raise ConfigError(
                 f"cvt_samples must be at least num_cells={self.num_cells}, got {self.cvt_samples}."
             )
+        if any(h < 1 for h in self.hidden_sizes):
+            raise ConfigError(f"hidden_sizes must be at least 1, got {list(self.hidden_sizes)}.")
         for name in ("iso_sigma", "line_sigma"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}.")
 
     def make_task(self):
-        """The task ``task`` names, in ``num_dims`` dimensions."""
-        return make_qd_task(self.task, self.num_dims)
+        """The task ``task`` names, with this config's settings."""
+        control = {}
+        if QD_TASKS[self.task] is BraxFeetTask:
+            control = {
+                "hidden_sizes": tuple(self.hidden_sizes),
+                "activation": self.activation,
+                "episode_length": self.episode_length,
+                "backend": self.backend,
+            }
+        return make_qd_task(self.task, self.num_dims, **control)
 
 
 @flax.struct.dataclass
@@ -190,17 +217,16 @@ class MapElites:
         return summary, quality, descriptors[:n]
 
     def _initial_population(self, key):
-        dims = self.task.num_dims
-        shape = (self.population_size, dims)
         bounds = self.task.genotype_bounds
-        if bounds is None:
-            start = self.task.init_solution(key)
-            return start + jax.random.normal(key, shape, float_dtype())
+        if bounds is None:  # the task's own initialisation (a policy's weights), per key
+            keys = jax.random.split(key, self.population_size)
+            return jax.vmap(self.task.init_solution)(keys).astype(float_dtype())
+        shape = (self.population_size, self.task.num_dims)
         return jax.random.uniform(key, shape, float_dtype(), *bounds)
 
     def init(self, key: jax.Array) -> MapElitesState:
         """The archive after a batch of uniform random genotypes (within the task's
-        genotype bounds; normals around its start without bounds)."""
+        genotype bounds; without bounds, the task's ``init_solution`` of a key each)."""
         k_pop, k_eval = jax.random.split(key)
         task_state = self.task.init_state()
         population = self._initial_population(k_pop)

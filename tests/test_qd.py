@@ -272,3 +272,25 @@ def test_mapelites_covers_the_arm():
     state, history = train_loop(me, state, jax.random.key(1), 100, chunk=50, progress=False)
     assert history["coverage"][-1] >= 0.6, history["coverage"][-1]
     assert np.all(np.diff(history["qd_score"]) >= -1e-4)  # elites only ever improve
+
+
+@pytest.mark.slow
+def test_brax_feet_task_scores_as_the_control_task_and_describes_feet():
+    pytest.importorskip("brax")
+    from evorl_pop.tasks.qd import make_qd_task
+
+    task = make_qd_task("qd/walker2d_uni", hidden_sizes=(8,), episode_length=30)
+    assert task.descriptor_size == 2 and task.qd_offset == pytest.approx(1.413 * 30)
+    keys = jax.random.split(jax.random.key(0), 3)
+    solutions = jax.vmap(task.init_solution)(keys)
+    score, info, descriptor = jax.jit(jax.vmap(task.evaluate_descriptor, (0, 0, None)))(
+        solutions, keys, ()
+    )
+    # the return of ControlTask's own evaluation of the same candidate and key
+    ref_score, ref_info = task.evaluate_batch(solutions, keys, ())
+    np.testing.assert_allclose(score, ref_score, rtol=1e-5)
+    np.testing.assert_array_equal(info.steps, ref_info.steps)
+    descriptor = np.asarray(descriptor)
+    assert np.all((descriptor >= 0) & (descriptor <= 1)) and descriptor.max() > 0
+    steps = np.asarray(info.steps)[:, None]
+    np.testing.assert_allclose(descriptor * steps, np.round(descriptor * steps), atol=1e-4)

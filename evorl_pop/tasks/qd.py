@@ -16,6 +16,12 @@ maximised black-box problems, fast enough for tests:
   ``[-5.12, 5.12]^2``; QD offset ``40.36 * n`` (Rastrigin's largest value per
   coordinate on the box is about 40.35).
 
+* ``qd/hopper_uni``, ``qd/walker2d_uni`` (brax, :class:`BraxFeetTask`): a policy
+  network's flat weights (unbounded), fitness the episode's return, descriptor the
+  proportion of the episode's steps on which each foot touches the ground (hopper one
+  foot, walker2d two), in ``[0, 1]``; QD offset QDax's reward offset per step (0.9 and
+  1.413) times the episode length.
+
 A user's own task becomes a quality-diversity task by adding these attributes and
 ``evaluate_descriptor``.
 """
@@ -24,10 +30,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from evorl_pop.base import EvalInfo, did_you_mean, float_dtype
 from evorl_pop.tasks.blackbox import rastrigin
+from evorl_pop.tasks.control import ControlTask
 
 #: The prefix of the quality-diversity tasks' names.
 QD_PREFIX = "qd/"
@@ -109,12 +118,87 @@ class RastriginProjTask(_QDTask):
         return -rastrigin(x), _no_info(), descriptor
 
 
+#: brax QD tasks: the environment, its feet (links), QDax's reward offset per step.
+BRAX_FEET = {
+    "hopper_uni": ("hopper", ("foot",), 0.9),
+    "walker2d_uni": ("walker2d", ("foot", "foot_left"), 1.413),
+}
+
+
+class BraxFeetTask(ControlTask):
+    """A brax locomotion task whose descriptor is each foot's contact proportion.
+
+    Args:
+      name: a key of :data:`BRAX_FEET` (``'walker2d_uni'``).
+      **kwargs: :class:`~evorl_pop.tasks.control.ControlTask`'s (``hidden_sizes``,
+        ``activation``, ``episode_length``, ``backend``); one episode per candidate.
+
+    A foot touches the ground on a step when one of brax's contacts (``brax.contact.get``
+    on the bodies' positions after the step) between it and another geometry has a
+    distance of at most 0; the descriptor is the mean over the episode's steps.
+    """
+
+    genotype_bounds = None
+
+    def __init__(self, name: str, **kwargs):
+        env, feet, offset = BRAX_FEET[name]
+        super().__init__(f"brax/{env}", episodes=1, **kwargs)
+        links = list(self.env.env.sys.link_names)
+        self.feet = np.asarray([links.index(foot) for foot in feet], np.int32)
+        self.descriptor_size = len(feet)
+        self.descriptor_bounds = ((0.0,) * len(feet), (1.0,) * len(feet))
+        self.qd_offset = offset * self.spec.max_steps
+        self.name = f"{QD_PREFIX}{name}"
+
+    def _feet_contact(self, pipeline_state):
+        from brax import contact
+
+        c = contact.get(self.env.env.sys, pipeline_state.x)
+        touching = c.dist <= 0
+        feet = jnp.asarray(self.feet)[:, None]
+        on = ((c.link_idx[0][None] == feet) | (c.link_idx[1][None] == feet)) & touching[None]
+        return jnp.any(on, axis=-1).astype(jnp.float32)
+
+    def evaluate_descriptor(self, solution, key, task_state):
+        del task_state
+        params = self._policy_params(solution, None)
+        # the key schedule of ControlTask.evaluate's single episode: the same reset
+        _, reset_key = jax.random.split(jax.random.split(key, 1)[0])
+        obs, state = self.env.reset(reset_key)
+        zero = jnp.zeros((), jnp.float32)
+        contacts = jnp.zeros(self.descriptor_size, jnp.float32)
+
+        def body(carry, _):
+            obs, state, ret, steps, contacts, alive = carry
+            obs, state, reward, done = self.env.step(key, state, self.policy(params, obs))
+            ret = ret + jnp.where(alive, reward, 0.0)
+            touching = self._feet_contact(state.inner.pipeline_state)
+            contacts = contacts + jnp.where(alive, touching, 0.0)
+            return (obs, state, ret, steps + alive, contacts, alive & ~done), None
+
+        carry = (obs, state, zero, jnp.zeros((), jnp.int32), contacts, jnp.ones((), bool))
+        carry, _ = jax.lax.scan(body, carry, None, length=self.spec.max_steps)
+        _, _, ret, steps, contacts, _ = carry
+        descriptor = contacts / jnp.maximum(steps, 1).astype(jnp.float32)
+        return ret, EvalInfo(steps=steps, episodes=jnp.int32(1)), descriptor
+
+
 #: Every quality-diversity task by name.
-QD_TASKS = {f"{QD_PREFIX}arm": ArmTask, f"{QD_PREFIX}rastrigin_proj": RastriginProjTask}
+QD_TASKS = {
+    f"{QD_PREFIX}arm": ArmTask,
+    f"{QD_PREFIX}rastrigin_proj": RastriginProjTask,
+    **{f"{QD_PREFIX}{name}": BraxFeetTask for name in BRAX_FEET},
+}
 
 
-def make_qd_task(name: str, num_dims: int = 8):
-    """The quality-diversity task ``name`` (one of :data:`QD_TASKS`) in ``num_dims`` dimensions.
+def make_qd_task(name: str, num_dims: int = 8, **control):
+    """The quality-diversity task ``name`` (one of :data:`QD_TASKS`).
+
+    Args:
+      name: ``'qd/arm'``, ``'qd/rastrigin_proj'``, ``'qd/hopper_uni'``, ``'qd/walker2d_uni'``.
+      num_dims: the black-box tasks' genotype dimension.
+      **control: the brax tasks' :class:`BraxFeetTask` arguments (``hidden_sizes``,
+        ``activation``, ``episode_length``, ``backend``); the others take none.
 
     Raises:
       ValueError: an unknown name (naming the valid ones), or fewer than 2 dimensions.
@@ -122,4 +206,6 @@ def make_qd_task(name: str, num_dims: int = 8):
     if name not in QD_TASKS:
         hint = did_you_mean(name, QD_TASKS)
         raise ValueError(f"Unknown QD task {name!r}.{hint} Valid: {', '.join(QD_TASKS)}.")
+    if QD_TASKS[name] is BraxFeetTask:
+        return BraxFeetTask(name[len(QD_PREFIX) :], **control)
     return QD_TASKS[name](num_dims=num_dims)
