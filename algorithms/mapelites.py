@@ -18,7 +18,8 @@ archive on any device count. Its metrics per generation: ``qd_score`` (the sum o
 filled cells of fitness plus the task's ``qd_offset``, QDax's convention, so that
 each term is non-negative), ``coverage``, ``archive_size``, ``archive_fitness_max``
 and ``archive_fitness_mean``, beside the evaluated batch's ``fitness_*``. At the end
-of a run, ``archive.npz`` and ``archive.png`` (2-D descriptors) in the run folder.
+of a run, ``archive.npz``, ``qd.png`` (QD-score and coverage curves) and
+``archive.png`` (2-D descriptors) in the run folder.
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ from evorl_pop.base import ConfigError, check_config, float_dtype
 from evorl_pop.core.archive import KINDS, Archive, ShardedArchive, cvt_centroids
 from evorl_pop.core.engine import evaluate, make_mesh
 from evorl_pop.core.interfaces import Describes
+from evorl_pop.run.store import METRICS_FILENAME, read_metrics
 from evorl_pop.tasks.brax_envs import BACKENDS
 from evorl_pop.tasks.qd import QD_TASKS, BraxFeetTask, make_qd_task
 
 ARCHIVE_FILENAME = "archive.npz"
 FIGURE_FILENAME = "archive.png"
+PROGRESS_FILENAME = "qd.png"
 
 
 def isoline_variation(key, x, y, iso_sigma: float, line_sigma: float, bounds=None):
@@ -267,17 +270,44 @@ class MapElites:
 
     def export(self, state: MapElitesState, run_dir: Path) -> dict[str, Path]:
         """Writes ``archive.npz`` (``genotypes``, ``fitness``: ``-inf`` for an empty
-        cell, ``descriptors``, ``centroids``, ``filled``) and, for 2-D descriptors,
+        cell, ``descriptors``, ``centroids``, ``filled``), ``qd.png`` (the QD-score and
+        coverage over the generations of ``metrics.csv``) and, for 2-D descriptors,
         ``archive.png``, a heat map of the elites' fitness over the descriptor space."""
         data = self.archive.to_numpy(state.archive)
         run_dir = Path(run_dir)
         with open(run_dir / ARCHIVE_FILENAME, "wb") as f:
             np.savez(f, **data)
-        if self.task.descriptor_size != 2:
-            return {}
-        path = run_dir / FIGURE_FILENAME
-        plot_archive(data, self.archive, path, title=f"MAP-Elites on {self.task.name}")
-        return {"archive": path}
+        figures = {}
+        metrics = run_dir / METRICS_FILENAME
+        if metrics.exists():
+            figures["qd"] = run_dir / PROGRESS_FILENAME
+            plot_progress(read_metrics(metrics), figures["qd"], f"MAP-Elites on {self.task.name}")
+        if self.task.descriptor_size == 2:
+            figures["archive"] = run_dir / FIGURE_FILENAME
+            title = f"MAP-Elites on {self.task.name}"
+            plot_archive(data, self.archive, figures["archive"], title=title)
+        return figures
+
+
+def plot_progress(metrics: dict, out: Path, title: str = "") -> None:
+    """The QD-score and the coverage over the generations (``metrics``: a run's
+    ``metrics.csv`` columns), side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    for ax, column, label in zip(
+        axes, ("qd_score", "coverage"), ("QD-score", "coverage"), strict=True
+    ):
+        ax.plot(metrics["generation"], metrics[column])
+        ax.set(xlabel="generation", ylabel=label)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
 
 
 def plot_archive(data: dict, archive: ShardedArchive, out: Path, title: str = "") -> None:

@@ -257,7 +257,7 @@ def test_resume_equals_uninterrupted_run_and_exports(tmp_path):
     for name in a.files:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
     assert a["fitness"].shape == (64,) and a["filled"].sum() == resumed["archive_size"][-1]
-    assert (whole / "archive.png").stat().st_size > 0
+    assert (whole / "archive.png").stat().st_size > 0 and (part / "qd.png").stat().st_size > 0
 
 
 @pytest.mark.slow
