@@ -122,6 +122,8 @@ TRAINING = {
     "mapelites_arm.py": Example(
         "mapelites_arm.png", ("mapelites-arm",), 100, "coverage", at_least=0.6
     ),
+    # ZDT1's front: IGD 1.8 at generation 1; seed 0 (all cores of 2): 0.0049 after 250
+    "nsga2_zdt1.py": Example("nsga2_zdt1.png", ("nsga2-zdt1",), 250, "igd", at_most=0.02),
 }
 
 
