@@ -274,8 +274,8 @@ class NSGA2Config:
       ref_point: the hypervolume's reference point, in the task's units, one
         value per objective (``None``: the problem's; no hypervolume for a task
         without one).
-      x0, instance, hidden_sizes, activation, policy, episode_length, episodes,
-        backend, impl, vector: the task's settings, as ``es``'s (single-objective tasks).
+
+    The other fields are the task's settings, as ``es``'s (single-objective tasks).
     """
 
     task: str = "mo/zdt1"
@@ -288,16 +288,16 @@ class NSGA2Config:
     mutation_prob: float | None = None
     eta_mutation: float = 20.0
     ref_point: tuple[float, ...] | None = None
-    x0: float = 3.0
-    instance: int = 1
-    hidden_sizes: tuple[int, ...] = (32,)
-    activation: str = "tanh"
-    policy: str = "auto"
-    episode_length: int | None = None
-    episodes: int = 1
-    backend: str = "spring"
-    impl: str = "jax"
-    vector: str = "sync"
+    x0: float = 3.0  # black-box functions: es's x0 (NSGA-II starts uniform in the bounds)
+    instance: int = 1  # BBOB tasks: the instance seed
+    hidden_sizes: tuple[int, ...] = (32,)  # control tasks: the policy's hidden layers
+    activation: str = "tanh"  # control tasks: 'tanh', 'relu' or 'elu'
+    policy: str = "auto"  # control tasks: 'auto', 'mlp', 'cnn' or 'keypoints', as es's
+    episode_length: int | None = None  # control tasks: steps per episode (None: the env's)
+    episodes: int = 1  # control tasks: episodes per candidate
+    backend: str = "spring"  # brax tasks: the physics backend
+    impl: str = "jax"  # Playground tasks: the MJX implementation
+    vector: str = "sync"  # gym: tasks: 'sync' or 'async' stepping
 
     @property
     def multi_objective(self) -> bool:
