@@ -16,9 +16,9 @@ import pytest
 from evorl_pop import cli, make_mesh
 from evorl_pop.algorithms.mapelites import MapElites, MapElitesConfig, isoline_variation
 from evorl_pop.base import ConfigError
-from evorl_pop.core.archive import ShardedArchive, grid_cells
+from evorl_pop.core.archive import ShardedArchive, cvt_centroids, grid_cells
 from evorl_pop.run import store
-from evorl_pop.tasks.qd import ArmTask
+from evorl_pop.tasks.qd import ArmTask, make_qd_task
 
 DIMS = 3
 
@@ -193,6 +193,34 @@ def test_arm_task_end_effector():
     assert float(score) == pytest.approx(-np.var([0.75, 0.5, 0.5, 0.5]))
 
 
+def test_cvt_centroids_are_lloyds_kmeans_of_uniform_samples():
+    low, high = np.asarray([-1.0, 0.0], np.float32), np.asarray([1.0, 3.0], np.float32)
+    key = jax.random.key(3)
+    got = cvt_centroids(key, 12, 600, low, high, iterations=4)
+    samples = np.asarray(jax.random.uniform(key, (600, 2), jnp.float32, low, high))
+    centroids = samples[:12].copy()
+    for _ in range(4):
+        nearest = ((samples[:, None] - centroids[None]) ** 2).sum(-1).argmin(1)
+        for c in range(12):
+            if (nearest == c).any():
+                centroids[c] = samples[nearest == c].mean(0)
+    np.testing.assert_allclose(got, centroids, rtol=1e-5, atol=1e-6)
+    assert np.all((got >= low) & (got <= high))
+
+
+def test_rastrigin_projection_task():
+    task = make_qd_task("qd/rastrigin_proj", num_dims=4)
+    x = jnp.asarray([1.0, 3.0, -2.0, 9.0])  # the last coordinate is clipped to 5.12
+    score, _, d = task.evaluate_descriptor(x, None, ())
+    np.testing.assert_allclose(d, [2.0, 1.56], rtol=1e-6)
+    clipped = np.asarray([1.0, 3.0, -2.0, 5.12])
+    want = 10 * 4 + np.sum(clipped**2 - 10 * np.cos(2 * np.pi * clipped))
+    assert float(score) == pytest.approx(-want, rel=1e-5)
+    assert -want + task.qd_offset >= 0
+    with pytest.raises(ValueError, match="Unknown QD task 'qd/ram'. Did you mean 'qd/arm'"):
+        make_qd_task("qd/ram")
+
+
 def _run(config, n, generations):
     me = MapElites(config, mesh=make_mesh(n))
     state = jax.jit(me.init)(jax.random.key(0))
@@ -277,8 +305,6 @@ def test_mapelites_covers_the_arm():
 @pytest.mark.slow
 def test_brax_feet_task_scores_as_the_control_task_and_describes_feet():
     pytest.importorskip("brax")
-    from evorl_pop.tasks.qd import make_qd_task
-
     task = make_qd_task("qd/walker2d_uni", hidden_sizes=(8,), episode_length=30)
     assert task.descriptor_size == 2 and task.qd_offset == pytest.approx(1.413 * 30)
     keys = jax.random.split(jax.random.key(0), 3)
