@@ -251,6 +251,35 @@ class NSGA2Strategy:
         return state.best_solution
 
 
+class OnEveryDevice:
+    """A strategy whose ``init``, ``ask`` and ``tell`` run whole on every device of
+    ``mesh``, replicated in and out (a ``shard_map`` over ``P()``).
+
+    Left to the compiler, the replicated sort could be split across the devices
+    after the sharded evaluation, with a collective in every iteration of its
+    loop over the fronts; on every device whole, it needs none.
+    """
+
+    def __init__(self, strategy, mesh):
+        self.inner = strategy
+        self.mesh = mesh
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def _replicated(self, fn):
+        return jax.shard_map(fn, mesh=self.mesh, in_specs=P(), out_specs=P())
+
+    def init(self, key, population, fitness, params=None):
+        return self._replicated(self.inner.init)(key, population, fitness)
+
+    def ask(self, key, state, params=None):
+        return self._replicated(self.inner.ask)(key, state)
+
+    def tell(self, key, population, fitness, state, params=None):
+        return self._replicated(self.inner.tell)(key, population, fitness, state)
+
+
 # --- the config and the algorithm ---------------------------------------------------------
 
 
@@ -382,6 +411,7 @@ class NSGA2(Engine):
         self.config = config
         task = config.make_task() if task is None else task
         super().__init__(self.make_strategy(config, task), task, mesh=mesh)
+        self.strategy = OnEveryDevice(self.strategy, self.mesh)
         self.population_based = True
         self.num_objectives = num_objectives(task)
         ref = config.ref_point if config.ref_point is not None else getattr(task, "ref_point", None)
