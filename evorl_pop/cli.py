@@ -432,6 +432,7 @@ def _cmd_list(args) -> int:
             "BBOB functions (--task, with --set num_dims=N --set instance=I)",
             tasks.blackbox.bbob_task_names(),
         ),
+        ("quality-diversity tasks (-a mapelites --task)", tasks.qd.QD_TASKS),
     ):
         print(f"{title}:")
         text = ", ".join(sorted(names))

@@ -24,7 +24,8 @@ the host, :mod:`~evorl_pop.tasks.jax_family` for a family of your own),
 :mod:`~evorl_pop.tasks.policies` (the networks),
 :mod:`~evorl_pop.tasks.rollout` (every episode), :mod:`~evorl_pop.tasks.obs_norm`
 and :mod:`~evorl_pop.tasks.vbn` (observation and layer normalisation),
-:mod:`~evorl_pop.tasks.drawing` (episodes drawn, for ``evorl-pop render``).
+:mod:`~evorl_pop.tasks.drawing` (episodes drawn, for ``evorl-pop render``),
+:mod:`~evorl_pop.tasks.qd` (tasks with behaviour descriptors, for quality-diversity).
 """
 
 from evorl_pop import registry
@@ -39,6 +40,7 @@ from evorl_pop.tasks.blackbox import (
 )
 from evorl_pop.tasks.control import ControlTask
 from evorl_pop.tasks.envs import env_family, env_names, make_env
+from evorl_pop.tasks.qd import QD_TASKS, make_qd_task
 
 
 def task_names() -> tuple[str, ...]:
@@ -89,8 +91,10 @@ __all__ = [
     "BlackBoxTask",
     "ControlTask",
     "PythonTask",
+    "QD_TASKS",
     "env_family",
     "make_env",
+    "make_qd_task",
     "make_task",
     "task_names",
 ]
