@@ -16,6 +16,7 @@ import sys
 import textwrap
 
 import jax
+import numpy as np
 
 from evorl_pop import registry, tasks
 from evorl_pop.base import CheckpointError, ConfigError, RunError, __version__
@@ -111,6 +112,7 @@ TRAIN = [
     ("--population-size --pop -p", "default: 256", {"type": int, "dest": "population_size", **N}),
     ("--generations -g", "generations to run (default: 40)", N0),
     ("--seed -s", "random seed (default: 0)", N0),
+    ("--seeds", "run seeds S .. S+N-1 in one compiled program (default: 1)", N1),
     ("--precision", "default: float32", {"choices": ("float32", "float64")}),
     ("--out -o", "the run folder (default: RUNS_ROOT/<algorithm>-<task>-<seed>-<time>)", DIR),
     ("--runs-root", "default: runs", {"default": "runs", **DIR}),
@@ -267,8 +269,8 @@ def _precheck(args, sources, overrides) -> None:
 def _overrides(args) -> list[str]:
     """The command's setting flags as ``key=value`` overrides, then ``--set``'s."""
     flags = (
-        "algorithm strategy task population_size generations seed chunk checkpoint_every devices "
-        "precision"
+        "algorithm strategy task population_size generations seed seeds chunk checkpoint_every "
+        "devices precision"
     ).split()
     # as YAML strings: a name is never parsed as a mapping (gym:) or a number
     names = {"algorithm", "strategy", "task", "precision"}
@@ -323,8 +325,14 @@ def _cmd_train(args) -> int:
     if not args.quiet and store.is_writer():
         h = result.history
         parts = [f"generation {result.generation}", f"{result.env_steps:,} env steps"]
-        if len(h.get("fitness_best", ())):
-            parts += [f"best {h['fitness_best'][-1]:.6g}", f"mean {h['fitness_mean'][-1]:.6g}"]
+        last = {k: np.asarray(v[-1]) for k, v in h.items() if len(v)}
+        if "fitness_best" in last and last["fitness_best"].ndim:  # a multi-seed run
+            rows = [
+                {"generation": result.generation, "fitness_mean": v} for v in last["fitness_mean"]
+            ]
+            parts.append(store.seeds_summary(rows))
+        elif "fitness_best" in last:
+            parts += [f"best {last['fitness_best']:.6g}", f"mean {last['fitness_mean']:.6g}"]
         print(f"done: {', '.join([*parts, f'{result.wall_time:.1f}s'])}", file=sys.stderr)
     return 0
 

@@ -57,6 +57,8 @@ class RunConfig:
     # modules of plug-ins to import first (evorl-pop --plugin MODULE): their algorithms,
     # strategies, learners and environment families become names a config can use
     plugins: tuple[str, ...] = ()
+    # replicas of seeds seed .. seed+seeds-1 in one compiled program (evorl_pop.run.seeds)
+    seeds: int = 1
 
     def __post_init__(self):
         if self.plugins:
@@ -314,10 +316,11 @@ def validate(config: RunConfig, algorithm: bool = True) -> None:
       algorithm: also check the algorithm config (its ``validate()``); the
         algorithm's constructor does that too.
     """
-    for name, least in (("generations", 0), ("chunk", 1), ("checkpoint_every", 0), ("seed", 0)):
+    limits = (("generations", 0), ("chunk", 1), ("checkpoint_every", 0), ("seed", 0), ("seeds", 1))
+    for name, least in limits:
         if getattr(config, name) < least:
             raise ConfigError(f"{name} must be >= {least}, got {getattr(config, name)}.")
-    if config.seed >= 2**63:
+    if config.seed + config.seeds - 1 >= 2**63:
         raise ConfigError(f"seed must be below 2**63 (a 64-bit integer), got {config.seed}.")
     if config.precision not in ("float32", "float64"):
         hint = did_you_mean(config.precision, ("float32", "float64"))

@@ -119,6 +119,20 @@ def truncate_events(tb_dir: Path, generation: int, env_steps: int) -> int:
     return last
 
 
+def seed_tagged(row: dict[str, Any]) -> dict[str, Any]:
+    """A row's values by tag: a multi-seed run's (its ``seed`` column) as ``<column>/seed_<s>``,
+    one series per seed, the shared ``generation`` and ``wall_time`` as they are."""
+    if store.SEED_COLUMN not in row:
+        return row
+    seed = int(row[store.SEED_COLUMN])
+    shared = ("generation", "wall_time")
+    return {
+        k if k in shared else f"{k}/seed_{seed}": v
+        for k, v in row.items()
+        if k != store.SEED_COLUMN
+    }
+
+
 class TensorBoard(Recorder):
     """Event files in ``RUN/tb/`` (or ``log_dir``): every ``metrics.csv`` column against the
     generation and (tags ``env_steps/<column>``) the environment steps, the config as
@@ -166,7 +180,7 @@ class TensorBoard(Recorder):
         from tensorboardX.proto.summary_pb2 import Summary
 
         generation, steps = int(row["generation"]), int(row["env_steps"])
-        values = [(name, float(value)) for name, value in row.items()]
+        values = [(name, float(value)) for name, value in seed_tagged(row).items()]
         # one event per row and axis, all columns in it: a scalar each for TensorBoard
         add = self.writer.file_writer.add_summary
         add(Summary(value=[Summary.Value(tag=n, simple_value=v) for n, v in values]), generation)
@@ -271,11 +285,13 @@ class WandB(Recorder):
         self.logged = max(self.run.starting_step - 1, last_offline_step(run.run_dir, run_id))
         # W&B's client takes milliseconds a row: a thread of its own passes them on
         self.queue = queue.Queue()
+        self.pending = {}  # a multi-seed run's rows of generations not yet logged
         self.errors = []
         self.thread = threading.Thread(target=self._pass_on, daemon=True, name="wandb-log")
         self.thread.start()
         for row in parse_rows(run.columns, run.lines):  # rows up to the checkpoint it lacks
             self.row(row)
+        self.flush(run, state)
 
     def _pass_on(self) -> None:
         while (item := self.queue.get()) is not None:
@@ -291,8 +307,18 @@ class WandB(Recorder):
         self.generation = generation
         if generation <= self.logged:
             return  # this W&B run has the row already (identical: a resume repeats it)
-        self.queue.put(({k: _number(v) for k, v in row.items()}, generation))
-        self.logged = generation
+        values = {k: _number(v) for k, v in seed_tagged(row).items()}
+        if store.SEED_COLUMN not in row:
+            self.queue.put((values, generation))
+            self.logged = generation
+        else:  # a multi-seed run: a generation's seeds in one step, at the chunk's end
+            self.pending.setdefault(generation, {}).update(values)
+
+    def flush(self, run: Run, state) -> None:
+        for generation, values in sorted(self.pending.items()):
+            self.queue.put((values, generation))
+            self.logged = generation
+        self.pending = {}
 
     def image(self, name: str, path: Path) -> None:
         if self.run is None:

@@ -23,8 +23,24 @@ from evorl_pop.run.config import read_mapping
 METRICS = {"best": "fitness_best", "mean": "fitness_mean", "worst": "fitness_worst"}
 _STYLES = {"fitness_best": "-", "fitness_mean": "--", "fitness_worst": ":", "f_minus_fopt": "-"}
 # Settings that do not make two runs different experiments.
-_NOT_GROUPING = ("seed", "generations", "chunk", "checkpoint_every", "devices")
+_NOT_GROUPING = ("seed", "seeds", "generations", "chunk", "checkpoint_every", "devices")
 _MEMBER_COLUMN = re.compile(r"member(\d+)_(.+)")
+
+
+def load_runs(path: str | os.PathLike) -> list[tuple[dict, dict[str, np.ndarray]]]:
+    """:func:`load_run`, a multi-seed run split into its seeds: each seed's
+    ``(config with its seed, its rows)``, as if it were a run of its own."""
+    config, metrics = load_run(path)
+    if store.SEED_COLUMN not in metrics:
+        return [(config, metrics)]
+    column = metrics[store.SEED_COLUMN]
+    return [
+        (
+            {**config, "seed": int(seed), "seeds": 1},
+            {k: v[column == seed] for k, v in metrics.items()},
+        )
+        for seed in np.unique(column)
+    ]
 
 
 def load_run(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:
@@ -109,13 +125,14 @@ def plot_runs(
     if not runs or x not in ("generation", "steps") or band not in ("minmax", "std"):
         raise ValueError(f"Need runs, x generation or steps, band minmax or std: {x}, {band}.")
     columns = [METRICS.get(m, m) for m in metrics]
-    loaded = [load_run(r) for r in runs]
-    for (_, m), r in zip(loaded, runs, strict=True):
+    loaded = [(item, r) for r in runs for item in load_runs(r)]  # a multi-seed run: its seeds
+    for (_, m), r in loaded:
         for c in columns:
             if c not in m:
                 raise ValueError(f"{str(r)!r} has no column {c!r}; it has {sorted(m)}.")
         if x == "steps" and not m["env_steps"].any():
             raise ValueError(f"{str(r)!r} took no environment steps: plot it with --x generation.")
+    loaded = [item for item, _ in loaded]
     groups: dict[str, list] = {}
     for item in loaded:
         data = {k: v for k, v in item[0].items() if k not in _NOT_GROUPING}
@@ -151,11 +168,14 @@ def plot_runs(
             axis.plot(xs, mean, style, color=color, label=label)
             if len(group) > 1:
                 axis.fill_between(xs, lo, hi, color=color, alpha=0.18, linewidth=0)
+                for _, m in group:  # each seed's own curve, faint
+                    at = m["generation" if x == "generation" else "env_steps"]
+                    axis.plot(at, m[column], "-", color=color, alpha=0.3, lw=0.6)
             return mean[np.isfinite(mean)]
 
         finite = []
         for i, group in enumerate(groups.values()):
-            count = f", {len(group)} runs" if len(group) > 1 else ""
+            count = f", {len(group)} seeds" if len(group) > 1 else ""
             label = _label(group[0][0], differing) + count
             for j, column in enumerate(columns):
                 # One experiment: a colour per metric; several: a colour per experiment.
@@ -169,7 +189,9 @@ def plot_runs(
         if log_y is None:
             log_y = bool(finite) and min(finite) > 0 and max(finite) / min(finite) > 1e3
         if title is None and any(len(g) > 1 for g in groups.values()):
-            title = f"Fitness (mean over runs, band: {'min-max' if band == 'minmax' else '±1 std'})"
+            title = (
+                f"Fitness (mean over seeds, band: {'min-max' if band == 'minmax' else '±1 std'})"
+            )
         ax.set(xlabel=xlabel, ylabel="fitness", yscale="log" if log_y else "linear")
         ax.set_title(title or "Fitness")
         ax.legend(loc="best")

@@ -53,6 +53,7 @@ from evorl_pop.core.engine import make_mesh
 from evorl_pop.core.interfaces import Exports
 from evorl_pop.run import config as config_lib
 from evorl_pop.run import loggers, processes, restore, store
+from evorl_pop.run import seeds as seeds_lib
 from evorl_pop.run import stop as stop_lib
 from evorl_pop.run.config import RunConfig
 from evorl_pop.run.store import Recorder
@@ -77,13 +78,18 @@ class RunResult:
 
 def chunk_fn(algorithm, length: int):
     """``length`` generations as one compiled ``lax.scan``: ``(state, key) -> (state, metrics)``,
-    generation ``g`` with ``fold_in(key, g)`` (``g`` the state's ``generation``), the metrics
-    stacked over the chunk. :func:`train_loop` runs them; benchmarks time them."""
+    generation ``g`` with ``fold_in(key, g)`` (``g`` the state's ``generation``; a multi-seed
+    run's keys, one per seed, each folded), the metrics stacked over the chunk.
+    :func:`train_loop` runs them; benchmarks time them."""
 
     def body(carry, _):
         state, key = carry
         dtypes = jax.tree.map(lambda x: x.dtype, state)
-        new_state, metrics = algorithm.step(state, jax.random.fold_in(key, state.generation))
+        if jnp.ndim(key):  # a multi-seed run: seed s folds g into its own run key
+            generation_key = jax.vmap(jax.random.fold_in, (0, None))(key, state.generation)
+        else:
+            generation_key = jax.random.fold_in(key, state.generation)
+        new_state, metrics = algorithm.step(state, generation_key)
         # A leaf that came back weakly typed would compile the next chunk again.
         return (jax.tree.map(jnp.asarray, new_state, dtypes), key), metrics
 
@@ -155,8 +161,8 @@ def train_loop(
             history.setdefault(name, []).append(values)
         if callback is not None:
             callback(state, metrics)
-        best = metrics["fitness_best"][-1]
-        mean = metrics["fitness_mean"][-1]
+        best = np.mean(metrics["fitness_best"][-1])  # a multi-seed run: the seeds' mean
+        mean = np.mean(metrics["fitness_mean"][-1])
         postfix = {"best": f"{best:.4g}", "mean": f"{mean:.4g}"}
         if "env_steps" in metrics and metrics["env_steps"].sum() > 0:
             postfix["steps/s"] = f"{metrics['env_steps'].sum() / elapsed:.3g}"
@@ -192,7 +198,9 @@ def build(config: RunConfig):
         )
     mesh = make_mesh(devices)
     algorithm = algorithm_class(config.algorithm_config, mesh=mesh)
-    init_key, run_key = jax.random.split(jax.random.key(config.seed))
+    init_key, run_key = seeds_lib.run_keys(config.seed, config.seeds)
+    if config.seeds > 1:
+        algorithm = seeds_lib.Seeds(algorithm, config.seeds)
     init = jax.jit(algorithm.init).trace(init_key)
     leaves = jax.tree.leaves(init.out_info)
     dims = max(
@@ -208,7 +216,16 @@ def build(config: RunConfig):
     have = (device.memory_stats() or {}).get("bytes_limit") if device.platform != "cpu" else None
     # Simulated CPU devices share the host's memory.
     have = have or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // mesh.size
+    need += 3 * width * dims * -(-population // mesh.size) * (config.seeds - 1)
     if need > have:
+        if config.seeds > 1:
+            fit = int(have // (need / config.seeds))
+            raise RunError(
+                f"seeds={config.seeds} of population_size={population:,} with {dims:,} "
+                f"parameters per candidate need about {need / 2**30:,.1f} GiB per device, more "
+                f"than the {have / 2**30:,.1f} GiB there are: about {fit} seeds fit; lower seeds "
+                "(and run the others in a second run), or spread them over more devices."
+            )
         raise RunError(
             f"population_size={population:,} with {dims:,} parameters per candidate needs about "
             f"{need / 2**30:,.1f} GiB per device, more than the {have / 2**30:,.1f} GiB there "
@@ -236,19 +253,26 @@ def default_recorders(
 
 
 def _rows(run: store.Run, metrics: dict, wall: float) -> list[dict]:
-    """A chunk's metrics as ``metrics.csv`` rows; advances the run's counters."""
+    """A chunk's metrics as ``metrics.csv`` rows; advances the run's counters. A multi-seed
+    run has a row per generation and seed (its metrics: one column per seed), each with
+    its ``seed`` and that seed's own ``env_steps``."""
     n = len(next(iter(metrics.values())))
+    seeds = run.config.seeds
     rows = []
     for i in range(n):
-        run.env_steps += int(metrics["env_steps"][i]) if "env_steps" in metrics else 0
-        row = {"env_steps_gen" if k == "env_steps" else k: v[i] for k, v in metrics.items()}
-        row.update(
-            generation=run.generation + 1 + i,
-            env_steps=run.env_steps,
-            # Time within a chunk is shared out evenly: the host sees only its end.
-            wall_time=run.wall_time + (wall - run.wall_time) * (i + 1) / n,
-        )
-        rows.append(row)
+        time = run.wall_time + (wall - run.wall_time) * (i + 1) / n  # shared out evenly
+        for s in range(seeds):
+            at = (i, s) if seeds > 1 else (i,)
+            steps = int(metrics["env_steps"][at]) if "env_steps" in metrics else 0
+            run.env_steps += steps
+            row = {"env_steps_gen" if k == "env_steps" else k: v[at] for k, v in metrics.items()}
+            row.update(generation=run.generation + 1 + i, wall_time=time)
+            if seeds > 1:
+                run.seed_env_steps[s] += steps
+                row.update(seed=run.config.seed + s, env_steps=run.seed_env_steps[s])
+            else:
+                row.update(env_steps=run.env_steps)
+            rows.append(row)
     run.wall_time = wall
     run.generation += n
     return rows

@@ -48,6 +48,7 @@ import os
 import shlex
 import shutil
 import sys
+import warnings
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -270,6 +271,8 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> None:
 # --- metrics.csv -----------------------------------------------------------------------
 
 LEADING = ("generation", "env_steps", "wall_time")
+#: metrics.csv's column after the leading ones in a multi-seed run: which seed a row is of.
+SEED_COLUMN = "seed"
 _FIRST = ("fitness_best", "fitness_mean", "fitness_worst", "fitness_std", "best_so_far")
 
 
@@ -277,7 +280,7 @@ def columns_for(metric_names) -> tuple[str, ...]:
     """The CSV columns for an algorithm's metric names, in order."""
     names = ["env_steps_gen" if n == "env_steps" else n for n in metric_names]
     names = [n for n in names if n not in LEADING]
-    first = [n for n in _FIRST if n in names]
+    first = [n for n in (SEED_COLUMN, *_FIRST) if n in names]
     return (*LEADING, *first, *sorted(n for n in names if n not in first))
 
 
@@ -296,6 +299,22 @@ def csv_lines(rows, columns) -> list[str]:
     return [",".join(_format(r[c]) if c in r else "" for c in columns) + "\n" for r in rows]
 
 
+def read_metrics_lines(columns, lines) -> dict[str, np.ndarray]:
+    """Rows of ``metrics.csv`` (whole lines, no header) as int64 or float64 NumPy columns;
+    ValueError for lines that are not of those ``columns``."""
+    body = list(csv.reader(lines))
+    if columns and columns[0] != LEADING[0] or any(len(r) != len(columns) for r in body):
+        raise ValueError("not the columns of a metrics file")
+    out = {}
+    for i, name in enumerate(columns):
+        values = [r[i] for r in body]
+        try:
+            out[name] = np.array([int(v) for v in values], dtype=np.int64)
+        except ValueError:
+            out[name] = np.array([float(v) if v else np.nan for v in values], np.float64)
+    return out
+
+
 def read_metrics(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """A metrics file's (or a run folder's) columns as int64 or float64 NumPy arrays.
 
@@ -303,17 +322,8 @@ def read_metrics(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """
     path = Path(path) / METRICS_FILENAME if Path(path).is_dir() else Path(path)
     try:
-        text = read_text(path, "a metrics CSV")
-        header, *body = list(csv.reader(_whole_lines(text))) or [[]]
-        if header and header[0] != LEADING[0] or any(len(r) != len(header) for r in body):
-            raise ValueError("not the columns of a metrics file")
-        out = {}
-        for i, name in enumerate(header):
-            values = [r[i] for r in body]
-            try:
-                out[name] = np.array([int(v) for v in values], dtype=np.int64)
-            except ValueError:
-                out[name] = np.array([float(v) if v else np.nan for v in values], np.float64)
+        header, *lines = _whole_lines(read_text(path, "a metrics CSV")) or [""]
+        out = read_metrics_lines(next(csv.reader([header])) if header else [], lines)
     except ValueError as err:  # also UnicodeDecodeError: a binary file
         raise ValueError(
             f"{str(path)!r} is not an evorl-pop metrics CSV ({err}); give a run folder or its "
@@ -343,11 +353,37 @@ class Run:
     writer: bool = True  # this process writes files (process 0)
     stopped: str = ""  # why every process stopped after the same chunk (Ctrl-C, SIGTERM, ...)
     devices: int = 1  # devices on the population axis
+    # a multi-seed run: each seed's environment steps so far (its rows' env_steps)
+    seed_env_steps: list[int] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        if self.config.seeds > 1 and not self.seed_env_steps:
+            self.seed_env_steps = [0] * self.config.seeds
+            if self.lines:  # resumed: from each seed's last row
+                rows = read_metrics_lines(self.columns, self.lines[-self.config.seeds :])
+                self.seed_env_steps = [int(v) for v in rows["env_steps"]]
 
     def add(self, rows: list[dict], metric_names) -> None:
         """Keeps a chunk's rows as ``metrics.csv`` lines (the columns from the first chunk)."""
-        self.columns = self.columns or columns_for(metric_names)
+        seed = [SEED_COLUMN] if self.config.seeds > 1 else []
+        self.columns = self.columns or columns_for([*metric_names, *seed])
         self.lines.extend(csv_lines(rows, self.columns))
+
+
+def seeds_summary(rows: list[dict], metric: str = "fitness_mean") -> str:
+    """A multi-seed run's last generation in one line: ``metric``'s mean ± standard error
+    over the seeds (``''`` without rows)."""
+    values = np.array([r.get(metric, np.nan) for r in rows], np.float64)
+    finite = values[np.isfinite(values)]
+    if not len(rows):
+        return ""
+    if not len(finite):
+        return f"{metric} over {len(rows)} seeds: no finite value"
+    error = finite.std(ddof=1) / np.sqrt(len(finite)) if len(finite) > 1 else np.nan
+    return (
+        f"{metric} at generation {rows[-1]['generation']}: {finite.mean():.6g} ± {error:.3g} "
+        f"(mean ± standard error over {len(finite)} of {len(rows)} seeds)"
+    )
 
 
 def resume_hint(run_dir: Path) -> str:
@@ -425,8 +461,9 @@ class TrainLog(Recorder):
 
     def start(self, run: Run, state) -> None:
         self.nonfinite = []
-        self.episodes = 0  # episodes ended so far in this session
+        self.episodes = {}  # episodes ended so far in this session, by seed
         self.last = {}
+        self.generation_rows = []  # the last generation's rows
         writer = run.writer
         self.handler = logging.FileHandler(run.run_dir / LOG_FILENAME) if writer else None
         if self.handler is not None:
@@ -441,12 +478,17 @@ class TrainLog(Recorder):
             logger.info("  %s", line)
 
     def row(self, row: dict[str, Any]) -> None:
+        if row["generation"] != self.last.get("generation"):
+            self.generation_rows = []  # a multi-seed run: a row per seed
+        self.generation_rows.append(row)
         self.last = row
         # a learner's fitness (no population: no num_nonfinite) is NaN until its first
-        # episode ends: no alarm before then
-        self.episodes += row.get("episodes", 0)
-        learner_waits = "num_nonfinite" not in row and self.episodes == 0
-        if math.isnan(row.get("fitness_mean", 0.0)) and not learner_waits:
+        # episode ends: no alarm before then (a multi-seed run: each seed's first)
+        seed = row.get(SEED_COLUMN, 0)
+        self.episodes[seed] = self.episodes.get(seed, 0) + row.get("episodes", 0)
+        learner_waits = "num_nonfinite" not in row and self.episodes[seed] == 0
+        nonfinite = math.isnan(row.get("fitness_mean", 0.0)) and not learner_waits
+        if nonfinite and row["generation"] not in self.nonfinite:
             self.nonfinite.append(row["generation"])
 
     def flush(self, run: Run, state) -> None:
@@ -457,7 +499,13 @@ class TrainLog(Recorder):
             logger.warning("warning: %s", text)
             print(f"warning: {text}", file=sys.stderr)
         self.nonfinite = []
-        best, mean = (float(self.last.get(f"fitness_{k}", np.nan)) for k in ("best", "mean"))
+        rows = self.generation_rows or [{}]
+        with warnings.catch_warnings():  # no finite value: NaN, said above
+            warnings.simplefilter("ignore", RuntimeWarning)
+            best, mean = (
+                float(np.nanmean([r.get(f"fitness_{k}", np.nan) for r in rows]))
+                for k in ("best", "mean")
+            )
         logger.info(
             "generation %d/%d  best %.6g  mean %.6g  env steps %d  %.1fs",
             run.generation,
@@ -476,6 +524,8 @@ class TrainLog(Recorder):
                 run.env_steps,
                 run.wall_time,
             )
+            if run.config.seeds > 1 and (said := seeds_summary(self.generation_rows)):
+                logger.info("%s", said)
         else:
             why = f" ({run.stopped})" if run.stopped else ""
             logger.info(

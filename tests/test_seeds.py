@@ -1,0 +1,162 @@
+"""Many seeds in one compiled program (``--seeds N``): each seed is its single run."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import yaml
+from _env import cli_env
+
+from evorl_pop import cli
+from evorl_pop.run import plotting, restore, store
+
+RUN = ["--chunk", "2", "-q", "--no-figure", "--devices", "1"]
+
+#: (algorithm, its settings): tiny runs of every kind of state the seed axis carries.
+CASES = {
+    "openes": ("es", {"strategy": "Open_ES", "task": "CartPole-v1", "population_size": 8,
+                      "hidden_sizes": [4], "episode_length": 30}),
+    "cmaes": ("es", {"strategy": "CMA_ES", "task": "sphere", "population_size": 8, "num_dims": 3}),
+    "cemrl": ("cemrl", {"task": "Pendulum-v1", "population_size": 4, "num_elites": 2,
+                        "num_rl_actors": 2, "episode_length": 20,
+                        "learning_starts": 10, "buffer_capacity": 128, "eval_episodes": 1,
+                        "td3": {"actor_hidden_sizes": [8], "critic_hidden_sizes": [8],
+                                "batch_size": 16}}),
+    "ppo": ("ppo", {"task": "CartPole-v1", "num_envs": 2, "unroll_length": 8,
+                    "num_minibatches": 2, "num_epochs": 1, "policy_hidden_sizes": [8],
+                    "value_hidden_sizes": [8]}),
+}  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _restore_xla_flags(monkeypatch):
+    # In-process commands with --devices edit XLA_FLAGS; undo it afterwards.
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+
+
+def _config(tmp_path, case: str) -> str:
+    algorithm, settings = CASES[case]
+    path = tmp_path / f"{case}.yaml"
+    path.write_text(yaml.safe_dump({"algorithm": algorithm, "algorithm_config": settings}))
+    return str(path)
+
+
+def _train(config, out, *extra) -> dict:
+    assert cli.main(["train", "--config", config, *RUN, "--out", str(out), *extra]) == 0
+    return store.read_metrics(out)
+
+
+def _without_clock(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if k != "wall_time"}
+
+
+def _assert_seed_is_its_run(many: dict, seed: int, one: dict) -> None:
+    rows = many["seed"] == seed
+    assert set(many) - {"seed"} == set(one)
+    for column, values in _without_clock(one).items():
+        # a batched program may round differently from a single run's (losses near 0)
+        np.testing.assert_allclose(many[column][rows], values, rtol=2e-5, atol=1e-6, err_msg=column)
+
+
+@pytest.mark.parametrize(
+    "case", [c if c == "cmaes" else pytest.param(c, marks=pytest.mark.slow) for c in CASES]
+)
+def test_each_seed_of_a_4_seed_run_is_its_single_run_on_1_and_2_devices(case, tmp_path):
+    config = _config(tmp_path, case)
+    many = {
+        n: _train(config, tmp_path / f"many{n}", "-g", "4", "--seed", "5", "--seeds", "4",
+                  "--devices", str(n))  # the last --devices counts
+        for n in (1, 2)
+    }  # fmt: skip
+    for n in (1, 2):
+        assert many[n]["seed"].tolist() == [5, 6, 7, 8] * 4
+        assert many[n]["generation"].tolist() == [g for g in (1, 2, 3, 4) for _ in range(4)]
+    for seed in (5, 8):  # the first and the last
+        one = _train(
+            config, tmp_path / f"one{seed}", "-g", "4", "--seed", str(seed), "--devices", "1"
+        )
+        _assert_seed_is_its_run(many[1], seed, one)
+        _assert_seed_is_its_run(many[2], seed, one)
+    # the seeds are different runs
+    firsts = many[1]["fitness_mean"][many[1]["generation"] == 1]
+    assert len(set(firsts.tolist())) > 1
+
+
+def test_a_multi_seed_run_resumes_to_its_uninterrupted_result_and_draws_each_seed(tmp_path):
+    config = _config(tmp_path, "openes")
+    split, whole = tmp_path / "split", tmp_path / "whole"
+    _train(config, split, "-g", "2", "--seeds", "3")
+    assert cli.main(["resume", str(split), "--more", "2", *RUN]) == 0
+    _train(config, whole, "-g", "4", "--seeds", "3")
+    resumed, uninterrupted = (_without_clock(store.read_metrics(p)) for p in (split, whole))
+    for column, values in uninterrupted.items():
+        np.testing.assert_array_equal(resumed[column], values, err_msg=column)
+    # each seed's own environment steps, counted on across the resume
+    for seed in (0, 1, 2):
+        rows = resumed["seed"] == seed
+        np.testing.assert_array_equal(
+            resumed["env_steps"][rows], np.cumsum(resumed["env_steps_gen"][rows])
+        )
+    # the figure's runs are the seeds, one group: a mean with a band
+    runs = plotting.load_runs(split)
+    assert [c["seed"] for c, _ in runs] == [0, 1, 2]
+    assert all(m["generation"].tolist() == [1, 2, 3, 4] for _, m in runs)
+    assert plotting.plot_runs([split], out=tmp_path / "seeds.png")[0].stat().st_size > 0
+
+
+def test_the_summary_line_is_the_mean_and_standard_error_over_seeds(tmp_path, capsys):
+    config = _config(tmp_path, "cmaes")
+    run = tmp_path / "run"
+    capsys.readouterr()
+    cli.main(["train", "--config", config, "--chunk", "2", "--no-figure", "-g", "2",
+              "--seeds", "3", "--out", str(run)])  # fmt: skip
+    done = capsys.readouterr().err.strip().splitlines()[-1]
+    metrics = store.read_metrics(run)
+    last = metrics["fitness_mean"][metrics["generation"] == 2]
+    error = last.std(ddof=1) / np.sqrt(3)
+    assert f"fitness_mean at generation 2: {last.mean():.6g} ± {error:.3g}" in done, done
+    assert "(mean ± standard error over 3 of 3 seeds)" in done
+    assert (run / "train.log").read_text().splitlines()[-1].endswith(done.split(", ", 3)[-1][:-6])
+
+
+def test_seeds_below_1_is_one_line(tmp_path, capsys):
+    status = cli.main(["train", "--seeds", "0", "-q", "--out", str(tmp_path / "r")])
+    assert status == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "evorl-pop train: config error: seeds must be >= 1, got 0."
+    ]
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_a_killed_multi_seed_run_resumes_to_the_uninterrupted_result(tmp_path):
+    config = _config(tmp_path, "cmaes")
+    run, whole = tmp_path / "run", tmp_path / "whole"
+    args = ["train", "--config", config, "--seeds", "4", "--chunk", "1", "--checkpoint-every",
+            "1", "-q", "--no-figure", "--devices", "1"]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "evorl_pop.cli", *args, "-g", "100000", "--out", str(run)],
+        env=cli_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        while not (run / store.CHECKPOINT_FILENAME).exists() or (
+            restore.load_checkpoint(run).generation < 3
+        ):
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    at = restore.load_checkpoint(run).generation
+    assert cli.main(["resume", str(run), "--generations", str(at + 2), *RUN, "--chunk", "1"]) == 0
+    # the same chunks (a scan's length may change how XLA rounds)
+    _train(config, whole, "--seeds", "4", "-g", str(at + 2), "--chunk", "1")
+    resumed, uninterrupted = (_without_clock(store.read_metrics(p)) for p in (run, whole))
+    for column, values in uninterrupted.items():
+        np.testing.assert_array_equal(resumed[column], values, err_msg=column)
