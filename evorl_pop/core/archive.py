@@ -7,7 +7,7 @@ descriptor box, as QDax's ``compute_cvt_centroids``; :func:`cvt_centroids`). Eac
 cell keeps its best genotype (its elite), the elite's fitness (maximised; ``-inf``:
 empty) and descriptor::
 
-    cells padded to a multiple of the devices, sharded P('POP'): device d holds
+    cells padded to a multiple of 8 and of the devices, sharded P('POP'): device d holds
     cells [d * C/D, (d + 1) * C/D), memory per device ~ cells / devices
 
     insert: the generation's candidates (replicated) ─► each one's cell
@@ -29,6 +29,7 @@ rounding.
 from __future__ import annotations
 
 import functools
+import math
 
 import flax.struct
 import jax
@@ -42,6 +43,9 @@ from evorl_pop.distributed import POP_AXIS_NAME, all_gather, pmax, pmin, psum
 
 POP = P(POP_AXIS_NAME)
 KINDS = ("grid", "cvt")
+#: Cells are padded to a multiple of this and of the device count: one shape on 1, 2,
+#: 4 and 8 devices, so that a checkpoint resumes on any of these counts.
+CELL_MULTIPLE = 8
 
 
 @flax.struct.dataclass
@@ -142,7 +146,8 @@ class ShardedArchive:
         self.centroids = np.asarray(centroids)
         self.num_cells = self.centroids.shape[0]
         devices = mesh.shape[POP_AXIS_NAME]
-        self.padded_cells = -(-self.num_cells // devices) * devices
+        multiple = math.lcm(CELL_MULTIPLE, devices)
+        self.padded_cells = -(-self.num_cells // multiple) * multiple
         self.local_cells = self.padded_cells // devices
         self.descriptor_size = self.low.size
         # compiled once each (an eager shard_map would trace at every call)
