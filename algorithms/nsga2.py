@@ -303,6 +303,8 @@ class NSGA2Config:
       ref_point: the hypervolume's reference point, in the task's units, one
         value per objective (``None``: the problem's; no hypervolume for a task
         without one).
+      measures: compute the front's hypervolume, IGD and IGD+ every generation
+        (false: only its size, for timing the search alone).
 
     The other fields are the task's settings, as ``es``'s (single-objective tasks).
     """
@@ -317,6 +319,7 @@ class NSGA2Config:
     mutation_prob: float | None = None
     eta_mutation: float = 20.0
     ref_point: tuple[float, ...] | None = None
+    measures: bool = True
     x0: float = 3.0  # black-box functions: es's x0 (NSGA-II starts uniform in the bounds)
     instance: int = 1  # BBOB tasks: the instance seed
     hidden_sizes: tuple[int, ...] = (32,)  # control tasks: the policy's hidden layers
@@ -446,19 +449,25 @@ class NSGA2(Engine):
         the true front) of a strategy state."""
         front = s.rank == 0
         metrics = {"front_size": jnp.sum(front, dtype=jnp.int32)}
-        if self.ref_point is not None:
-            ref = to_minimization(jnp.asarray(self.ref_point, s.fitness.dtype), self.task.maximize)
-            # replicated in and out, as the state: 3 objectives or more call the host, on
-            # each device, instead of the compiler moving the front to one device
-            volume = jax.shard_map(hypervolume, mesh=self.mesh, in_specs=P(), out_specs=P())
-            metrics["hypervolume"] = volume(s.fitness, ref.reshape(-1), front)
-        if self.true_front is not None:
-            true = to_minimization(
-                jnp.asarray(self.true_front, s.fitness.dtype), self.task.maximize
-            )
-            metrics["igd"] = igd(s.fitness, true, front)
-            metrics["igd_plus"] = igd(s.fitness, true, front, plus=True)
-        return metrics
+        if not self.config.measures:
+            return metrics
+        dtype, maximize = s.fitness.dtype, self.task.maximize
+
+        def measures(fitness, front):
+            out = {}
+            if self.ref_point is not None:
+                ref = to_minimization(jnp.asarray(self.ref_point, dtype), maximize)
+                out["hypervolume"] = hypervolume(fitness, ref.reshape(-1), front)
+            if self.true_front is not None:
+                true = to_minimization(jnp.asarray(self.true_front, dtype), maximize)
+                out["igd"] = igd(fitness, true, front)
+                out["igd_plus"] = igd(fitness, true, front, plus=True)
+            return out
+
+        # replicated in and out, as the state: 3 objectives or more call the host, on
+        # each device, instead of the compiler moving the front to one device
+        on_every_device = jax.shard_map(measures, mesh=self.mesh, in_specs=P(), out_specs=P())
+        return {**metrics, **on_every_device(s.fitness, front)}
 
     def _metrics(self, state, summary, key, extra):
         """The population's statistics (per objective) and the front's measures."""
