@@ -4,6 +4,7 @@
         [--pop 64] [--episode-length 200] [--devices 1,2] [--vector sync]
         [--playground playground/CheetahRun] [--pg-pop 64] [--pg-steps 100] [--reps 3]
         [--processes 2] [--run-gens 20] [--run-chunk 5]
+        [--dmc CartpoleBalance,CheetahRun,WalkerWalk,HumanoidWalk] [--dmc-steps 100]
 
 Prints one table of environment steps per second:
 
@@ -25,6 +26,11 @@ Prints one table of environment steps per second:
   population, Playground's own ``reset`` / ``step``, no wrapper or mask
   (as ``benchmarks/bench_brax.py`` measures brax). Both count
   ``pop x steps`` steps per generation (the suite's episodes never end early).
+* each ``--dmc`` task as whole ``evorl-pop train`` runs of ``--pop`` candidates: in
+  Playground's MJX against MuJoCo's C simulator (``gym:dm_control/...``, the
+  ``dmc`` extra), the best generation after the first. With
+  ``--gym gym:dm_control/cheetah-run-v0,...`` the C path is also measured against
+  a hand-written loop over the same vector environment.
 
 Every timing is the best of ``--reps`` calls after a warm-up call. The
 benchmark sets one CPU device per core it may use (at least the largest
@@ -52,6 +58,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--processes", type=int, default=2, help="whole runs, 1 process against this many (0: skip)"
     )
+    parser.add_argument(
+        "--dmc",
+        default="CartpoleBalance,CheetahRun,WalkerWalk,HumanoidWalk",
+        help="DM Control tasks, each trained in MJX and in MuJoCo's C simulator ('' to skip)",
+    )
+    parser.add_argument("--dmc-steps", type=int, default=100, help="their episode length")
+    parser.add_argument("--dmc-gens", type=int, default=3, help="generations of those runs")
     parser.add_argument("--run-gens", type=int, default=20, help="generations of those runs")
     parser.add_argument("--run-chunk", type=int, default=5, help="generations per chunk")
     return parser.parse_args(argv)
@@ -182,17 +195,20 @@ def gym_rows(args):
             engine.task.pool.close()
 
 
-def run_rate(args, name, processes, out):
+def run_rate(args, name, processes, out, gens=None, chunk=None, steps=None):
     """Environment steps per second of a whole ``evorl-pop train`` of ``name`` (no evaluation
     of the mean) in ``processes`` processes of one CPU device each (``evorl-pop launch``
     beyond one): the best chunk after the first (which compiles), from ``metrics.csv``'s
-    steps and times."""
+    steps and times. ``gens``, ``chunk``, ``steps``: other than ``--run-gens``,
+    ``--run-chunk``, ``--episode-length``."""
+    gens, chunk = gens or args.run_gens, chunk or args.run_chunk
     train = (
-        f"train --task {name} --pop {args.pop} --generations {args.run_gens} "
-        f"--chunk {args.run_chunk} --set episode_length={args.episode_length} "
-        f"--set episodes={args.episodes} --set vector={args.vector} --set eval_episodes=0 "
-        "--no-figure -q"
+        f"train --task {name} --pop {args.pop} --generations {gens} --chunk {chunk} "
+        f"--set episode_length={steps or args.episode_length} --set episodes={args.episodes} "
+        "--set eval_episodes=0 --no-figure -q"
     ).split()
+    if name.startswith("gym:"):
+        train += ["--set", f"vector={args.vector}"]
     train += ["--out", str(out)]  # a path may hold spaces
     if processes == 1:
         command = [*train, "--devices", "1"]
@@ -204,7 +220,7 @@ def run_rate(args, name, processes, out):
     )
     if done.returncode:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
-    rows, n = store.read_metrics(out), args.run_chunk
+    rows, n = store.read_metrics(out), chunk
     steps = rows["env_steps_gen"].reshape(-1, n).sum(1)[1:]
     wall = np.diff(rows["wall_time"][n - 1 :: n])
     return float(np.max(steps / wall))
@@ -219,6 +235,23 @@ def run_rows(args):
         print(f"{name:28s} {'train, 1 proc':>14s} {one:12,.0f}   (whole runs: best chunk)")
         label = f"train, {args.processes} proc"
         print(f"{'':28s} {label:>14s} {many:12,.0f}   x{many / one:5.2f}  (goal > 1)")
+
+
+def dmc_rows(args):
+    """DM Control tasks in whole runs: Playground's MJX (``playground/<Task>``) against
+    MuJoCo's C simulator through shimmy (``gym:dm_control/<domain>-<task>-v0``), the same
+    population, episodes and generations, one process of one device."""
+    from evorl_pop.tasks.playground_envs import c_simulator_id
+
+    for task in args.dmc.split(","):
+        rates = []
+        for name in (f"playground/{task}", f"gym:{c_simulator_id(task)}"):
+            with tempfile.TemporaryDirectory() as tmp:
+                out = os.path.join(tmp, "run")
+                rates.append(run_rate(args, name, 1, out, args.dmc_gens, 1, args.dmc_steps))
+        mjx, c = rates
+        print(f"{'playground/' + task:28s} {'train, MJX':>14s} {mjx:12,.0f}")
+        print(f"{'gym:' + c_simulator_id(task):28s} {'train, C':>14s} {c:12,.0f}   x{c / mjx:6.1f}")
 
 
 def playground_row(args):
@@ -273,6 +306,8 @@ def main(args):
         run_rows(args)
     if args.playground:
         playground_row(args)
+    if args.dmc:
+        dmc_rows(args)
     print(f"({time.perf_counter() - start:.0f} s)")
 
 

@@ -159,7 +159,7 @@ def c_simulator_id(name: str) -> str:
 
 
 def _cpu_notice(name: str) -> None:
-    """Says once per process, on a CPU, that MuJoCo's C simulator steps the task faster."""
+    """Says once per process, on a CPU, that MuJoCo's C simulator runs the task too."""
     import jax
 
     global _noticed
@@ -167,10 +167,9 @@ def _cpu_notice(name: str) -> None:
         return
     _noticed = True
     print(
-        f"note: playground/{name} steps in MJX, which is built for accelerators; on a CPU, "
-        "MuJoCo's C simulator steps the same task 10 to 100 times faster for -a es: --task "
-        f"gym:{c_simulator_id(name)} (pip install 'evorl_pop[dmc]'; the environments guide "
-        "has the numbers).",
+        f"note: playground/{name} steps in MJX on this CPU; for -a es the same task also "
+        f"runs in MuJoCo's C simulator, on the host: --task gym:{c_simulator_id(name)} "
+        "(pip install 'evorl_pop[dmc]'). The environments guide compares their speeds.",
         file=sys.stderr,
     )
 
