@@ -35,6 +35,7 @@ from evorl_pop.core.engine import Engine, State
 from evorl_pop.tasks import make_task
 from evorl_pop.tasks.blackbox import BLACKBOX_FUNCTIONS, BLACKBOX_TASKS
 from evorl_pop.tasks.envs import env_family, env_names, env_settings
+from evorl_pop.tasks.multiobjective import MO_PREFIX
 
 # --- strategies by name -----------------------------------------------------------
 
@@ -282,6 +283,11 @@ class ESConfig:
         fields = {field.name for field in dataclasses.fields(self)}
         settings = {name: valid for name, valid in env_settings().items() if name in fields}
         family = env_family(self.task)  # None: a black-box task, or an unknown name
+        if self.task.startswith(MO_PREFIX):
+            raise ConfigError(
+                f"task: {self.task!r} has several objectives and an evolution strategy ranks "
+                "one; search it with -a nsga2 (or -a nsga3 for 3 objectives or more)."
+            )
         known = family is not None or self.task in BLACKBOX_TASKS
         check_config(
             self,

@@ -19,6 +19,7 @@ from evorl_pop.base import ConfigError, EvalInfo
 from evorl_pop.core import engine
 from evorl_pop.core.pareto import crowding_distance, hypervolume, igd, nondominated_ranks
 from evorl_pop.run import store
+from evorl_pop.tasks import make_task
 from evorl_pop.tasks.multiobjective import das_dennis, make_mo_task
 
 # --- references: Deb et al. 2002, written directly -----------------------------------------
@@ -220,8 +221,10 @@ def test_vector_scores_through_the_one_evaluator(n):
 
 
 def test_a_scalar_strategy_refuses_several_objectives():
-    with pytest.raises(ConfigError, match="task"):
+    with pytest.raises(ConfigError, match="task: 'mo/zdt1' has several objectives.*nsga2"):
         ES(ESConfig(task="mo/zdt1"))
+    with pytest.raises(ValueError, match="2 objectives"):
+        engine.Engine(ES(ESConfig(task="sphere")).strategy, make_task("mo/zdt1", num_dims=10))
     with pytest.raises(ConfigError, match="ref_point"):
         NSGA2Config(task="mo/zdt1", ref_point=(1.0,)).validate()
     with pytest.raises(ConfigError, match="num_objectives"):

@@ -40,6 +40,7 @@ from evorl_pop.tasks.blackbox import (
 )
 from evorl_pop.tasks.control import ControlTask
 from evorl_pop.tasks.envs import env_family, env_names, make_env
+from evorl_pop.tasks.multiobjective import MO_PREFIX, MOTask, make_mo_task
 from evorl_pop.tasks.qd import QD_TASKS, make_qd_task
 
 
@@ -56,7 +57,9 @@ def make_task(name: str, **kwargs):
     Args:
       name: ``'sphere'``, ``'ellipsoid'``, ``'rosenbrock'``, ``'rastrigin'``, a
         BBOB function ``'bbob/<name>'`` (``'bbob/ellipsoidal_rotated'``, see
-        :data:`evorl_pop.tasks.blackbox.BBOB_FUNCTIONS`), an environment such as
+        :data:`evorl_pop.tasks.blackbox.BBOB_FUNCTIONS`), a multi-objective
+        problem ``'mo/<problem>'`` (:class:`MOTask`: ``num_dims``,
+        ``num_objectives``), an environment such as
         ``'CartPole-v1'``, ``'brax/hopper'`` or ``'playground/CheetahRun'``, a
         Gymnasium environment ``'gym:<id>'`` (``'gym:LunarLander-v3'``), or a name
         of a plug-in's environment family.
@@ -73,6 +76,8 @@ def make_task(name: str, **kwargs):
         return BlackBoxTask(function=name, **kwargs)
     if name.startswith(BBOB_PREFIX):
         return BBOBTask(function=name[len(BBOB_PREFIX) :], **kwargs)
+    if name.startswith(MO_PREFIX):  # several objectives: for nsga2 and nsga3
+        return make_mo_task(name, **kwargs)
     family = env_family(name)
     if family is not None:
         return family.make_task(name, **kwargs)
@@ -90,6 +95,7 @@ __all__ = [
     "BBOBTask",
     "BlackBoxTask",
     "ControlTask",
+    "MOTask",
     "PythonTask",
     "QD_TASKS",
     "env_family",
