@@ -160,3 +160,14 @@ def test_a_killed_multi_seed_run_resumes_to_the_uninterrupted_result(tmp_path):
     resumed, uninterrupted = (_without_clock(store.read_metrics(p)) for p in (run, whole))
     for column, values in uninterrupted.items():
         np.testing.assert_array_equal(resumed[column], values, err_msg=column)
+
+
+def test_seeds_that_do_not_fit_say_how_many_do_before_anything_runs(tmp_path, capsys):
+    args = ["train", "--seeds", "1000", "--pop", "100000", "--task", "sphere", "--set",
+            "num_dims=1000", "--devices", "1", "-q", "--out", str(tmp_path / "r")]  # fmt: skip
+    assert cli.main(args) != 0
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("evorl-pop train: error: seeds=1000 of population_size=100,000 "), line
+    fit = int(line.split("about ")[2].split(" seeds fit")[0])
+    assert 1 <= fit < 1000, line
+    assert not (tmp_path / "r").exists()
