@@ -25,6 +25,7 @@ of a run, ``archive.npz``, ``qd.png`` (QD-score and coverage curves) and
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,13 @@ def isoline_variation(key, x, y, iso_sigma: float, line_sigma: float, bounds=Non
     line = jax.random.normal(k_line, x.shape[:1] + (1,) * (x.ndim - 1), x.dtype) * line_sigma
     children = x + iso + line * (y - x)
     return children if bounds is None else jnp.clip(children, *bounds)
+
+
+@functools.lru_cache(maxsize=8)
+def _cvt(seed: int, num_cells: int, samples: int, low, high, iterations: int) -> np.ndarray:
+    """:func:`~evorl_pop.core.archive.cvt_centroids` from ``seed``, computed once per
+    process (a run, its resume and its render build the algorithm again)."""
+    return cvt_centroids(jax.random.key(seed), num_cells, samples, low, high, iterations)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,12 +200,12 @@ class MapElites:
             cells = (config.cells_per_dim,) * task.descriptor_size
             self.archive = ShardedArchive(self.mesh, low, high, cells_per_dim=cells)
         else:
-            centroids = cvt_centroids(
-                jax.random.key(config.cvt_seed),
+            centroids = _cvt(
+                config.cvt_seed,
                 config.num_cells,
                 config.cvt_samples,
-                low,
-                high,
+                tuple(low),
+                tuple(high),
                 config.cvt_iterations,
             )
             self.archive = ShardedArchive(self.mesh, low, high, centroids=centroids)

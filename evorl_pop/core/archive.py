@@ -92,7 +92,16 @@ def _kmeans(key, num_cells: int, num_samples: int, low, high, iterations: int):
     samples = jax.random.uniform(key, (num_samples, low.shape[0]), low.dtype, low, high)
 
     def assign(centroids):
-        return jax.lax.map(lambda s: _nearest(s[None], centroids)[0][0], samples, batch_size=1024)
+        # |s - c|^2 - |s|^2 = |c|^2 - 2 s.c: a matrix product per block of samples
+        norms = jnp.sum(centroids**2, axis=-1)
+
+        def nearest(block):
+            return jnp.argmin(norms - 2 * block @ centroids.T, axis=-1).astype(jnp.int32)
+
+        size = min(num_samples, 1024)
+        blocks = -(-num_samples // size)
+        padded = jnp.pad(samples, ((0, blocks * size - num_samples), (0, 0)))
+        return jax.lax.map(nearest, padded.reshape(blocks, size, -1)).reshape(-1)[:num_samples]
 
     def lloyd(centroids, _):
         nearest = assign(centroids)
