@@ -499,8 +499,9 @@ class NSGA2(Engine):
 
     def export(self, state, run_dir: Path) -> dict[str, Path]:
         """Writes ``front.csv`` (each front member's index, objectives, generation born and
-        parameters) and ``front.png`` (a scatter of the objectives, coloured by the
-        generation born; pairwise projections for 3 objectives or more)."""
+        parameters), ``front.png`` (a scatter of the objectives, coloured by the
+        generation born; pairwise projections for 3 objectives or more) and, with a
+        reference point, ``hypervolume.png`` (the run's hypervolume per generation)."""
         run_dir = Path(run_dir)
         front = self.front(state)
         k, dims = front["objectives"].shape[1], front["parameters"].shape[1]
@@ -515,7 +516,16 @@ class NSGA2(Engine):
                 writer.writerow([int(i), *map(repr, map(float, obj)), int(born), *map(float, x)])
         path = run_dir / "front.png"
         plot_front(front, path, self.task.name, self.true_front)
-        return {"front": path}
+        figures = {"front": path}
+        metrics = run_dir / "metrics.csv"
+        if self.ref_point is not None and self.config.measures and metrics.exists():
+            from evorl_pop.run import plotting  # matplotlib: only when a figure is drawn
+
+            curve = run_dir / "hypervolume.png"
+            title = f"{self.task.name}: hypervolume against {list(self.ref_point)}"
+            plotting.plot_runs([metrics], out=curve, metrics=("hypervolume",), title=title)
+            figures["hypervolume"] = curve
+        return figures
 
 
 def plot_front(front: dict, out: Path, title: str, true_front=None) -> None:

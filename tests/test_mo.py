@@ -291,6 +291,7 @@ def test_nsga2_resume_equals_uninterrupted_and_exports_the_front(tmp_path):
         np.testing.assert_array_equal(resumed[column], values, err_msg=column)
     for folder in (run, whole):
         assert (folder / "front.png").stat().st_size > 0
+        assert (folder / "hypervolume.png").stat().st_size > 0
     with open(whole / "front.csv") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0])[:4] == ["index", "f0", "f1", "born"] and "x4" in rows[0]
