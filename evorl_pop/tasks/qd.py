@@ -16,11 +16,12 @@ maximised black-box problems, fast enough for tests:
   ``[-5.12, 5.12]^2``; QD offset ``40.36 * n`` (Rastrigin's largest value per
   coordinate on the box is about 40.35).
 
-* ``qd/hopper_uni``, ``qd/walker2d_uni`` (brax, :class:`BraxFeetTask`): a policy
-  network's flat weights (unbounded), fitness the episode's return, descriptor the
-  proportion of the episode's steps on which each foot touches the ground (hopper one
-  foot, walker2d two), in ``[0, 1]``; QD offset QDax's reward offset per step (0.9 and
-  1.413) times the episode length.
+* ``qd/hopper_uni``, ``qd/walker2d_uni``, ``qd/halfcheetah_uni`` (brax,
+  :class:`BraxFeetTask`): a policy network's flat weights (unbounded), fitness the
+  episode's return, descriptor the proportion of the episode's steps on which each
+  foot touches the ground (hopper one foot, walker2d and halfcheetah two), in
+  ``[0, 1]``; QD offset QDax's reward offset per step (0.9, 1.413 and 9.231) times
+  the episode length.
 
 A user's own task becomes a quality-diversity task by adding these attributes and
 ``evaluate_descriptor``.
@@ -122,6 +123,7 @@ class RastriginProjTask(_QDTask):
 BRAX_FEET = {
     "hopper_uni": ("hopper", ("foot",), 0.9),
     "walker2d_uni": ("walker2d", ("foot", "foot_left"), 1.413),
+    "halfcheetah_uni": ("halfcheetah", ("bfoot", "ffoot"), 9.231),
 }
 
 
@@ -195,7 +197,8 @@ def make_qd_task(name: str, num_dims: int = 8, **control):
     """The quality-diversity task ``name`` (one of :data:`QD_TASKS`).
 
     Args:
-      name: ``'qd/arm'``, ``'qd/rastrigin_proj'``, ``'qd/hopper_uni'``, ``'qd/walker2d_uni'``.
+      name: ``'qd/arm'``, ``'qd/rastrigin_proj'``, ``'qd/hopper_uni'``, ``'qd/walker2d_uni'``,
+        ``'qd/halfcheetah_uni'``.
       num_dims: the black-box tasks' genotype dimension.
       **control: the brax tasks' :class:`BraxFeetTask` arguments (``hidden_sizes``,
         ``activation``, ``episode_length``, ``backend``); the others take none.
