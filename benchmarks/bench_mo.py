@@ -15,6 +15,12 @@ Speed: the time of one generation of NSGA-II on ZDT1 at population 1,024,
 after compilation (evorl_pop: compiled chunks of generations, without and with
 the per-generation hypervolume and IGD, which pymoo's loop does not compute;
 pymoo: its ask / evaluate / tell loop), on the same CPU.
+
+On 2 shared CPU cores, 1 device, 10 seeds: median IGD (q25-q75) NSGA-II / ZDT1
+0.00496 (0.00483-0.00505) against pymoo's 0.00494 (0.00471-0.00498); NSGA-III /
+DTLZ2 0.05349 (0.05344-0.05353) against 0.05353 (0.05351-0.05357). A generation at
+population 1,024: 14 to 21 ms (23 ms with the measures) against pymoo's 53 to 84 ms,
+2.5x to 5.8x, the spread being the machine's other load.
 """
 
 import argparse
