@@ -269,6 +269,14 @@ def test_nsga2_same_run_on_1_2_and_4_devices():
     assert (crowd[:-1][same] >= crowd[1:][same]).all()
 
 
+@pytest.mark.slow
+def test_nsga2_same_run_on_8_devices():
+    """6 members on 8 devices: two padded slots; the same state as on one device."""
+    one, eight = _run(1, generations=2), _run(8, generations=2)
+    for a, b in zip(jax.tree.leaves(one[0]), jax.tree.leaves(eight[0]), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.fixture(autouse=True)
 def _restore_xla_flags(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
