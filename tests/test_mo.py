@@ -269,6 +269,39 @@ def test_nsga2_same_run_on_1_2_and_4_devices():
     assert (crowd[:-1][same] >= crowd[1:][same]).all()
 
 
+class _FailsOnHalf:
+    """ZDT1 whose candidates with x0 > 0.5 score NaN in one objective: a user's own task."""
+
+    name, num_dims, num_objectives, maximize = "half-nan", 4, 2, (False, False)
+    bounds = (0.0, 1.0)
+    ref_point = (1.1, 1.1)
+
+    def init_solution(self, key):
+        return jnp.full(4, 0.5)
+
+    def init_state(self):
+        return ()
+
+    def update_state(self, task_state, info):
+        return task_state
+
+    def evaluate(self, x, key, task_state):
+        f = make_mo_task("mo/zdt1", num_dims=4).objectives(x)
+        f = f.at[1].set(jnp.where(x[0] > 0.5, jnp.nan, f[1]))
+        return f, EvalInfo(steps=jnp.int32(0), episodes=jnp.int32(0))
+
+
+def test_nsga2_on_a_task_of_its_own_with_failed_candidates():
+    """Candidates with a NaN objective are counted and never survive ahead of finite ones."""
+    algo = NSGA2(NSGA2Config(population_size=8), mesh=make_mesh(2), task=_FailsOnHalf())
+    state = jax.jit(algo.init)(jax.random.key(0))
+    state, metrics = jax.jit(algo.step)(state, jax.random.key(1))
+    s = jax.device_get(state.strategy_state)
+    failed = np.asarray(s.population)[:, 0] > 0.5
+    assert metrics["num_nonfinite"] > 0 and np.isfinite(s.fitness).all()
+    assert not failed[s.rank == 0].any() and "hypervolume" in metrics and "igd" not in metrics
+
+
 @pytest.mark.slow
 def test_nsga2_same_run_on_8_devices():
     """6 members on 8 devices: two padded slots; the same state as on one device."""
