@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import textwrap
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -21,7 +22,7 @@ import numpy as np
 from evorl_pop import registry, tasks
 from evorl_pop.base import CheckpointError, ConfigError, RunError, __version__
 from evorl_pop.run import config as config_lib
-from evorl_pop.run import launcher, processes, restore, shell, stop, store
+from evorl_pop.run import launcher, processes, replicas, restore, shell, stop, store
 
 # (summary, more description, examples) of each command.
 COMMANDS = {
@@ -113,6 +114,9 @@ TRAIN = [
     ("--generations -g", "generations to run (default: 40)", N0),
     ("--seed -s", "random seed (default: 0)", N0),
     ("--seeds", "run seeds S .. S+N-1 in one compiled program (default: 1)", N1),
+    ("--sweep", "every value of an algorithm setting, with every seed (repeatable: the "
+     "grid is the product); values that enter the program as data share one program",
+     {"action": "append", "metavar": "KEY=V1,V2,..."}),
     ("--precision", "default: float32", {"choices": ("float32", "float64")}),
     ("--out -o", "the run folder (default: RUNS_ROOT/<algorithm>-<task>-<seed>-<time>)", DIR),
     ("--runs-root", "default: runs", {"default": "runs", **DIR}),
@@ -279,6 +283,8 @@ def _overrides(args) -> list[str]:
         for f in flags
         if (v := getattr(args, f, None)) is not None
     ]
+    if getattr(args, "sweep", None):
+        given.append(f"sweep={json.dumps(args.sweep)}")
     return given + args.overrides
 
 
@@ -318,7 +324,15 @@ def _cmd_train(args) -> int:
                 return 0
             run_dir = args.out or store.default_run_dir(config, args.runs_root)
             said = () if args.quiet else (_SayRunFolder(),)
-            result = shell.train(config, run_dir, overwrite=args.overwrite, recorders=said, **show)
+            kwargs = dict(overwrite=args.overwrite, recorders=said, **show)
+            if config.sweep:
+                from evorl_pop.run import sweep
+
+                result = sweep.train(config, run_dir, shell.train, **kwargs)[-1]
+                where = Path(run_dir)
+                print(f"sweep: {where / sweep.TABLE}, {where / sweep.FIGURE}", file=sys.stderr)
+            else:
+                result = shell.train(config, run_dir, **kwargs)
     finally:
         if jax.distributed.is_initialized():  # the exit waits for the other processes
             stop.ignore_stop_signals()
@@ -326,11 +340,14 @@ def _cmd_train(args) -> int:
         h = result.history
         parts = [f"generation {result.generation}", f"{result.env_steps:,} env steps"]
         last = {k: np.asarray(v[-1]) for k, v in h.items() if len(v)}
-        if "fitness_best" in last and last["fitness_best"].ndim:  # a multi-seed run
+        labels = result.labels
+        if "fitness_best" in last and labels:  # replicas: each setting over its seeds
             rows = [
-                {"generation": result.generation, "fitness_mean": v} for v in last["fitness_mean"]
+                {**label, "generation": result.generation, "fitness_mean": v}
+                for label, v in zip(labels, last["fitness_mean"], strict=True)
             ]
-            parts.append(store.seeds_summary(rows))
+            swept = [k for k in labels[0] if k != "seed"]
+            parts.append("; ".join(replicas.summary(rows, swept)))
         elif "fitness_best" in last:
             parts += [f"best {last['fitness_best']:.6g}", f"mean {last['fitness_mean']:.6g}"]
         print(f"done: {', '.join([*parts, f'{result.wall_time:.1f}s'])}", file=sys.stderr)

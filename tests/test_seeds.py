@@ -168,6 +168,87 @@ def test_seeds_that_do_not_fit_say_how_many_do_before_anything_runs(tmp_path, ca
     assert cli.main(args) != 0
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith("evorl-pop train: error: seeds=1000 of population_size=100,000 "), line
-    fit = int(line.split("about ")[2].split(" seeds fit")[0])
+    fit = int(line.split("about ")[2].split(" replicas fit")[0])
     assert 1 <= fit < 1000, line
     assert not (tmp_path / "r").exists()
+
+
+# --- sweeps: settings of a grid beside the seeds -------------------------------------------
+
+SWEEP_RUN = ["--strategy", "Open_ES", "--pop", "16", "-g", "4", "--chunk", "2", "-q",
+             "--no-figure", "--devices", "1"]  # fmt: skip
+
+
+def test_a_sweeps_settings_share_one_program_and_each_is_its_single_run(tmp_path, monkeypatch):
+    from evorl_pop.run import shell
+
+    programs = []
+    chunk_fn = shell.chunk_fn
+    monkeypatch.setattr(shell, "chunk_fn", lambda a, n: programs.append(a) or chunk_fn(a, n))
+    sweep = ["--sweep", "learning_rate=0.01,0.1", "--sweep", "sigma_init=0.05,0.2"]
+    args = [*SWEEP_RUN, "--seeds", "2", *sweep, "--out", str(tmp_path / "sweep")]
+    assert cli.main(["train", *args]) == 0
+    assert len(programs) == 1  # 4 settings x 2 seeds, one program
+    many = store.read_metrics(tmp_path / "sweep")
+    assert list(many)[3:6] == ["seed", "learning_rate", "sigma_init"]
+    for lr, sigma, seed in ((0.1, 0.2, 1), (0.01, 0.05, 0)):
+        one = tmp_path / f"one{lr}"
+        settings = ["--set", f"learning_rate={lr}", "--set", f"sigma_init={sigma}"]
+        assert (
+            cli.main(["train", *SWEEP_RUN, *settings, "--seed", str(seed), "--out", str(one)]) == 0
+        )
+        rows = (
+            (many["seed"] == seed) & (many["learning_rate"] == lr) & (many["sigma_init"] == sigma)
+        )
+        single = store.read_metrics(one)
+        for column, values in _without_clock(single).items():
+            np.testing.assert_allclose(many[column][rows], values, rtol=2e-5, err_msg=column)
+    # the summary: one row per setting, the final mean fitness over its 2 seeds
+    table = (tmp_path / "sweep" / "sweep.csv").read_text().splitlines()
+    assert table[0] == "learning_rate,sigma_init,seeds,fitness_mean,fitness_mean_se"
+    assert len(table) == 5
+    lr, sigma, seeds, mean, _ = table[1].split(",")
+    last = (many["generation"] == 4) & (many["learning_rate"] == float(lr))
+    last &= many["sigma_init"] == float(sigma)
+    assert int(seeds) == 2 and float(mean) == pytest.approx(many["fitness_mean"][last].mean())
+    assert (tmp_path / "sweep" / "sweep.png").stat().st_size > 0
+
+
+def test_a_shape_changing_key_compiles_once_per_value(tmp_path, monkeypatch):
+    from evorl_pop.run import shell
+
+    programs = []
+    chunk_fn = shell.chunk_fn
+    monkeypatch.setattr(shell, "chunk_fn", lambda a, n: programs.append(a) or chunk_fn(a, n))
+    sweep = ["--sweep", "population_size=8,16", "--sweep", "learning_rate=0.01,0.1"]
+    out = tmp_path / "sweep"
+    assert cli.main(["train", *SWEEP_RUN, *sweep, "--out", str(out)]) == 0
+    assert len(programs) == 2  # one per population size, each with both learning rates
+    for size in (8, 16):
+        rows = store.read_metrics(out / f"population_size={size}")
+        assert rows["learning_rate"].tolist() == [0.01, 0.1] * 4
+        assert set(rows["episodes"].tolist()) == {size}  # one episode per candidate
+    table = (out / "sweep.csv").read_text().splitlines()
+    assert table[0] == "population_size,learning_rate,seeds,fitness_mean,fitness_mean_se"
+    assert [line.split(",")[:2] for line in table[1:]] == [
+        ["8", "0.01"], ["8", "0.1"], ["16", "0.01"], ["16", "0.1"]
+    ]  # fmt: skip
+
+
+def test_a_sweep_that_is_not_key_values_or_not_data_in_one_program_is_one_line(tmp_path, capsys):
+    bad = cli.main(["train", *SWEEP_RUN, "--sweep", "learning_rate", "--out", str(tmp_path / "a")])
+    assert bad == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "evorl-pop train: config error: sweep: 'learning_rate' is not KEY=V1,V2,... "
+        "(e.g. --sweep learning_rate=0.01,0.03)."
+    )
+    from evorl_pop.algorithms.es import ESConfig
+    from evorl_pop.base import ConfigError
+    from evorl_pop.run import shell
+    from evorl_pop.run.config import RunConfig
+
+    config = RunConfig("es", algorithm_config=ESConfig(population_size=8), devices=1,
+                       sweep=("population_size=8,16",))  # fmt: skip
+    with pytest.raises(ConfigError, match="sweep: population_size cannot enter one program"):
+        shell.train(config, tmp_path / "b", progress=False)
+    assert not (tmp_path / "b").exists()

@@ -57,8 +57,10 @@ class RunConfig:
     # modules of plug-ins to import first (evorl-pop --plugin MODULE): their algorithms,
     # strategies, learners and environment families become names a config can use
     plugins: tuple[str, ...] = ()
-    # replicas of seeds seed .. seed+seeds-1 in one compiled program (evorl_pop.run.seeds)
+    # replicas of seeds seed .. seed+seeds-1 in one compiled program (evorl_pop.run.replicas)
     seeds: int = 1
+    # KEY=V1,V2,...: each setting of the grid (the product) with each seed, in that program
+    sweep: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.plugins:

@@ -119,18 +119,15 @@ def truncate_events(tb_dir: Path, generation: int, env_steps: int) -> int:
     return last
 
 
-def seed_tagged(row: dict[str, Any]) -> dict[str, Any]:
-    """A row's values by tag: a multi-seed run's (its ``seed`` column) as ``<column>/seed_<s>``,
-    one series per seed, the shared ``generation`` and ``wall_time`` as they are."""
-    if store.SEED_COLUMN not in row:
+def replica_tagged(row: dict[str, Any], labels=()) -> dict[str, Any]:
+    """A row's values by tag: a replica's (its ``labels`` columns: seed, swept values) as
+    ``<column>/<label>=<value>,...``, one series per replica, the shared ``generation``
+    and ``wall_time`` as they are."""
+    if not labels:
         return row
-    seed = int(row[store.SEED_COLUMN])
+    name = ",".join(f"{k}={row[k]}" for k in labels)
     shared = ("generation", "wall_time")
-    return {
-        k if k in shared else f"{k}/seed_{seed}": v
-        for k, v in row.items()
-        if k != store.SEED_COLUMN
-    }
+    return {k if k in shared else f"{k}/{name}": v for k, v in row.items() if k not in labels}
 
 
 class TensorBoard(Recorder):
@@ -157,6 +154,7 @@ class TensorBoard(Recorder):
             return
         from tensorboardX import SummaryWriter
 
+        self.labels = list(run.labels[0]) if run.labels else []
         log_dir = Path(self.log_dir) if self.log_dir is not None else run.run_dir / TB_DIRNAME
         logged = 0
         if run.start_generation > 0 and log_dir.is_dir():
@@ -180,7 +178,8 @@ class TensorBoard(Recorder):
         from tensorboardX.proto.summary_pb2 import Summary
 
         generation, steps = int(row["generation"]), int(row["env_steps"])
-        values = [(name, float(value)) for name, value in seed_tagged(row).items()]
+        tagged = replica_tagged(row, self.labels)
+        values = [(name, float(value)) for name, value in tagged.items()]
         # one event per row and axis, all columns in it: a scalar each for TensorBoard
         add = self.writer.file_writer.add_summary
         add(Summary(value=[Summary.Value(tag=n, simple_value=v) for n, v in values]), generation)
@@ -284,6 +283,7 @@ class WandB(Recorder):
         # sessions (offline; a killed process may have lost its last rows, or all).
         self.logged = max(self.run.starting_step - 1, last_offline_step(run.run_dir, run_id))
         # W&B's client takes milliseconds a row: a thread of its own passes them on
+        self.labels = list(run.labels[0]) if run.labels else []
         self.queue = queue.Queue()
         self.pending = {}  # a multi-seed run's rows of generations not yet logged
         self.errors = []
@@ -307,8 +307,8 @@ class WandB(Recorder):
         self.generation = generation
         if generation <= self.logged:
             return  # this W&B run has the row already (identical: a resume repeats it)
-        values = {k: _number(v) for k, v in seed_tagged(row).items()}
-        if store.SEED_COLUMN not in row:
+        values = {k: _number(v) for k, v in replica_tagged(row, self.labels).items()}
+        if not self.labels:
             self.queue.put((values, generation))
             self.logged = generation
         else:  # a multi-seed run: a generation's seeds in one step, at the chunk's end

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from evorl_pop.run import store
+from evorl_pop.run import replicas, store
 from evorl_pop.run.config import read_mapping
 
 METRICS = {"best": "fitness_best", "mean": "fitness_mean", "worst": "fitness_worst"}
@@ -28,19 +28,23 @@ _MEMBER_COLUMN = re.compile(r"member(\d+)_(.+)")
 
 
 def load_runs(path: str | os.PathLike) -> list[tuple[dict, dict[str, np.ndarray]]]:
-    """:func:`load_run`, a multi-seed run split into its seeds: each seed's
-    ``(config with its seed, its rows)``, as if it were a run of its own."""
+    """:func:`load_run`, a run of replicas (seeds, a sweep) split into them: each one's
+    ``(config with its seed and swept values, its rows)``, as if it were a run of its own."""
     config, metrics = load_run(path)
-    if store.SEED_COLUMN not in metrics:
+    if replicas.SEED not in metrics:
         return [(config, metrics)]
-    column = metrics[store.SEED_COLUMN]
-    return [
-        (
-            {**config, "seed": int(seed), "seeds": 1},
-            {k: v[column == seed] for k, v in metrics.items()},
-        )
-        for seed in np.unique(column)
-    ]
+    swept = list(replicas.parse_sweep(config.get("sweep") or ()))
+    labels = [replicas.SEED, *swept]
+    keys = np.stack([metrics[k] for k in labels], 1)
+    runs = []
+    for label in np.unique(keys, axis=0):  # in the order of the labels' values
+        rows = (keys == label).all(1)
+        own = dict(zip(swept, label[1:].tolist(), strict=True))
+        algorithm = replicas.with_values_mapping(config.get("algorithm_config") or {}, own)
+        one = {**config, "seed": int(label[0]), "seeds": 1, "sweep": [],
+               "algorithm_config": algorithm}  # fmt: skip
+        runs.append((one, {k: v[rows] for k, v in metrics.items() if k not in labels}))
+    return runs
 
 
 def load_run(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:

@@ -42,7 +42,7 @@ from evorl_pop.base import CheckpointError
 from evorl_pop.core.interfaces import Acts
 from evorl_pop.run import config as config_lib
 from evorl_pop.run import restore, shell, store
-from evorl_pop.run.seeds import Seeds
+from evorl_pop.run.replicas import Replicas
 from evorl_pop.tasks import rollout as rollout_lib
 from evorl_pop.tasks.drawing import Trajectory
 from evorl_pop.tasks.envs import env_family
@@ -63,7 +63,7 @@ class Episodes:
     reported: float | None  # metrics.csv's eval_return of the same policy and key, if any
     generation: int
     env: object
-    seed: int | None = None  # a multi-seed run: the seed shown (its best)
+    replica: dict | None = None  # a run of replicas: the labels of the one shown (its best)
 
 
 def _policy(algorithm, state):
@@ -151,23 +151,22 @@ def _on_host(x) -> np.ndarray:
     return np.asarray(x)
 
 
-def _best_seed(run_dir: Path) -> int:
-    """The seed (its number in the run, from 0) of a multi-seed run whose last reported
-    return (else mean fitness) is highest."""
+def _best_replica(run_dir: Path) -> int:
+    """The replica (seeds, a sweep's settings) whose last reported return (else mean
+    fitness) is highest: its index, the order of the last generation's rows."""
     metrics = store.read_metrics(run_dir)
     last = metrics["generation"] == metrics["generation"].max()
     column = "eval_return" if "eval_return" in metrics else "fitness_mean"
-    values = np.nan_to_num(metrics[column][last], nan=-np.inf)
-    return int(metrics[store.SEED_COLUMN][last][np.argmax(values)] - metrics["seed"].min())
+    return int(np.argmax(np.nan_to_num(metrics[column][last], nan=-np.inf)))
 
 
-def _reported(run_dir: Path, generation: int, seed: int | None = None) -> float | None:
-    """The return ``metrics.csv`` reports for the evaluation of ``generation`` (of ``seed``
-    in a multi-seed run), if any."""
+def _reported(run_dir: Path, generation: int, replica: int | None = None) -> float | None:
+    """The return ``metrics.csv`` reports for the evaluation of ``generation`` (of the
+    replica of that index in a run of replicas), if any."""
     metrics = store.read_metrics(run_dir)
     rows = metrics["generation"] == generation
-    if seed is not None:
-        rows &= metrics[store.SEED_COLUMN] == seed
+    if replica is not None:  # its row among the generation's
+        rows &= np.cumsum(rows) == replica + 1
     if not rows.any():
         return None
     if "eval_return" in metrics:
@@ -192,11 +191,11 @@ def run_episodes(run_dir, episodes: int = 1, seed: int | None = None) -> Episode
     config = dataclasses.replace(config, devices=1)  # one episode at a time
     algorithm, _, template, _, _ = shell.build(config)
     state = restore.restore_state(template, ckpt)
-    run_key, run_seed = restore.restore_key(ckpt), None
-    if isinstance(algorithm, Seeds):  # a multi-seed run: its best seed, as a run of its own
-        index = _best_seed(run_dir)
-        state, run_key = algorithm.seed_state(state, index), run_key[index]
-        algorithm, run_seed = algorithm.algorithm, config.seed + index
+    run_key, index, label = restore.restore_key(ckpt), None, None
+    if isinstance(algorithm, Replicas):  # its best replica, as a run of its own
+        index = _best_replica(run_dir)
+        label, run_key = algorithm.labels[index], run_key[index]
+        algorithm, state = algorithm.replica(state, index)
     env, policy, params, obs_norm, length, evaluate = _policy(algorithm, state)
     generation = ckpt.generation
     reported = None
@@ -204,7 +203,7 @@ def run_episodes(run_dir, episodes: int = 1, seed: int | None = None) -> Episode
     if seed is not None:
         key = jax.random.key(seed)
     elif generation > 0 and episodes == eval_episodes:
-        reported = _reported(run_dir, generation, run_seed)
+        reported = _reported(run_dir, generation, index)
     family = env_family(config.algorithm_config.task)
     if family.steps_in_jax:
         runs = [
@@ -219,7 +218,7 @@ def run_episodes(run_dir, episodes: int = 1, seed: int | None = None) -> Episode
     evaluation = float(evaluate(key, episodes))
     trajectories = [trajectory for trajectory, _ in runs]
     returns = [ret for _, ret in runs]
-    return Episodes(trajectories, returns, evaluation, reported, generation, env, run_seed)
+    return Episodes(trajectories, returns, evaluation, reported, generation, env, label)
 
 
 def render(run_dir, episodes: int = 1, seed: int | None = None, out=None) -> str:
@@ -244,8 +243,9 @@ def render(run_dir, episodes: int = 1, seed: int | None = None, out=None) -> str
     out = Path(out) if out is not None else run_dir / FILENAME.format(family.drawing)
     frames = family.draw(result.env, result.trajectories, out)
     lines = [f"wrote {out} ({frames} frames)"]
-    if result.seed is not None:
-        lines[0] += f" of seed {result.seed}, the best of the run's last generation"
+    if result.replica is not None:
+        which = ", ".join(f"{k} {v}" for k, v in result.replica.items())
+        lines[0] += f" of {which}, the best of the run's last generation"
     for e, ret in enumerate(result.returns):
         lines.append(f"episode {e + 1}: return {ret!r}")
     line = f"return {result.evaluation!r} (mean over {episodes} episode(s), as the evaluation)"

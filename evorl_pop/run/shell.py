@@ -53,7 +53,7 @@ from evorl_pop.core.engine import make_mesh
 from evorl_pop.core.interfaces import Exports
 from evorl_pop.run import config as config_lib
 from evorl_pop.run import loggers, processes, restore, store
-from evorl_pop.run import seeds as seeds_lib
+from evorl_pop.run import replicas as replicas_lib
 from evorl_pop.run import stop as stop_lib
 from evorl_pop.run.config import RunConfig
 from evorl_pop.run.store import Recorder
@@ -71,6 +71,7 @@ class RunResult:
     generation: int  # in total, as the two cumulative counters below
     env_steps: int
     wall_time: float
+    labels: list = dataclasses.field(default_factory=list)  # replicas: each one's labels
 
 
 # --- the compiled chunk loop ----------------------------------------------------------
@@ -197,10 +198,22 @@ def build(config: RunConfig):
             "environment (XLA_FLAGS on CPUs, the launcher, the scheduler)."
         )
     mesh = make_mesh(devices)
-    algorithm = algorithm_class(config.algorithm_config, mesh=mesh)
-    init_key, run_key = seeds_lib.run_keys(config.seed, config.seeds)
-    if config.seeds > 1:
-        algorithm = seeds_lib.Seeds(algorithm, config.seeds)
+    grid = replicas_lib.parse_sweep(config.sweep)
+    if config.seeds > 1 or grid:  # replicas of seeds and settings, in one program
+        static = replicas_lib.program_keys(algorithm_class, config.algorithm_config, mesh, grid)
+        if static:
+            raise ConfigError(
+                f"sweep: {', '.join(static)} cannot enter one program as data (the "
+                "algorithm reads it as a Python value: a size, a choice); evorl-pop train "
+                "--sweep runs one program per value of such a key, in turn."
+            )
+        algorithm = replicas_lib.Replicas(
+            algorithm_class, config.algorithm_config, mesh, config.seed, config.seeds, grid
+        )
+    else:
+        algorithm = algorithm_class(config.algorithm_config, mesh=mesh)
+    settings = max(len(replicas_lib.settings(grid)), 1)
+    init_key, run_key = replicas_lib.run_keys(config.seed, config.seeds, settings)
     init = jax.jit(algorithm.init).trace(init_key)
     leaves = jax.tree.leaves(init.out_info)
     dims = max(
@@ -216,15 +229,18 @@ def build(config: RunConfig):
     have = (device.memory_stats() or {}).get("bytes_limit") if device.platform != "cpu" else None
     # Simulated CPU devices share the host's memory.
     have = have or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // mesh.size
-    need += 3 * width * dims * -(-population // mesh.size) * (config.seeds - 1)
+    replicas = config.seeds * settings
+    need += 3 * width * dims * -(-population // mesh.size) * (replicas - 1)
     if need > have:
-        if config.seeds > 1:
-            fit = int(have // (need / config.seeds))
+        if replicas > 1:
+            fit = int(have // (need / replicas))
+            what = f"seeds={config.seeds}" + (f" x {settings} settings" if grid else "")
             raise RunError(
-                f"seeds={config.seeds} of population_size={population:,} with {dims:,} "
+                f"{what} of population_size={population:,} with {dims:,} "
                 f"parameters per candidate need about {need / 2**30:,.1f} GiB per device, more "
-                f"than the {have / 2**30:,.1f} GiB there are: about {fit} seeds fit; lower seeds "
-                "(and run the others in a second run), or spread them over more devices."
+                f"than the {have / 2**30:,.1f} GiB there are: about {fit} replicas fit; lower "
+                "seeds or the sweep (and run the others in a second run), or spread them over "
+                "more devices."
             )
         raise RunError(
             f"population_size={population:,} with {dims:,} parameters per candidate needs about "
@@ -253,23 +269,22 @@ def default_recorders(
 
 
 def _rows(run: store.Run, metrics: dict, wall: float) -> list[dict]:
-    """A chunk's metrics as ``metrics.csv`` rows; advances the run's counters. A multi-seed
-    run has a row per generation and seed (its metrics: one column per seed), each with
-    its ``seed`` and that seed's own ``env_steps``."""
+    """A chunk's metrics as ``metrics.csv`` rows; advances the run's counters. A run of
+    replicas (seeds, a sweep) has a row per generation and replica (its metrics: one
+    column per replica), each with its labels and that replica's own ``env_steps``."""
     n = len(next(iter(metrics.values())))
-    seeds = run.config.seeds
     rows = []
     for i in range(n):
         time = run.wall_time + (wall - run.wall_time) * (i + 1) / n  # shared out evenly
-        for s in range(seeds):
-            at = (i, s) if seeds > 1 else (i,)
+        for r, label in enumerate(run.labels or [{}]):
+            at = (i, r) if run.labels else (i,)
             steps = int(metrics["env_steps"][at]) if "env_steps" in metrics else 0
             run.env_steps += steps
             row = {"env_steps_gen" if k == "env_steps" else k: v[at] for k, v in metrics.items()}
             row.update(generation=run.generation + 1 + i, wall_time=time)
-            if seeds > 1:
-                run.seed_env_steps[s] += steps
-                row.update(seed=run.config.seed + s, env_steps=run.seed_env_steps[s])
+            if run.labels:  # a replica: its labels, its own steps so far
+                run.replica_env_steps[r] += steps
+                row.update(label, env_steps=run.replica_env_steps[r])
             else:
                 row.update(env_steps=run.env_steps)
             rows.append(row)
@@ -341,7 +356,9 @@ def _session(
             recorder.finish(run, completed=True)
     except KeyboardInterrupt as err:
         raise stop_lib.interrupted(err, flag, poll, run) from None
-    return RunResult(run.run_dir, state, history, run.generation, run.env_steps, run.wall_time)
+    return RunResult(
+        run.run_dir, state, history, run.generation, run.env_steps, run.wall_time, run.labels
+    )
 
 
 def _figure(run: store.Run, recorders) -> None:
@@ -453,6 +470,7 @@ def train(
                 about,
                 writer=jax.process_index() == 0,
                 devices=mesh.size,
+                labels=getattr(algorithm, "labels", []),
             )
             return _session(run, algorithm, state, recorders, progress, figure, time_limit)
     except KeyboardInterrupt as err:  # before the session: what the run folder holds
@@ -569,6 +587,7 @@ def _restored(run_dir: Path, ckpt, source, overrides, config_file, more, force):
         lines=rows.splitlines(keepends=True),
         writer=jax.process_index() == 0,
         devices=mesh.size,
+        labels=getattr(algorithm, "labels", []),
     )
     if ckpt.devices and ckpt.devices != mesh.size and run.writer:
         note = (

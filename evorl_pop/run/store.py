@@ -64,6 +64,7 @@ from evorl_pop.base import CheckpointError, RunError, read_text, write_atomic
 from evorl_pop.run import config as config_lib
 from evorl_pop.run import processes
 from evorl_pop.run.config import RunConfig
+from evorl_pop.run.replicas import summary as replicas_summary
 from evorl_pop.run.state_dicts import serializable
 
 METRICS_FILENAME = "metrics.csv"
@@ -271,17 +272,16 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> None:
 # --- metrics.csv -----------------------------------------------------------------------
 
 LEADING = ("generation", "env_steps", "wall_time")
-#: metrics.csv's column after the leading ones in a multi-seed run: which seed a row is of.
-SEED_COLUMN = "seed"
 _FIRST = ("fitness_best", "fitness_mean", "fitness_worst", "fitness_std", "best_so_far")
 
 
-def columns_for(metric_names) -> tuple[str, ...]:
-    """The CSV columns for an algorithm's metric names, in order."""
+def columns_for(metric_names, labels=()) -> tuple[str, ...]:
+    """The CSV columns for an algorithm's metric names, in order; ``labels``: a replica's
+    label columns (its seed, its swept values), after the leading ones."""
     names = ["env_steps_gen" if n == "env_steps" else n for n in metric_names]
-    names = [n for n in names if n not in LEADING]
-    first = [n for n in (SEED_COLUMN, *_FIRST) if n in names]
-    return (*LEADING, *first, *sorted(n for n in names if n not in first))
+    names = [n for n in names if n not in LEADING and n not in labels]
+    first = [n for n in _FIRST if n in names]
+    return (*LEADING, *labels, *first, *sorted(n for n in names if n not in first))
 
 
 def _whole_lines(text: str) -> list[str]:
@@ -353,37 +353,23 @@ class Run:
     writer: bool = True  # this process writes files (process 0)
     stopped: str = ""  # why every process stopped after the same chunk (Ctrl-C, SIGTERM, ...)
     devices: int = 1  # devices on the population axis
-    # a multi-seed run: each seed's environment steps so far (its rows' env_steps)
-    seed_env_steps: list[int] = dataclasses.field(default_factory=list)
+    # a run of replicas (seeds, a sweep: evorl_pop.run.replicas): each one's labels (its
+    # rows' first columns) and environment steps so far (its rows' env_steps)
+    labels: list[dict] = dataclasses.field(default_factory=list)
+    replica_env_steps: list[int] = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
-        if self.config.seeds > 1 and not self.seed_env_steps:
-            self.seed_env_steps = [0] * self.config.seeds
-            if self.lines:  # resumed: from each seed's last row
-                rows = read_metrics_lines(self.columns, self.lines[-self.config.seeds :])
-                self.seed_env_steps = [int(v) for v in rows["env_steps"]]
+        if self.labels and not self.replica_env_steps:
+            self.replica_env_steps = [0] * len(self.labels)
+            if self.lines:  # resumed: from each replica's last row
+                rows = read_metrics_lines(self.columns, self.lines[-len(self.labels) :])
+                self.replica_env_steps = [int(v) for v in rows["env_steps"]]
 
     def add(self, rows: list[dict], metric_names) -> None:
         """Keeps a chunk's rows as ``metrics.csv`` lines (the columns from the first chunk)."""
-        seed = [SEED_COLUMN] if self.config.seeds > 1 else []
-        self.columns = self.columns or columns_for([*metric_names, *seed])
+        labels = list(self.labels[0]) if self.labels else []
+        self.columns = self.columns or columns_for(metric_names, labels)
         self.lines.extend(csv_lines(rows, self.columns))
-
-
-def seeds_summary(rows: list[dict], metric: str = "fitness_mean") -> str:
-    """A multi-seed run's last generation in one line: ``metric``'s mean ± standard error
-    over the seeds (``''`` without rows)."""
-    values = np.array([r.get(metric, np.nan) for r in rows], np.float64)
-    finite = values[np.isfinite(values)]
-    if not len(rows):
-        return ""
-    if not len(finite):
-        return f"{metric} over {len(rows)} seeds: no finite value"
-    error = finite.std(ddof=1) / np.sqrt(len(finite)) if len(finite) > 1 else np.nan
-    return (
-        f"{metric} at generation {rows[-1]['generation']}: {finite.mean():.6g} ± {error:.3g} "
-        f"(mean ± standard error over {len(finite)} of {len(rows)} seeds)"
-    )
 
 
 def resume_hint(run_dir: Path) -> str:
@@ -461,7 +447,8 @@ class TrainLog(Recorder):
 
     def start(self, run: Run, state) -> None:
         self.nonfinite = []
-        self.episodes = {}  # episodes ended so far in this session, by seed
+        self.episodes = {}  # episodes ended so far in this session, by replica
+        self.label_keys = list(run.labels[0]) if run.labels else []
         self.last = {}
         self.generation_rows = []  # the last generation's rows
         writer = run.writer
@@ -484,9 +471,9 @@ class TrainLog(Recorder):
         self.last = row
         # a learner's fitness (no population: no num_nonfinite) is NaN until its first
         # episode ends: no alarm before then (a multi-seed run: each seed's first)
-        seed = row.get(SEED_COLUMN, 0)
-        self.episodes[seed] = self.episodes.get(seed, 0) + row.get("episodes", 0)
-        learner_waits = "num_nonfinite" not in row and self.episodes[seed] == 0
+        replica = tuple(row.get(k) for k in self.label_keys)
+        self.episodes[replica] = self.episodes.get(replica, 0) + row.get("episodes", 0)
+        learner_waits = "num_nonfinite" not in row and self.episodes[replica] == 0
         nonfinite = math.isnan(row.get("fitness_mean", 0.0)) and not learner_waits
         if nonfinite and row["generation"] not in self.nonfinite:
             self.nonfinite.append(row["generation"])
@@ -524,8 +511,10 @@ class TrainLog(Recorder):
                 run.env_steps,
                 run.wall_time,
             )
-            if run.config.seeds > 1 and (said := seeds_summary(self.generation_rows)):
-                logger.info("%s", said)
+            if run.labels:  # replicas: each setting's mean over its seeds
+                swept = [k for k in self.label_keys if k != "seed"]
+                for line in replicas_summary(self.generation_rows, swept):
+                    logger.info("%s", line)
         else:
             why = f" ({run.stopped})" if run.stopped else ""
             logger.info(

@@ -1,0 +1,169 @@
+"""A hyperparameter sweep: every setting of a grid, with every seed, in as few programs as
+its keys allow (``evorl-pop train --sweep KEY=V1,V2,... [--sweep ...] [--seeds N]``).
+
+A swept key that enters the program as data (a learning rate, ``sigma_init``, a clip
+range: :func:`evorl_pop.run.replicas.program_keys`) shares one compiled program with the
+seeds; a key the algorithm reads as a Python value (a population size, a network's
+width) needs a program per value. The grid's settings are grouped by the values of
+those keys; each group is one run of replicas, run in turn::
+
+    --sweep population_size=32,64 --sweep learning_rate=0.01,0.03 --seeds 4
+
+    RUN/population_size=32/   one program: 2 learning rates x 4 seeds
+    RUN/population_size=64/   one program: 2 learning rates x 4 seeds
+    RUN/sweep.csv             one row per setting: the final metric, mean ± s.e.
+    RUN/sweep.png             the final metric against each swept key
+
+With no such key the run folder is the one group's own, ``sweep.csv`` and
+``sweep.png`` beside its ``metrics.csv``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+
+from evorl_pop.base import write_atomic
+from evorl_pop.run import config as config_lib
+from evorl_pop.run import processes, replicas, store
+from evorl_pop.run.config import RunConfig
+
+#: The summary files of a sweep.
+TABLE, FIGURE = "sweep.csv", "sweep.png"
+
+
+def groups(config: RunConfig) -> list[tuple[dict, RunConfig]]:
+    """The programs of a sweep: ``(values of the keys that need a program each, the run
+    config of that group)`` (its ``sweep`` holds the keys that enter as data)."""
+    from evorl_pop.core.engine import make_mesh
+
+    grid = replicas.parse_sweep(config.sweep)
+    cls = config_lib.get(config.algorithm).algorithm_class
+    mesh = make_mesh(processes.mesh_devices(config))
+    static = replicas.program_keys(cls, config.algorithm_config, mesh, grid)
+    data = [f"{k}={','.join(map(str, v))}" for k, v in grid.items() if k not in static]
+    out = []
+    for setting in replicas.settings({k: grid[k] for k in static}):
+        algorithm = replicas.with_values(config.algorithm_config, setting)
+        group = dataclasses.replace(config, algorithm_config=algorithm, sweep=tuple(data))
+        out.append((setting, group))
+    return out
+
+
+def folder_name(setting: dict) -> str:
+    """A group's folder: ``population_size=32,hidden_sizes=[16]``."""
+    return ",".join(f"{k}={v}" for k, v in setting.items()).replace("/", "_").replace(" ", "")
+
+
+def train(config: RunConfig, run_dir, train_fn, **kwargs) -> list:
+    """Runs a sweep's groups in turn (``train_fn(config, run_dir, **kwargs)``: the run
+    shell's ``train``), then writes its summary; returns the groups' results."""
+    found = groups(config)
+    run_dir = Path(run_dir)
+    if len(found) == 1:  # every key is data: one program, one run folder
+        results = [train_fn(found[0][1], run_dir, **kwargs)]
+        summarize([run_dir], run_dir)
+        return results
+    results = []
+    for setting, group in found:
+        print(f"sweep: {folder_name(setting)} ({len(found)} programs)", flush=True)
+        results.append(train_fn(group, run_dir / folder_name(setting), **kwargs))
+    summarize([run_dir / folder_name(s) for s, _ in found], run_dir)
+    return results
+
+
+def summarize(run_dirs, out_dir, metric: str = "fitness_mean") -> tuple[Path, Path]:
+    """``sweep.csv`` (one row per setting: its swept values, the seeds, ``metric``'s final
+    mean and standard error over them) and ``sweep.png`` (that mean against each swept
+    key) of a sweep's run folders, into ``out_dir``."""
+    from evorl_pop.run import plotting
+
+    static = _differing(run_dirs)  # the keys of a program each: they differ between folders
+    finals: dict[tuple, list[float]] = {}
+    keys: list[str] = []
+    for run_dir in run_dirs:
+        config = config_lib.read_mapping(Path(run_dir) / "config.yaml")
+        swept = [*static, *replicas.parse_sweep(config.get("sweep") or ())]
+        keys = list(dict.fromkeys([*keys, *swept]))
+        for one, metrics in plotting.load_runs(run_dir):
+            own = _flat(one.get("algorithm_config") or {})
+            setting = tuple((k, own[k]) for k in swept)
+            finals.setdefault(setting, []).append(float(metrics[metric][-1]))
+    rows = []
+    for setting, values in finals.items():
+        values = np.asarray(values)
+        finite = values[np.isfinite(values)]
+        mean = finite.mean() if len(finite) else np.nan
+        error = finite.std(ddof=1) / np.sqrt(len(finite)) if len(finite) > 1 else np.nan
+        rows.append({**dict(setting), "seeds": len(values), metric: mean, f"{metric}_se": error})
+    out_dir = Path(out_dir)
+    table = out_dir / TABLE
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, [*keys, "seeds", metric, f"{metric}_se"], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    if store.is_writer():
+        write_atomic(table, buffer.getvalue().encode())
+    figure = out_dir / FIGURE
+    if store.is_writer():
+        _draw(rows, keys, metric, figure)
+    return table, figure
+
+
+def _flat(mapping, prefix: str = "") -> dict:
+    out = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _differing(run_dirs) -> list[str]:
+    """The algorithm config keys whose values differ between run folders."""
+    flats = [
+        _flat(config_lib.read_mapping(Path(d) / "config.yaml").get("algorithm_config") or {})
+        for d in run_dirs
+    ]
+    keys = set().union(*flats)
+    return sorted(k for k in keys if len({repr(f.get(k)) for f in flats}) > 1)
+
+
+def _draw(rows, keys, metric, path) -> None:
+    """One panel per swept key: the final metric's mean ± s.e. of each setting."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.6), dpi=120, squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=True):
+        others = [k for k in keys if k != key]
+        lines: dict[tuple, list] = {}
+        for row in rows:
+            lines.setdefault(tuple(row[k] for k in others), []).append(row)
+        numeric = all(isinstance(r[key], int | float) for r in rows)
+        for other, members in lines.items():
+            members = sorted(members, key=lambda r: r[key] if numeric else str(r[key]))
+            xs = [r[key] if numeric else str(r[key]) for r in members]
+            label = ", ".join(f"{k}={v}" for k, v in zip(others, other, strict=True)) or None
+            ax.errorbar(xs, [r[metric] for r in members], [r[f"{metric}_se"] for r in members],
+                        marker="o", capsize=3, label=label)  # fmt: skip
+        values = [r[key] for r in rows]
+        if numeric and min(values) > 0 and max(values) / min(values) >= 10:
+            ax.set_xscale("log")
+        ax.set(xlabel=key, ylabel=f"final {metric}", title=f"{metric} against {key}")
+        ax.grid(alpha=0.3)
+        if len(lines) > 1:
+            ax.legend(fontsize=7)
+    fig.suptitle("Sweep: mean ± standard error over seeds", fontsize=10)
+    fig.tight_layout()
+    os.makedirs(path.parent, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
