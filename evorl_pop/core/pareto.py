@@ -145,7 +145,8 @@ def hypervolume(fitness: jax.Array, ref, mask: jax.Array | None = None) -> jax.A
     if k == 2:
         return hypervolume_2d(fitness, ref, mask)
     out = jax.ShapeDtypeStruct((), jnp.float32)
-    volume = jax.pure_callback(_hypervolume_host, out, fitness, mask, ref)
+    # under vmap (several seeds in one program), one host call per front
+    volume = jax.pure_callback(_hypervolume_host, out, fitness, mask, ref, vmap_method="sequential")
     return volume.astype(fitness.dtype)
 
 
