@@ -137,3 +137,27 @@ def test_every_algorithm_on_every_family(algorithm, family, tmp_path, capsys, re
         np.testing.assert_array_equal(resumed[column], values, err_msg=column)
     shown = f"wrote {os.path.basename(first.split()[1])}" if first.startswith("wrote") else first
     record_property("matrix", f"{algorithm} x {family} ({task}): trained, {shown}, resumed")
+
+
+#: The task each algorithm's many-seed run trains on: its own kind of task, else the
+#: gymnax family's quick one.
+SEEDS_TASKS = {"mapelites": "qd/arm", "nsga2": "mo/zdt1", "nsga3": "mo/dtlz2"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_algorithm_runs_many_seeds_in_one_program(algorithm, tmp_path, record_property):
+    task = SEEDS_TASKS.get(algorithm, TASKS["gymnax"])
+    config = _config_file(tmp_path, algorithm, task)
+    many, one = tmp_path / "many", tmp_path / "one"
+    args = ["train", "--config", config, "-g", "2", *RUN]
+    assert cli.main([*args, "--seeds", "2", "--out", str(many)]) == 0
+    assert cli.main([*args, "--seed", "2", "--out", str(one)]) == 0
+    rows, single = store.read_metrics(many), _rows(one)
+    assert rows["seed"].tolist() == [1, 2, 1, 2]  # the config's seed is 1
+    for column, values in single.items():
+        # a batched program may round differently from a single run's
+        np.testing.assert_allclose(
+            rows[column][rows["seed"] == 2], values, rtol=2e-5, atol=1e-6, err_msg=column
+        )
+    record_property("matrix", f"{algorithm} x 2 seeds in one program ({task}): as its own runs")
