@@ -27,7 +27,10 @@ CONFIG_MARKER = "<!-- config-reference -->"
 
 
 def _cell(text: str) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """Text for a table cell: one line, its pipes escaped, ``<...>`` shown as written
+    (not taken for an HTML tag)."""
+    text = " ".join(str(text).split()).replace("|", "\\|")
+    return text.replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -53,6 +56,14 @@ def cli_markdown() -> str:
 
     parser = build_parser()
     out = [f"`{parser.prog}`: {parser.description}", ""]
+    own = [
+        a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)
+    ]
+    out += ["| option | meaning |", "|---|---|"]
+    out += [
+        f"| {', '.join(f'`{f}`' for f in a.option_strings)} | {_cell(a.help or '')} |" for a in own
+    ]
+    out.append("")
     for name, sub in _subparsers(parser).items():
         out += [f"## `evorl-pop {name}`", "", _cell(sub.description), ""]
         out += ["| option | value | meaning | default |", "|---|---|---|---|"]
