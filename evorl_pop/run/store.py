@@ -171,11 +171,11 @@ def hold(
         if new and present and not overwrite:
             raise RunError(
                 f"{str(run_dir)!r} holds a run already ({', '.join(present)}). Continue it with "
-                f"`evorl-pop resume {shlex.quote(str(run_dir))}`, or pass --overwrite to start "
-                "afresh there."
+                f"`evorl-pop resume {shlex.quote(str(run_dir))}` (Python: evorl_pop.resume), or "
+                "pass --overwrite (Python: overwrite=True) to start afresh there."
                 if CHECKPOINT_FILENAME in present
                 else f"{str(run_dir)!r} holds files a run writes ({', '.join(present)}); pass "
-                "--overwrite to replace them, or choose another folder."
+                "--overwrite (Python: overwrite=True) to replace them, or choose another folder."
             )
         for name in present if new else ():
             path = run_dir / name
