@@ -204,6 +204,27 @@ class Replicas:
         return algorithm, jax.tree.map(lambda x: x[index], state.replicas)
 
 
+def build(algorithm_class, run_config, mesh) -> tuple[Replicas, jax.Array, jax.Array]:
+    """``(replicas, init keys, run keys)`` of a run config's seeds and sweep in one program.
+
+    Raises:
+      ConfigError: a swept key that cannot enter the program as data, or a value the
+        algorithm's config refuses.
+    """
+    grid = parse_sweep(run_config.sweep)
+    config = run_config.algorithm_config
+    static = program_keys(algorithm_class, config, mesh, grid)
+    if static:
+        raise ConfigError(
+            f"sweep: {', '.join(static)} cannot enter one program as data (the algorithm "
+            "reads it as a Python value: a size, a choice); evorl-pop train --sweep runs one "
+            "program per value of such a key, in turn."
+        )
+    replicas = Replicas(algorithm_class, config, mesh, run_config.seed, run_config.seeds, grid)
+    init_keys, run_keys_ = run_keys(run_config.seed, run_config.seeds, len(replicas.settings))
+    return replicas, init_keys, run_keys_
+
+
 def program_keys(algorithm_class, config, mesh, grid: Mapping[str, list]) -> list[str]:
     """The swept fields that cannot enter one program as data: those the algorithm reads
     as Python values (shapes, choices), found by tracing a replica of two values of

@@ -198,22 +198,11 @@ def build(config: RunConfig):
             "environment (XLA_FLAGS on CPUs, the launcher, the scheduler)."
         )
     mesh = make_mesh(devices)
-    grid = replicas_lib.parse_sweep(config.sweep)
-    if config.seeds > 1 or grid:  # replicas of seeds and settings, in one program
-        static = replicas_lib.program_keys(algorithm_class, config.algorithm_config, mesh, grid)
-        if static:
-            raise ConfigError(
-                f"sweep: {', '.join(static)} cannot enter one program as data (the "
-                "algorithm reads it as a Python value: a size, a choice); evorl-pop train "
-                "--sweep runs one program per value of such a key, in turn."
-            )
-        algorithm = replicas_lib.Replicas(
-            algorithm_class, config.algorithm_config, mesh, config.seed, config.seeds, grid
-        )
+    if config.seeds > 1 or config.sweep:  # replicas of seeds and settings, in one program
+        algorithm, init_key, run_key = replicas_lib.build(algorithm_class, config, mesh)
     else:
         algorithm = algorithm_class(config.algorithm_config, mesh=mesh)
-    settings = max(len(replicas_lib.settings(grid)), 1)
-    init_key, run_key = replicas_lib.run_keys(config.seed, config.seeds, settings)
+        init_key, run_key = jax.random.split(jax.random.key(config.seed))
     init = jax.jit(algorithm.init).trace(init_key)
     leaves = jax.tree.leaves(init.out_info)
     dims = max(
@@ -229,12 +218,13 @@ def build(config: RunConfig):
     have = (device.memory_stats() or {}).get("bytes_limit") if device.platform != "cpu" else None
     # Simulated CPU devices share the host's memory.
     have = have or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // mesh.size
-    replicas = config.seeds * settings
+    replicas = len(getattr(algorithm, "labels", ())) or 1
     need += 3 * width * dims * -(-population // mesh.size) * (replicas - 1)
     if need > have:
         if replicas > 1:
             fit = int(have // (need / replicas))
-            what = f"seeds={config.seeds}" + (f" x {settings} settings" if grid else "")
+            settings = replicas // config.seeds
+            what = f"seeds={config.seeds}" + (f" x {settings} settings" if config.sweep else "")
             raise RunError(
                 f"{what} of population_size={population:,} with {dims:,} "
                 f"parameters per candidate need about {need / 2**30:,.1f} GiB per device, more "
