@@ -252,3 +252,16 @@ def test_a_sweep_that_is_not_key_values_or_not_data_in_one_program_is_one_line(t
     with pytest.raises(ConfigError, match="sweep: population_size cannot enter one program"):
         shell.train(config, tmp_path / "b", progress=False)
     assert not (tmp_path / "b").exists()
+
+
+def test_each_seed_exports_its_own_archive_as_its_single_run(tmp_path):
+    args = ["train", "-a", "mapelites", "--task", "qd/arm", "--pop", "16", "-g", "3",
+            "--chunk", "3", "--devices", "1", "-q", "--no-figure"]  # fmt: skip
+    assert cli.main([*args, "--seeds", "2", "--out", str(tmp_path / "many")]) == 0
+    assert cli.main([*args, "--seed", "1", "--out", str(tmp_path / "one")]) == 0
+    together = np.load(tmp_path / "many" / "seed=1" / "archive.npz")
+    alone = np.load(tmp_path / "one" / "archive.npz")
+    assert set(together.files) == set(alone.files)
+    for name in alone.files:
+        np.testing.assert_allclose(together[name], alone[name], rtol=1e-5, err_msg=name)
+    assert (tmp_path / "many" / "seed=0" / "archive.npz").exists()

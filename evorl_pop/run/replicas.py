@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import flax.struct
@@ -40,6 +41,7 @@ import numpy as np
 import yaml
 
 from evorl_pop.base import ConfigError
+from evorl_pop.core.interfaces import Exports
 
 #: The label column of a replica's seed in ``metrics.csv``.
 SEED = "seed"
@@ -196,12 +198,32 @@ class Replicas:
         )
         return ReplicasState(generation=state.generation + 1, replicas=inner), metrics
 
+    def export(self, state: ReplicasState, run_dir: Path) -> dict[str, Path]:
+        """Each replica's result beyond one solution (an algorithm that
+        :class:`~evorl_pop.core.interfaces.Exports` it: an archive, a front), in a folder
+        of its own, ``run_dir/seed=3,learning_rate=0.01/``; nothing for other algorithms."""
+        if not isinstance(self.algorithm, Exports):
+            return {}
+        figures = {}
+        for index, label in enumerate(self.labels):
+            algorithm, inner = self.replica(state, index)
+            out = Path(run_dir) / folder(label)
+            out.mkdir(exist_ok=True)
+            for name, path in algorithm.export(inner, out).items():
+                figures[f"{name}/{folder(label)}"] = path
+        return figures
+
     def replica(self, state: ReplicasState, index: int) -> tuple[Any, Any]:
         """``(algorithm, state)`` of replica ``index``, as its single run's (the algorithm
         built from its concrete values)."""
         own = {k: v for k, v in self.labels[index].items() if k != SEED}
         algorithm = self.algorithm_class(with_values(self.config, own), mesh=self.mesh)
         return algorithm, jax.tree.map(lambda x: x[index], state.replicas)
+
+
+def folder(label: Mapping[str, Any]) -> str:
+    """A replica's folder name: ``seed=3,learning_rate=0.01``."""
+    return ",".join(f"{k}={v}" for k, v in label.items()).replace("/", "_").replace(" ", "")
 
 
 def build(algorithm_class, run_config, mesh) -> tuple[Replicas, jax.Array, jax.Array]:
