@@ -41,7 +41,6 @@ from evorl_pop.base import ConfigError, check_config, float_dtype
 from evorl_pop.core.archive import KINDS, Archive, ShardedArchive, cvt_centroids
 from evorl_pop.core.engine import evaluate, make_mesh
 from evorl_pop.core.interfaces import Describes
-from evorl_pop.run.store import METRICS_FILENAME, read_metrics
 from evorl_pop.tasks.brax_envs import BACKENDS
 from evorl_pop.tasks.qd import QD_TASKS, BraxFeetTask, make_qd_task
 
@@ -276,7 +275,7 @@ class MapElites:
         )
         return new, metrics
 
-    def export(self, state: MapElitesState, run_dir: Path) -> dict[str, Path]:
+    def export(self, state: MapElitesState, run_dir: Path, metrics: dict) -> dict[str, Path]:
         """Writes ``archive.npz`` (``genotypes``, ``fitness``: ``-inf`` for an empty
         cell, ``descriptors``, ``centroids``, ``filled``), ``qd.png`` (the QD-score and
         coverage over the generations of ``metrics.csv``) and, for 2-D descriptors,
@@ -286,10 +285,9 @@ class MapElites:
         with open(run_dir / ARCHIVE_FILENAME, "wb") as f:
             np.savez(f, **data)
         figures = {}
-        metrics = run_dir / METRICS_FILENAME
-        if metrics.exists():
+        if len(metrics.get("generation", ())):
             figures["qd"] = run_dir / PROGRESS_FILENAME
-            plot_progress(read_metrics(metrics), figures["qd"], f"MAP-Elites on {self.task.name}")
+            plot_progress(metrics, figures["qd"], f"MAP-Elites on {self.task.name}")
         if self.task.descriptor_size == 2:
             figures["archive"] = run_dir / FIGURE_FILENAME
             title = f"MAP-Elites on {self.task.name}"

@@ -497,7 +497,7 @@ class NSGA2(Engine):
             "population": objectives,
         }
 
-    def export(self, state, run_dir: Path) -> dict[str, Path]:
+    def export(self, state, run_dir: Path, metrics: dict) -> dict[str, Path]:
         """Writes ``front.csv`` (each front member's index, objectives, generation born and
         parameters), ``front.png`` (a scatter of the objectives, coloured by the
         generation born; pairwise projections for 3 objectives or more) and, with a
@@ -517,15 +517,28 @@ class NSGA2(Engine):
         path = run_dir / "front.png"
         plot_front(front, path, self.task.name, self.true_front)
         figures = {"front": path}
-        metrics = run_dir / "metrics.csv"
-        if self.ref_point is not None and self.config.measures and metrics.exists():
-            from evorl_pop.run import plotting  # matplotlib: only when a figure is drawn
-
+        if self.ref_point is not None and "hypervolume" in metrics:
             curve = run_dir / "hypervolume.png"
             title = f"{self.task.name}: hypervolume against {list(self.ref_point)}"
-            plotting.plot_runs([metrics], out=curve, metrics=("hypervolume",), title=title)
+            plot_curve(metrics["generation"], metrics["hypervolume"], curve, title)
             figures["hypervolume"] = curve
         return figures
+
+
+def plot_curve(generations, values, out: Path, title: str) -> None:
+    """The hypervolume over the run's generations."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.8), dpi=120)
+    ax.plot(generations, values, "-", color="C0")
+    ax.set(xlabel="generation", ylabel="hypervolume", title=title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
 
 
 def plot_front(front: dict, out: Path, title: str, true_front=None) -> None:

@@ -298,9 +298,10 @@ class Exports(Protocol):
     """An algorithm whose result is more than one solution (an archive of elites, a
     Pareto front): the run writes it into the run folder at the end, beside ``fitness.png``."""
 
-    def export(self, state: Any, run_dir: Path) -> dict[str, Path]:
+    def export(self, state: Any, run_dir: Path, metrics: dict) -> dict[str, Path]:
         """Writes the result of ``state`` into ``run_dir`` (data files and figures);
-        returns the figures written, by name (``{'archive': run_dir / 'archive.png'}``),
+        ``metrics``: the run's ``metrics.csv`` columns so far (NumPy arrays), for curves.
+        Returns the figures written, by name (``{'archive': run_dir / 'archive.png'}``),
         which the recorders are shown as images."""
 
 

@@ -198,10 +198,11 @@ class Replicas:
         )
         return ReplicasState(generation=state.generation + 1, replicas=inner), metrics
 
-    def export(self, state: ReplicasState, run_dir: Path) -> dict[str, Path]:
+    def export(self, state: ReplicasState, run_dir: Path, metrics: dict) -> dict[str, Path]:
         """Each replica's result beyond one solution (an algorithm that
         :class:`~evorl_pop.core.interfaces.Exports` it: an archive, a front), in a folder
-        of its own, ``run_dir/seed=3,learning_rate=0.01/``; nothing for other algorithms."""
+        of its own, ``run_dir/seed=3,learning_rate=0.01/``, with its own rows of
+        ``metrics``; nothing for other algorithms."""
         if not isinstance(self.algorithm, Exports):
             return {}
         figures = {}
@@ -209,7 +210,11 @@ class Replicas:
             algorithm, inner = self.replica(state, index)
             out = Path(run_dir) / folder(label)
             out.mkdir(exist_ok=True)
-            for name, path in algorithm.export(inner, out).items():
+            rows = np.ones(len(metrics.get("generation", ())), bool)
+            for key, value in label.items():
+                rows &= metrics[key] == value
+            own = {k: v[rows] for k, v in metrics.items() if k not in label}
+            for name, path in algorithm.export(inner, out, own).items():
                 figures[f"{name}/{folder(label)}"] = path
         return figures
 

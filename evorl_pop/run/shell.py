@@ -376,7 +376,8 @@ def _export(run: store.Run, algorithm: Exports, state, recorders) -> None:
     """The algorithm's result beyond one solution (:class:`Exports`), its figures shown
     to the recorders; one that cannot be written is a line in the log, as a figure."""
     try:
-        figures = algorithm.export(state, run.run_dir)
+        columns = store.read_metrics_lines(run.columns, run.lines)
+        figures = algorithm.export(state, run.run_dir, columns)
     except (ValueError, OSError) as err:
         what = err.strerror if isinstance(err, OSError) and err.strerror else err
         logger.info("no export: %s", what)
