@@ -41,8 +41,13 @@ def load_runs(path: str | os.PathLike) -> list[tuple[dict, dict[str, np.ndarray]
         rows = (keys == label).all(1)
         own = dict(zip(swept, label[1:].tolist(), strict=True))
         algorithm = replicas.with_values_mapping(config.get("algorithm_config") or {}, own)
-        one = {**config, "seed": int(label[0]), "seeds": 1, "sweep": [],
-               "algorithm_config": algorithm}  # fmt: skip
+        one = {
+            **config,
+            "seed": int(label[0]),
+            "seeds": 1,
+            "sweep": [],
+            "algorithm_config": algorithm,
+        }
         runs.append((one, {k: v[rows] for k, v in metrics.items() if k not in labels}))
     return runs
 

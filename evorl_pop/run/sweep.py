@@ -153,8 +153,14 @@ def _draw(rows, keys, metric, path) -> None:
             members = sorted(members, key=lambda r: r[key] if numeric else str(r[key]))
             xs = [r[key] if numeric else str(r[key]) for r in members]
             label = ", ".join(f"{k}={v}" for k, v in zip(others, other, strict=True)) or None
-            ax.errorbar(xs, [r[metric] for r in members], [r[f"{metric}_se"] for r in members],
-                        marker="o", capsize=3, label=label)  # fmt: skip
+            ax.errorbar(
+                xs,
+                [r[metric] for r in members],
+                [r[f"{metric}_se"] for r in members],
+                marker="o",
+                capsize=3,
+                label=label,
+            )
         values = [r[key] for r in rows]
         if numeric and min(values) > 0 and max(values) / min(values) >= 10:
             ax.set_xscale("log")
