@@ -316,6 +316,10 @@ def _cmd_train(args) -> int:
     try:
         if resume:
             result = shell.resume(args.run, overrides, args.config, args.more, args.force, **show)
+            if (Path(args.run) / "sweep.csv").exists():  # a sweep in one program: its summary
+                from evorl_pop.run import sweep
+
+                sweep.summarize([Path(args.run)], Path(args.run))
         else:
             # values are checked once, where the run is built (here only for --print-config)
             config = config_lib.resolve_config(sources, overrides, check=args.print_config)
