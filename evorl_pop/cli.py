@@ -445,11 +445,12 @@ def _cmd_render(args) -> int:
 def _cmd_list(args) -> int:
     registry.load_plugins(args.plugins)
     print("algorithms:")
+    missing = {m.rsplit(".", 1)[-1]: p for m, p in registry.unavailable("algorithm").items()}
+    width = max(len(name) for name in [*(s.name for s in config_lib.specs()), *missing, "es"])
     for spec in config_lib.specs():
-        print(f"  {spec.name:8s} {spec.description}")
-    for module, package in registry.unavailable("algorithm").items():
-        name = module.rsplit(".", 1)[-1]
-        print(f"  {name:8s} (not installed: pip install {package})")
+        print(f"  {spec.name:{width}s} {spec.description}")
+    for name, package in missing.items():
+        print(f"  {name:{width}s} (not installed: pip install {package})")
     from evorl_pop.algorithms.es import STRATEGIES  # imports evosax, which starts JAX
 
     for title, names in (
