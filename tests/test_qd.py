@@ -332,3 +332,17 @@ def test_brax_feet_task_scores_as_the_control_task_and_describes_feet():
     assert np.all((descriptor >= 0) & (descriptor <= 1)) and descriptor.max() > 0
     steps = np.asarray(info.steps)[:, None]
     np.testing.assert_allclose(descriptor * steps, np.round(descriptor * steps), atol=1e-4)
+
+
+def test_render_of_a_run_says_its_archive_holds_the_result(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["train", "-a", "mapelites", "--task", "qd/arm", "--pop", "8", "-g", "1",
+            "--devices", "1", "-q", "--no-figure", "--out", str(out)]  # fmt: skip
+    assert cli.main(args) == 0
+    capsys.readouterr()
+    assert cli.main(["render", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == (
+        "nothing to render: render shows one policy, and a 'qd/arm' run's result is many; "
+        "its archive.npz in the run folder holds them."
+    )
+    assert (out / "archive.npz").exists()

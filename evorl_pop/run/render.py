@@ -235,6 +235,12 @@ def render(run_dir, episodes: int = 1, seed: int | None = None, out=None) -> str
     task = getattr(config.algorithm_config, "task", None)
     family = env_family(task) if isinstance(task, str) else None
     if family is None:
+        if isinstance(task, str) and task.startswith(("qd/", "mo/")):
+            result = "archive.npz" if task.startswith("qd/") else "front.csv"
+            return (
+                f"nothing to render: render shows one policy, and a {task!r} run's result is "
+                f"many; its {result} in the run folder holds them."
+            )
         return f"nothing to render: {task!r} is a black-box function, not an environment."
     if family.drawing is None:
         host = "" if family.steps_in_jax else ", its environments stepped on the host"
