@@ -98,11 +98,12 @@ def _load_plugins(modules) -> None:
         raise ConfigError(f"plugins: {err}") from None
 
 
-def _flatten(data: Mapping, prefix: str = "") -> dict:
-    out = {}  # {'a': {'b': 1}} as {'a.b': 1}
+def flatten(data: Mapping, prefix: str = "") -> dict:
+    """A nested mapping with dotted keys: ``{'a': {'b': 1}}`` as ``{'a.b': 1}``."""
+    out = {}
     for key, value in data.items():
         if isinstance(value, Mapping):
-            out.update(_flatten(value, f"{prefix}{key}."))
+            out.update(flatten(value, f"{prefix}{key}."))
         else:
             out[f"{prefix}{key}"] = value
     return out
@@ -142,7 +143,7 @@ def _check_scalar(value, hint, name: str) -> None:
 
 def _key_error(err: ConfigKeyError, algorithm: str) -> ConfigError:
     key = str(err.full_key).removeprefix("algorithm_config.")
-    algorithm_keys = [*_flatten(OmegaConf.structured(_spec(algorithm).config_class()))]
+    algorithm_keys = [*flatten(OmegaConf.structured(_spec(algorithm).config_class()))]
     if str(err.full_key) == key and key in algorithm_keys:
         return ConfigError(
             f"{key!r} is a field of the {algorithm} config: put it under algorithm_config "
@@ -295,7 +296,7 @@ def dumps(config: RunConfig) -> str:
 
 def differences(old: RunConfig, new: RunConfig) -> list[str]:
     """Lines ``'key: old -> new'`` of the settings that differ, but those a resume may change."""
-    a, b = _flatten(to_dict(old)), _flatten(to_dict(new))
+    a, b = flatten(to_dict(old)), flatten(to_dict(new))
     return [
         f"{key.removeprefix('algorithm_config.')}: {a.get(key)!r} -> {b.get(key)!r}"
         for key in sorted(set(a) | set(b), key=lambda k: (k.count("."), k))

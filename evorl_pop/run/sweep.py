@@ -91,7 +91,7 @@ def summarize(run_dirs, out_dir, metric: str = "fitness_mean") -> tuple[Path, Pa
         swept = [*static, *replicas.parse_sweep(config.get("sweep") or ())]
         keys = list(dict.fromkeys([*keys, *swept]))
         for one, metrics in plotting.load_runs(run_dir):
-            own = _flat(one.get("algorithm_config") or {})
+            own = config_lib.flatten(one.get("algorithm_config") or {})
             setting = tuple((k, own[k]) for k in swept)
             finals.setdefault(setting, []).append(float(metrics[metric][-1]))
     rows = []
@@ -115,20 +115,12 @@ def summarize(run_dirs, out_dir, metric: str = "fitness_mean") -> tuple[Path, Pa
     return table, figure
 
 
-def _flat(mapping, prefix: str = "") -> dict:
-    out = {}
-    for key, value in mapping.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def _differing(run_dirs) -> list[str]:
     """The algorithm config keys whose values differ between run folders."""
     flats = [
-        _flat(config_lib.read_mapping(Path(d) / "config.yaml").get("algorithm_config") or {})
+        config_lib.flatten(
+            config_lib.read_mapping(Path(d) / "config.yaml").get("algorithm_config") or {}
+        )
         for d in run_dirs
     ]
     keys = set().union(*flats)
