@@ -227,7 +227,7 @@ class Replicas:
 
 
 def folder(label: Mapping[str, Any]) -> str:
-    """A replica's folder name: ``seed=3,learning_rate=0.01``."""
+    """A replica's (or a sweep group's) folder name: ``seed=3,learning_rate=0.01``."""
     return ",".join(f"{k}={v}" for k, v in label.items()).replace("/", "_").replace(" ", "")
 
 

@@ -55,11 +55,6 @@ def groups(config: RunConfig) -> list[tuple[dict, RunConfig]]:
     return out
 
 
-def folder_name(setting: dict) -> str:
-    """A group's folder: ``population_size=32,hidden_sizes=[16]``."""
-    return ",".join(f"{k}={v}" for k, v in setting.items()).replace("/", "_").replace(" ", "")
-
-
 def train(config: RunConfig, run_dir, train_fn, **kwargs) -> list:
     """Runs a sweep's groups in turn (``train_fn(config, run_dir, **kwargs)``: the run
     shell's ``train``), then writes its summary; returns the groups' results."""
@@ -71,9 +66,9 @@ def train(config: RunConfig, run_dir, train_fn, **kwargs) -> list:
         return results
     results = []
     for setting, group in found:
-        print(f"sweep: {folder_name(setting)} ({len(found)} programs)", flush=True)
-        results.append(train_fn(group, run_dir / folder_name(setting), **kwargs))
-    summarize([run_dir / folder_name(s) for s, _ in found], run_dir)
+        print(f"sweep: {replicas.folder(setting)} ({len(found)} programs)", flush=True)
+        results.append(train_fn(group, run_dir / replicas.folder(setting), **kwargs))
+    summarize([run_dir / replicas.folder(s) for s, _ in found], run_dir)
     return results
 
 
