@@ -7,6 +7,10 @@ every field of :class:`~evorl_pop.run.config.RunConfig` and of each registered
 algorithm's config dataclass (type, default, meaning from the class's
 ``Attributes:`` docstring or the field's comment). The repository's
 ``figures/`` are served under ``figures/`` beside the pages.
+
+:class:`ApiNames` is the griffe extension of the Python API pages: it puts the top-level
+``algorithms/`` folder under its installed name ``evorl_pop.algorithms`` and turns the
+docstrings' Sphinx roles and ``::`` literal blocks into Markdown (links and code blocks).
 """
 
 from __future__ import annotations
@@ -15,8 +19,11 @@ import argparse
 import dataclasses
 import inspect
 import re
+import textwrap
 import typing
 from pathlib import Path
+
+import griffe
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI_MARKER = "<!-- cli-reference -->"
@@ -187,6 +194,95 @@ def config_markdown() -> str:
                        f"{_cell(meaning)} |")  # fmt: skip
         out.append("")
     return "\n".join(out)
+
+
+# --- the Python API pages -----------------------------------------------------------
+
+ROLE = re.compile(r":(?:func|class|meth|attr|data|mod|obj|exc|const):`(~?)\.?([^`]+)`")
+
+
+def _find(collection, name: str, scope) -> str | None:
+    """The path of the object ``name`` means inside ``scope``: as written, then relative to
+    each enclosing object and to the package; ``None`` if it is not one of the package's."""
+    candidates = [name]
+    while scope is not None:
+        candidates.append(f"{scope.path}.{name}")
+        scope = scope.parent
+    candidates.append(f"evorl_pop.{name}")
+    for path in candidates:
+        if not path.startswith("evorl_pop"):
+            continue
+        try:
+            found = collection[path]
+            return found.final_target.path if found.is_alias else found.path
+        except (KeyError, griffe.AliasResolutionError, griffe.CyclicAliasError):
+            continue
+    return None
+
+
+def _literal_blocks(text: str) -> str:
+    """reST ``paragraph::`` and its indented block as a paragraph ending in ``:`` and a
+    fenced text block (kept indented where it sits inside a docstring section)."""
+    lines = text.split("\n")
+    out = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        if not line.rstrip().endswith("::"):
+            out.append(line)
+            continue
+        base = len(line) - len(line.lstrip())
+        head = line.rstrip()[:-2].rstrip()
+        if head.strip():
+            out.append(head + ":")
+        block = []
+        while i < len(lines) and (
+            not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > base
+        ):
+            block.append(lines[i])
+            i += 1
+        while block and not block[-1].strip():
+            block.pop()
+        body = textwrap.dedent("\n".join(block)).strip("\n").split("\n")
+        indent = " " * base if base > 2 else ""
+        out += ["", indent + "```text", *(indent + b if b else b for b in body), indent + "```", ""]
+    return "\n".join(out)
+
+
+def markdown_docstring(text: str, obj, collection) -> str:
+    """A docstring with its Sphinx roles as links (or code, for names outside the package)
+    and its literal blocks as code blocks."""
+
+    def link(match: re.Match) -> str:
+        written = match.group(2).strip()
+        name = written.removesuffix("()")
+        shown = name.rpartition(".")[2] if match.group(1) else name
+        if written.endswith("()"):
+            shown += "()"
+        target = _find(collection, name, obj)
+        if target is None:
+            return f"`{shown}`"
+        return f'<autoref identifier="{target}" optional><code>{shown}</code></autoref>'
+
+    return ROLE.sub(link, _literal_blocks(text))
+
+
+class ApiNames(griffe.Extension):
+    """Griffe extension: ``algorithms`` as ``evorl_pop.algorithms``; Markdown docstrings."""
+
+    def on_package(self, *, pkg, loader, **kwargs) -> None:
+        if pkg.path != "evorl_pop":
+            return
+        if "algorithms" not in pkg.members:
+            pkg.set_member("algorithms", loader.load("algorithms"))
+        collection = loader.modules_collection
+        stack = [pkg]
+        while stack:
+            obj = stack.pop()
+            if obj.docstring is not None:
+                obj.docstring.value = markdown_docstring(obj.docstring.value, obj, collection)
+            stack += [m for m in obj.members.values() if not m.is_alias]
 
 
 # --- the hook -------------------------------------------------------------------------
