@@ -49,6 +49,7 @@ from evorl_pop.core.interfaces import (
     EpisodicTask,
     HasSearchWidth,
     KnowsOptimum,
+    MultiObjective,
     ReportsSolution,
     SeedsPopulation,
 )
@@ -143,8 +144,9 @@ def to_minimization(score, maximize):
 
 
 def num_objectives(task) -> int:
-    """How many objectives ``task`` scores (its ``num_objectives``; 1 when it has none)."""
-    return int(getattr(task, "num_objectives", 1))
+    """How many objectives ``task`` scores (1 unless it is a
+    :class:`~evorl_pop.core.interfaces.MultiObjective` task)."""
+    return int(task.num_objectives) if isinstance(task, MultiObjective) else 1
 
 
 def _per_candidate(flags):

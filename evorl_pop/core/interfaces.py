@@ -161,6 +161,15 @@ class Describes(Protocol):
 
 
 @runtime_checkable
+class MultiObjective(Protocol):
+    """A task that scores ``num_objectives`` objectives: its ``evaluate`` returns a vector
+    of that many scores, and ``maximize`` holds one flag per objective."""
+
+    num_objectives: int
+    maximize: tuple[bool, ...]
+
+
+@runtime_checkable
 class KnowsOptimum(Protocol):
     """A benchmark function with a known optimal value (``f_minus_fopt``)."""
 
