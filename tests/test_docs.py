@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import html.parser as html_parser
 import http.server
 import importlib
 import importlib.util
@@ -23,6 +24,7 @@ import textwrap
 import threading
 import time
 import tokenize
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -340,6 +342,108 @@ def test_readme_is_short_and_links_the_newcomers_pages():
     assert sum(b.page.name == "README.md" and b.kind == "python" for b in blocks()) == 4
 
 
+# --- the built site ---------------------------------------------------------------------
+
+
+class _Html(html_parser.HTMLParser):
+    """A page's ids, link targets, image sources and its text outside code."""
+
+    CODE = {"code", "pre", "script", "style", "kbd"}
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.ids: set[str] = set()
+        self.links: list[str] = []
+        self.images: list[str] = []
+        self.prose: list[str] = []
+        self._in_code = 0
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "id" in a:
+            self.ids.add(a["id"])
+        if tag == "a" and a.get("href"):
+            self.links.append(a["href"])
+        if tag == "img":
+            self.images.append(a.get("src", ""))
+        if tag in self.CODE:
+            self._in_code += 1
+
+    def handle_endtag(self, tag):
+        if tag in self.CODE:
+            self._in_code -= 1
+
+    def handle_data(self, data):
+        if not self._in_code:
+            self.prose.append(data)
+
+
+@pytest.fixture(scope="module")
+def parsed(site) -> dict[Path, _Html]:
+    """Every page of the site but the 404 page (its links are absolute, to the site's URL)."""
+    return {p: _Html(p.read_text()) for p in site.rglob("*.html") if p.name != "404.html"}
+
+
+def test_no_page_shows_raw_markup(parsed):
+    """No Sphinx role or reST literal-block marker left in the prose of a page, and the CLI
+    reference's run-folder default shown as written."""
+    for page, html in parsed.items():
+        prose = " ".join(html.prose)
+        for raw in (":func:", ":class:", ":meth:", ":mod:", "::", "RUNS_ROOT/---"):
+            assert raw not in prose, f"{page}: {raw!r} near {prose[prose.find(raw) - 80 :][:160]!r}"
+
+
+def test_every_internal_link_and_anchor_resolves(parsed, site):
+    for page, html in parsed.items():
+        for href in html.links:
+            url = urllib.parse.urlsplit(href)
+            if url.scheme or href.startswith(("//", "mailto:")):
+                continue
+            path = urllib.parse.unquote(url.path)
+            target = (site / path.lstrip("/")) if path.startswith("/") else page.parent / path
+            target = target.resolve() if path else page
+            if target.is_dir():
+                target = target / "index.html"
+            assert target.exists(), f"{page.relative_to(site)}: {href}"
+            if url.fragment and target.suffix == ".html":
+                fragment = urllib.parse.unquote(url.fragment)
+                assert fragment in parsed[target].ids, f"{page.relative_to(site)}: {href}"
+
+
+def _api_modules() -> list[str]:
+    names = []
+    for path in PACKAGE:
+        top = "evorl_pop" if path.is_relative_to(ROOT / "evorl_pop") else "evorl_pop.algorithms"
+        base = ROOT / ("evorl_pop" if top == "evorl_pop" else "algorithms")
+        parts = path.relative_to(base).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        names.append(".".join((top, *parts)))
+    return names
+
+
+def test_the_python_api_has_a_page_per_layer_and_every_module_once(parsed, site):
+    """Each module is on exactly one API page, under its evorl_pop. name; the names the guides
+    cite have an entry."""
+    pages = sorted((DOCS / "reference" / "api").glob("*.md"))
+    assert len(pages) >= 8
+    listed = [m for p in pages for m in re.findall(r"^::: (\S+)", p.read_text(), re.M)]
+    assert sorted(listed) == sorted(_api_modules())
+    ids = set().union(*(h.ids for p, h in parsed.items() if "reference/api" in str(p)))
+    assert not [i for i in ids if i.startswith("algorithms.")]
+    for name in (
+        "evorl_pop.train",
+        "evorl_pop.tasks.rollout",
+        "evorl_pop.tasks.blackbox.PythonTask",
+        "evorl_pop.algorithms.cma_es.CMA_ES_pycma",
+        "evorl_pop.algorithms.es.ESConfig",
+        "evorl_pop.run.processes.set_host_devices",
+        "evorl_pop.run.config.RunConfig",
+    ):
+        assert name in ids, name
+    assert all(p.stat().st_size < 600_000 for p in (site / "reference" / "api").rglob("*.html"))
+
+
 # --- the site in a browser --------------------------------------------------------------
 
 
@@ -420,7 +524,9 @@ class _Browser:
         os.close(self._w)
 
 
-def test_the_site_renders_in_chromium_and_search_finds_a_guide(site, tmp_path):
+@pytest.fixture(scope="module")
+def browser(site, tmp_path_factory):
+    """``(browser, base URL)``: headless Chromium and the built site served over HTTP."""
     binary = _chromium()
     if binary is None:
         if os.environ.get("CI"):
@@ -436,48 +542,68 @@ def test_the_site_renders_in_chromium_and_search_finds_a_guide(site, tmp_path):
 
     with socketserver.TCPServer(("127.0.0.1", 0), Quiet) as server:
         threading.Thread(target=server.serve_forever, daemon=True).start()
-        base = f"http://127.0.0.1:{server.server_address[1]}"
-        browser = _Browser(binary, tmp_path / "profile")
+        chromium = _Browser(binary, tmp_path_factory.mktemp("profile"))
         try:
-            nav = (
-                "JSON.stringify([...document.querySelectorAll('nav.md-nav--primary "
-                "a.md-nav__link, nav.md-nav--primary label.md-nav__link')]"
-                ".map(a => a.textContent.trim()))"
-            )
-            browser.open(f"{base}/")
-            titles = json.loads(browser.wait_for(f"document.readyState == 'complete' && {nav}"))
-            for title in (
-                "Getting started",
-                "Guides",
-                "Population-based training",
-                "Troubleshooting",
-                "Command line",
-            ):
-                assert title in titles, titles
-            assert browser.wait_for("document.querySelector('h1').textContent").startswith(
-                "evorl_pop"
-            )
-
-            browser.open(f"{base}/guides/hybrid/")
-            heading = browser.wait_for(
-                "document.readyState == 'complete' && "
-                "document.querySelector('article h1').textContent"
-            )
-            assert heading.startswith("Hybrid evolutionary RL")
-            assert "Config fields" in json.loads(browser.wait_for(nav))
-
-            # the search box opened from the address, as Material's shared search links do
-            browser.open(f"{base}/?q=Population")
-            links = (
-                "JSON.stringify([...document.querySelectorAll("
-                "'.md-search-result__item a')].map(a => a.getAttribute('href')))"
-            )
-            found = json.loads(
-                browser.wait_for(
-                    f"document.querySelectorAll('.md-search-result__item').length && {links}"
-                )
-            )
-            assert any("guides/pbt/" in href for href in found), found
+            yield chromium, f"http://127.0.0.1:{server.server_address[1]}"
         finally:
-            browser.close()
+            chromium.close()
             server.shutdown()
+
+
+def test_the_site_renders_in_chromium_and_search_finds_a_guide(browser):
+    browser, base = browser
+    nav = (
+        "JSON.stringify([...document.querySelectorAll('nav.md-nav--primary "
+        "a.md-nav__link, nav.md-nav--primary label.md-nav__link')]"
+        ".map(a => a.textContent.trim()))"
+    )
+    browser.open(f"{base}/")
+    titles = json.loads(browser.wait_for(f"document.readyState == 'complete' && {nav}"))
+    for title in (
+        "Getting started",
+        "Guides",
+        "Population-based training",
+        "Troubleshooting",
+        "Command line",
+    ):
+        assert title in titles, titles
+    assert browser.wait_for("document.querySelector('h1').textContent").startswith("evorl_pop")
+
+    browser.open(f"{base}/guides/hybrid/")
+    heading = browser.wait_for(
+        "document.readyState == 'complete' && document.querySelector('article h1').textContent"
+    )
+    assert heading.startswith("Hybrid evolutionary RL")
+    assert "Config fields" in json.loads(browser.wait_for(nav))
+
+    # the search box opened from the address, as Material's shared search links do
+    browser.open(f"{base}/?q=Population")
+    links = (
+        "JSON.stringify([...document.querySelectorAll("
+        "'.md-search-result__item a')].map(a => a.getAttribute('href')))"
+    )
+    found = json.loads(
+        browser.wait_for(f"document.querySelectorAll('.md-search-result__item').length && {links}")
+    )
+    assert any("guides/pbt/" in href for href in found), found
+
+
+def test_every_image_is_at_least_600_px_wide(browser, parsed, site):
+    """Every page with an image, in the browser: each image loads with a natural width of at
+    least 600 px (readable, not a thumbnail), notebook outputs included."""
+    browser, base = browser
+    widths = (
+        "[...document.images].every(i => i.complete) && "
+        "JSON.stringify([...document.images]"
+        ".map(i => [i.src.slice(0, 80), i.naturalWidth]))"
+    )
+    with_images = [p for p, h in parsed.items() if h.images]
+    assert len(with_images) >= 8
+    narrow = []
+    for page in with_images:
+        browser.open(f"{base}/{page.relative_to(site).as_posix()}")
+        browser.wait_for("document.readyState == 'complete'")
+        for src, width in json.loads(browser.wait_for(widths)):
+            if width < 600:
+                narrow.append(f"{page.relative_to(site)}: {src} is {width} px wide")
+    assert not narrow, "\n".join(narrow)
