@@ -42,7 +42,7 @@ from evorl_pop.core.archive import KINDS, Archive, ShardedArchive, cvt_centroids
 from evorl_pop.core.engine import evaluate, make_mesh
 from evorl_pop.core.interfaces import Describes
 from evorl_pop.tasks.brax_envs import BACKENDS
-from evorl_pop.tasks.qd import QD_TASKS, BraxFeetTask, make_qd_task
+from evorl_pop.tasks.qd import QD_TASKS, BraxQDTask, make_qd_task
 
 ARCHIVE_FILENAME = "archive.npz"
 FIGURE_FILENAME = "archive.png"
@@ -73,7 +73,8 @@ class MapElitesConfig:
 
     Attributes:
       task: a quality-diversity task (``qd/arm``, ``qd/rastrigin_proj``,
-        ``qd/hopper_uni``, ``qd/walker2d_uni``).
+        ``qd/hopper_uni``, ``qd/walker2d_uni``, ``qd/halfcheetah_uni``, ``qd/ant_uni``,
+        ``qd/ant_omni``).
       num_dims: black-box tasks: the genotype's dimension (the arm's joints).
       population_size: candidates per generation (and in the initial batch).
       archive: ``'grid'`` (``cells_per_dim`` cells per descriptor dimension) or
@@ -149,7 +150,7 @@ class MapElitesConfig:
     def make_task(self):
         """The task ``task`` names, with this config's settings."""
         control = {}
-        if QD_TASKS[self.task] is BraxFeetTask:
+        if issubclass(QD_TASKS[self.task], BraxQDTask):
             control = {
                 "hidden_sizes": tuple(self.hidden_sizes),
                 "activation": self.activation,

@@ -346,3 +346,57 @@ def test_render_of_a_run_says_its_archive_holds_the_result(tmp_path, capsys):
         "its archive.npz in the run folder holds them."
     )
     assert (out / "archive.npz").exists()
+
+
+def _brax_reference(task, solution, key, forward: bool):
+    """A candidate's episode stepped with brax's own environment, op by op: the return
+    (without the forward term unless ``forward``), each unnamed lower leg's contact
+    proportion and the torso's final (x, y)."""
+    import brax.envs
+    from brax import contact
+
+    env = brax.envs.get_environment("ant", backend="spring")
+    step = jax.jit(env.step)
+    feet = [i for i, name in enumerate(env.sys.link_names) if name == ""]  # the lower legs
+    params = task._policy_params(solution, None)
+    _, reset_key = jax.random.split(jax.random.split(key, 1)[0])
+    state = jax.jit(env.reset)(reset_key)
+    ret, touching, steps = 0.0, np.zeros(len(feet)), 0
+    for _ in range(task.spec.max_steps):
+        state = step(state, task.policy(params, state.obs))
+        ret += float(state.reward) - (0.0 if forward else float(state.metrics["reward_forward"]))
+        c = contact.get(env.sys, state.pipeline_state.x)
+        for j, foot in enumerate(feet):
+            on = (np.asarray(c.link_idx[0]) == foot) | (np.asarray(c.link_idx[1]) == foot)
+            touching[j] += np.any(on & (np.asarray(c.dist) <= 0))
+        steps += 1
+        if float(state.done):
+            break
+    xy = np.asarray(state.pipeline_state.x.pos[0, :2])
+    return ret, touching / steps, np.clip(xy, -30, 30), steps
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qd/ant_uni", "qd/ant_omni"])
+def test_ant_tasks_equal_brax_stepped_directly(name):
+    pytest.importorskip("brax")
+    task = make_qd_task(name, hidden_sizes=(8,), episode_length=6)
+    offset = {"qd/ant_uni": 3.24, "qd/ant_omni": 3.0}[name]
+    assert task.qd_offset == pytest.approx(offset * 6)
+    key = jax.random.key(3)
+    # weights scaled up: the actions reach the actuators' range, the feet touch down
+    solution = task.init_solution(key) * 3.0
+    score, info, descriptor = jax.jit(task.evaluate_descriptor)(solution, key, ())
+    ret, feet, xy, steps = _brax_reference(task, solution, key, forward=name == "qd/ant_uni")
+    assert int(info.steps) == steps
+    np.testing.assert_allclose(float(score), ret, rtol=1e-4, atol=1e-4)
+    if name == "qd/ant_uni":
+        assert task.descriptor_size == 4 and np.asarray(task.feet).tolist() == [2, 4, 6, 8]
+        np.testing.assert_allclose(descriptor, feet, atol=1e-6)
+        assert feet.max() > 0
+    else:
+        assert task.descriptor_bounds == ((-30.0, -30.0), (30.0, 30.0))
+        np.testing.assert_allclose(descriptor, xy, rtol=1e-5, atol=1e-6)
+        # the forward term is left out: the return differs from brax's own
+        with_forward = _brax_reference(task, solution, key, forward=True)[0]
+        assert abs(with_forward - ret) > 1e-3

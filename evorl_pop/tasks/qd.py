@@ -16,12 +16,16 @@ maximised black-box problems, fast enough for tests:
   ``[-5.12, 5.12]^2``; QD offset ``40.36 * n`` (Rastrigin's largest value per
   coordinate on the box is about 40.35).
 
-* ``qd/hopper_uni``, ``qd/walker2d_uni``, ``qd/halfcheetah_uni`` (brax,
+* ``qd/hopper_uni``, ``qd/walker2d_uni``, ``qd/halfcheetah_uni``, ``qd/ant_uni`` (brax,
   :class:`BraxFeetTask`): a policy network's flat weights (unbounded), fitness the
   episode's return, descriptor the proportion of the episode's steps on which each
-  foot touches the ground (hopper one foot, walker2d and halfcheetah two), in
-  ``[0, 1]``; QD offset QDax's reward offset per step (0.9, 1.413 and 9.231) times
-  the episode length.
+  foot touches the ground (hopper one foot, walker2d and halfcheetah two, ant four),
+  in ``[0, 1]``; QD offset QDax's reward offset per step (0.9, 1.413, 9.231 and 3.24)
+  times the episode length.
+* ``qd/ant_omni`` (brax, :class:`BraxOmniTask`): fitness the episode's return without
+  its forward term (survival and control cost: the ant is not asked to go anywhere in
+  particular), descriptor the torso's final ``(x, y)`` clipped to ``[-30, 30]^2``; QD
+  offset 3.0 per step times the episode length.
 
 A user's own task becomes a quality-diversity task by adding these attributes and
 ``evaluate_descriptor``.
@@ -37,6 +41,12 @@ import numpy as np
 
 from evorl_pop.base import EvalInfo, did_you_mean, float_dtype
 from evorl_pop.tasks.blackbox import rastrigin
+from evorl_pop.tasks.brax_envs import (
+    DEFAULT_BACKEND,
+    DEFAULT_EPISODE_LENGTH,
+    BraxEnv,
+    BraxState,
+)
 from evorl_pop.tasks.control import ControlTask
 
 #: The prefix of the quality-diversity tasks' names.
@@ -119,15 +129,69 @@ class RastriginProjTask(_QDTask):
         return -rastrigin(x), _no_info(), descriptor
 
 
-#: brax QD tasks: the environment, its feet (links), QDax's reward offset per step.
+#: brax feet-contact tasks: the environment, its feet (link names; a name repeated
+#: takes the links of that name in order: the ant's four lower legs are unnamed),
+#: QDax's reward offset per step.
 BRAX_FEET = {
     "hopper_uni": ("hopper", ("foot",), 0.9),
     "walker2d_uni": ("walker2d", ("foot", "foot_left"), 1.413),
     "halfcheetah_uni": ("halfcheetah", ("bfoot", "ffoot"), 9.231),
+    "ant_uni": ("ant", ("", "", "", ""), 3.24),
+}
+#: brax final-position tasks: the environment, the box of its descriptor, QDax's
+#: reward offset per step.
+BRAX_OMNI = {
+    "ant_omni": ("ant", ((-30.0, -30.0), (30.0, 30.0)), 3.0),
 }
 
 
-class BraxFeetTask(ControlTask):
+def link_indices(links: list[str], names) -> np.ndarray:
+    """The index in ``links`` of each of ``names``; a repeated name takes its next link."""
+    found = []
+    for name in names:
+        start = found[-1] + 1 if found and links[found[-1]] == name else 0
+        found.append(links.index(name, start))
+    return np.asarray(found, np.int32)
+
+
+class BraxQDTask(ControlTask):
+    """A brax locomotion task with a behaviour descriptor, one episode per candidate.
+
+    A subclass gives ``_feature(pipeline_state)``, a vector per step after it, and
+    ``_describe(total, last, steps)``: the descriptor from the feature's sum over the
+    episode's steps, its value after the last step and the step count.
+    """
+
+    genotype_bounds = None
+
+    def evaluate_descriptor(self, solution, key, task_state):
+        del task_state
+        params = self._policy_params(solution, None)
+        # the key schedule of ControlTask.evaluate's single episode: the same reset
+        _, reset_key = jax.random.split(jax.random.split(key, 1)[0])
+        obs, state = self.env.reset(reset_key)
+        zero = jnp.zeros((), jnp.float32)
+        total = jnp.zeros(self.descriptor_size, jnp.float32)
+        last = self._feature(state.inner.pipeline_state)
+
+        def body(carry, _):
+            obs, state, ret, steps, total, last, alive = carry
+            obs, state, reward, done = self.env.step(key, state, self.policy(params, obs))
+            ret = ret + jnp.where(alive, reward, 0.0)
+            feature = self._feature(state.inner.pipeline_state)
+            total = total + jnp.where(alive, feature, 0.0)
+            last = jnp.where(alive, feature, last)
+            return (obs, state, ret, steps + alive, total, last, alive & ~done), None
+
+        alive = jnp.ones((), bool)
+        carry = (obs, state, zero, jnp.zeros((), jnp.int32), total, last, alive)
+        carry, _ = jax.lax.scan(body, carry, None, length=self.spec.max_steps)
+        _, _, ret, steps, total, last, _ = carry
+        descriptor = self._describe(total, last, steps)
+        return ret, EvalInfo(steps=steps, episodes=jnp.int32(1)), descriptor
+
+
+class BraxFeetTask(BraxQDTask):
     """A brax locomotion task whose descriptor is each foot's contact proportion.
 
     Args:
@@ -140,19 +204,16 @@ class BraxFeetTask(ControlTask):
     distance of at most 0; the descriptor is the mean over the episode's steps.
     """
 
-    genotype_bounds = None
-
     def __init__(self, name: str, **kwargs):
         env, feet, offset = BRAX_FEET[name]
         super().__init__(f"brax/{env}", episodes=1, **kwargs)
-        links = list(self.env.env.sys.link_names)
-        self.feet = np.asarray([links.index(foot) for foot in feet], np.int32)
+        self.feet = link_indices(list(self.env.env.sys.link_names), feet)
         self.descriptor_size = len(feet)
         self.descriptor_bounds = ((0.0,) * len(feet), (1.0,) * len(feet))
         self.qd_offset = offset * self.spec.max_steps
         self.name = f"{QD_PREFIX}{name}"
 
-    def _feet_contact(self, pipeline_state):
+    def _feature(self, pipeline_state):
         from brax import contact
 
         c = contact.get(self.env.env.sys, pipeline_state.x)
@@ -161,28 +222,53 @@ class BraxFeetTask(ControlTask):
         on = ((c.link_idx[0][None] == feet) | (c.link_idx[1][None] == feet)) & touching[None]
         return jnp.any(on, axis=-1).astype(jnp.float32)
 
-    def evaluate_descriptor(self, solution, key, task_state):
-        del task_state
-        params = self._policy_params(solution, None)
-        # the key schedule of ControlTask.evaluate's single episode: the same reset
-        _, reset_key = jax.random.split(jax.random.split(key, 1)[0])
-        obs, state = self.env.reset(reset_key)
-        zero = jnp.zeros((), jnp.float32)
-        contacts = jnp.zeros(self.descriptor_size, jnp.float32)
+    def _describe(self, total, last, steps):
+        return total / jnp.maximum(steps, 1).astype(jnp.float32)
 
-        def body(carry, _):
-            obs, state, ret, steps, contacts, alive = carry
-            obs, state, reward, done = self.env.step(key, state, self.policy(params, obs))
-            ret = ret + jnp.where(alive, reward, 0.0)
-            touching = self._feet_contact(state.inner.pipeline_state)
-            contacts = contacts + jnp.where(alive, touching, 0.0)
-            return (obs, state, ret, steps + alive, contacts, alive & ~done), None
 
-        carry = (obs, state, zero, jnp.zeros((), jnp.int32), contacts, jnp.ones((), bool))
-        carry, _ = jax.lax.scan(body, carry, None, length=self.spec.max_steps)
-        _, _, ret, steps, contacts, _ = carry
-        descriptor = contacts / jnp.maximum(steps, 1).astype(jnp.float32)
-        return ret, EvalInfo(steps=steps, episodes=jnp.int32(1)), descriptor
+class NoForwardBraxEnv(BraxEnv):
+    """A brax environment whose reward leaves out its forward term (brax's
+    ``reward_forward`` metric of the step): survival and control cost only."""
+
+    def step(self, key, state: BraxState, action):
+        obs, new, reward, done = super().step(key, state, action)
+        forward = jnp.where(state.done, 0.0, new.inner.metrics["reward_forward"])
+        return obs, new, (reward - forward).astype(jnp.float32), done
+
+
+class BraxOmniTask(BraxQDTask):
+    """A brax locomotion task whose descriptor is the torso's final ``(x, y)`` position,
+    clipped to a box, and whose reward has no forward term (:class:`NoForwardBraxEnv`).
+
+    Args:
+      name: a key of :data:`BRAX_OMNI` (``'ant_omni'``).
+      hidden_sizes, activation: the policy MLP's.
+      episode_length: steps per episode (``None``: 1000).
+      backend: the physics backend (``None``: spring).
+    """
+
+    def __init__(
+        self, name: str, hidden_sizes=(64, 64), activation="tanh", episode_length=None, backend=None
+    ):
+        env_name, (low, high), offset = BRAX_OMNI[name]
+        env = NoForwardBraxEnv(
+            env_name,
+            backend=DEFAULT_BACKEND if backend is None else backend,
+            episode_length=DEFAULT_EPISODE_LENGTH if episode_length is None else episode_length,
+        )
+        super().__init__(env, hidden_sizes, activation, episodes=1, episode_length=episode_length)
+        self.low = np.asarray(low, np.float32)
+        self.high = np.asarray(high, np.float32)
+        self.descriptor_size = len(low)
+        self.descriptor_bounds = (tuple(low), tuple(high))
+        self.qd_offset = offset * self.spec.max_steps
+        self.name = f"{QD_PREFIX}{name}"
+
+    def _feature(self, pipeline_state):
+        return pipeline_state.x.pos[0, :2].astype(jnp.float32)  # the torso, link 0
+
+    def _describe(self, total, last, steps):
+        return jnp.clip(last, self.low, self.high)
 
 
 #: Every quality-diversity task by name.
@@ -190,6 +276,7 @@ QD_TASKS = {
     f"{QD_PREFIX}arm": ArmTask,
     f"{QD_PREFIX}rastrigin_proj": RastriginProjTask,
     **{f"{QD_PREFIX}{name}": BraxFeetTask for name in BRAX_FEET},
+    **{f"{QD_PREFIX}{name}": BraxOmniTask for name in BRAX_OMNI},
 }
 
 
@@ -198,9 +285,9 @@ def make_qd_task(name: str, num_dims: int = 8, **control):
 
     Args:
       name: ``'qd/arm'``, ``'qd/rastrigin_proj'``, ``'qd/hopper_uni'``, ``'qd/walker2d_uni'``,
-        ``'qd/halfcheetah_uni'``.
+        ``'qd/halfcheetah_uni'``, ``'qd/ant_uni'``, ``'qd/ant_omni'``.
       num_dims: the black-box tasks' genotype dimension.
-      **control: the brax tasks' :class:`BraxFeetTask` arguments (``hidden_sizes``,
+      **control: the brax tasks' arguments (``hidden_sizes``,
         ``activation``, ``episode_length``, ``backend``); the others take none.
 
     Raises:
@@ -209,6 +296,6 @@ def make_qd_task(name: str, num_dims: int = 8, **control):
     if name not in QD_TASKS:
         hint = did_you_mean(name, QD_TASKS)
         raise ValueError(f"Unknown QD task {name!r}.{hint} Valid: {', '.join(QD_TASKS)}.")
-    if QD_TASKS[name] is BraxFeetTask:
-        return BraxFeetTask(name[len(QD_PREFIX) :], **control)
+    if issubclass(QD_TASKS[name], BraxQDTask):
+        return QD_TASKS[name](name[len(QD_PREFIX) :], **control)
     return QD_TASKS[name](num_dims=num_dims)
