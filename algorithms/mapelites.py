@@ -5,12 +5,15 @@ Quality-diversity (Mouret & Clune 2015): the descriptor space of a task
 is cut into cells, a grid or a CVT, and each cell keeps its elite. A generation has
 the shape of every other algorithm's::
 
-    ask:      parents drawn uniformly over the filled cells of every device
-              ─► isoline variation (Vassiliades & Mouret 2018):
+    ask:      the emitter's candidates (:mod:`~evorl_pop.algorithms.qd_emitters`);
+              by default parents drawn uniformly over the filled cells of every
+              device ─► isoline variation (Vassiliades & Mouret 2018):
                  x + iso_sigma * N(0, I) + line_sigma * N(0, 1) * (y - x),
-                 clipped to the task's genotype bounds
+                 clipped to the task's genotype bounds; or ME-ES's OpenES
+                 (``emitter: es``), or CMA-ME's CMA-ES (``emitter: cma_me``)
     evaluate: the one evaluator (score, descriptor), sharded P('POP')
-    tell:     the candidates inserted into the archive, each device into its cells
+    tell:     the candidates inserted into the archive, each device into its cells;
+              the emitter told the batch (and the archive before and after)
 
 The archive (:mod:`evorl_pop.core.archive`) is sharded across the devices by cell,
 so memory per device is proportional to cells / devices, and a run gives the same
@@ -37,6 +40,12 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop import registry
+from evorl_pop.algorithms.qd_emitters import (
+    EMITTERS,
+    ES_REWARDS,
+    isoline_variation,
+    make_emitter,
+)
 from evorl_pop.base import ConfigError, check_config, float_dtype
 from evorl_pop.core.archive import KINDS, Archive, ShardedArchive, cvt_centroids
 from evorl_pop.core.engine import evaluate, make_mesh
@@ -44,20 +53,11 @@ from evorl_pop.core.interfaces import Describes
 from evorl_pop.tasks.brax_envs import BACKENDS
 from evorl_pop.tasks.qd import QD_TASKS, BraxQDTask, make_qd_task
 
+__all__ = ["MapElites", "MapElitesConfig", "MapElitesState", "isoline_variation"]
+
 ARCHIVE_FILENAME = "archive.npz"
 FIGURE_FILENAME = "archive.png"
 PROGRESS_FILENAME = "qd.png"
-
-
-def isoline_variation(key, x, y, iso_sigma: float, line_sigma: float, bounds=None):
-    """Isoline variation (Vassiliades & Mouret 2018) of parents ``x`` and ``y`` (rows):
-    ``x + iso_sigma * N(0, I) + line_sigma * N(0, 1) * (y - x)``, one normal per row for
-    the line, clipped to ``bounds = (low, high)`` unless ``None``."""
-    k_iso, k_line = jax.random.split(key)
-    iso = jax.random.normal(k_iso, x.shape, x.dtype) * iso_sigma
-    line = jax.random.normal(k_line, x.shape[:1] + (1,) * (x.ndim - 1), x.dtype) * line_sigma
-    children = x + iso + line * (y - x)
-    return children if bounds is None else jnp.clip(children, *bounds)
 
 
 @functools.lru_cache(maxsize=8)
@@ -85,8 +85,18 @@ class MapElitesConfig:
       cvt_samples: CVT archives: the uniform samples of the descriptor box k-means runs on.
       cvt_iterations: CVT archives: Lloyd's k-means steps.
       cvt_seed: CVT archives: the seed of the samples (the centroids depend on it only).
+      emitter: how candidates are made (:mod:`~evorl_pop.algorithms.qd_emitters`):
+        ``'isoline'`` (isoline variation), ``'es'`` (ME-ES: an OpenES centred on an
+        elite) or ``'cma_me'`` (CMA-ME: a CMA-ES ranked by archive improvement).
       iso_sigma: isoline variation's isotropic Gaussian width.
       line_sigma: isoline variation's width along the line between the two parents.
+      es_sigma: ``es``: the OpenES's noise width.
+      es_learning_rate: ``es``: the OpenES's Adam learning rate.
+      es_period: ``es``: generations from one centre before a new elite is drawn.
+      es_reward: ``es``: ``'fitness'`` or ``'novelty'`` (the mean distance of the
+        descriptor to its ``novelty_neighbours`` nearest elites).
+      novelty_neighbours: ``es`` with ``es_reward='novelty'``: the nearest elites.
+      cma_sigma: ``cma_me``: the CMA-ES's initial step size.
       eval_mode: ``'vmap'`` (fast) or ``'map'`` (low memory) per device.
       hidden_sizes: brax tasks: the policy MLP's hidden layers.
       activation: brax tasks: ``'tanh'``, ``'relu'`` or ``'elu'``.
@@ -104,8 +114,15 @@ class MapElitesConfig:
     cvt_samples: int = 50_000
     cvt_iterations: int = 30
     cvt_seed: int = 0
+    emitter: str = "isoline"
     iso_sigma: float = 0.005
     line_sigma: float = 0.05
+    es_sigma: float = 0.05
+    es_learning_rate: float = 0.05
+    es_period: int = 10
+    es_reward: str = "fitness"
+    novelty_neighbours: int = 10
+    cma_sigma: float = 0.05
     eval_mode: str = "vmap"
     hidden_sizes: tuple[int, ...] = (64, 64)
     activation: str = "tanh"
@@ -124,6 +141,8 @@ class MapElitesConfig:
             self,
             choices={
                 "archive": KINDS,
+                "emitter": EMITTERS,
+                "es_reward": ES_REWARDS,
                 "eval_mode": ("vmap", "map"),
                 "activation": ("tanh", "relu", "elu"),
                 "backend": BACKENDS,
@@ -135,6 +154,8 @@ class MapElitesConfig:
                 "num_cells": 1,
                 "cvt_iterations": 0,
                 "episode_length": 1,
+                "es_period": 1,
+                "novelty_neighbours": 1,
             },
         )
         if self.archive == "cvt" and self.cvt_samples < self.num_cells:
@@ -143,6 +164,16 @@ class MapElitesConfig:
             )
         if any(h < 1 for h in self.hidden_sizes):
             raise ConfigError(f"hidden_sizes must be at least 1, got {list(self.hidden_sizes)}.")
+        if self.emitter == "es" and self.population_size % 2:
+            raise ConfigError(
+                f"population_size must be even with emitter=es (OpenES draws antithetic "
+                f"pairs), got {self.population_size}."
+            )
+        if self.emitter in ("es", "cma_me") and self.population_size < 2:
+            raise ConfigError(f"population_size must be at least 2 with emitter={self.emitter}.")
+        for name in ("es_sigma", "es_learning_rate", "cma_sigma"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}.")
         for name in ("iso_sigma", "line_sigma"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}.")
@@ -162,15 +193,18 @@ class MapElitesConfig:
 
 @flax.struct.dataclass
 class MapElitesState:
-    """A MAP-Elites run's state: the archive (sharded by cell), the task's state."""
+    """A MAP-Elites run's state: the archive (sharded by cell), the task's state, the
+    emitter's state (replicated; none for isoline variation)."""
 
     archive: Archive
     task_state: Any
     generation: jax.Array  # int32, generations completed
+    emitter: Any = ()
 
 
 class MapElites:
-    """MAP-Elites with isoline variation, its archive sharded over the ``POP`` axis."""
+    """MAP-Elites with an emitter (isoline variation by default), its archive sharded
+    over the ``POP`` axis."""
 
     def __init__(self, config: MapElitesConfig, mesh=None, task=None):
         """Builds the task and the archive.
@@ -210,6 +244,7 @@ class MapElites:
             )
             self.archive = ShardedArchive(self.mesh, low, high, centroids=centroids)
         self.population_size = config.population_size
+        self.emitter = make_emitter(self.archive, task, config)
 
     def _evaluate(self, population, key, task_state):
         """``(summary, quality, descriptors)``: the batch's statistics (task units), its
@@ -244,28 +279,35 @@ class MapElites:
         _, quality, descriptors = self._evaluate(population, k_eval, task_state)
         archive = self.archive.empty(self.task.num_dims)
         archive, _ = self.archive.insert(archive, population, quality, descriptors)
-        state = MapElitesState(archive, task_state, jnp.int32(0))
+        emitter = self.emitter.init(archive, jax.random.fold_in(key, 1))
+        state = MapElitesState(archive, task_state, jnp.int32(0), emitter)
         state = jax.tree.map(jnp.asarray, state, jax.tree.map(jnp.result_type, state))
         replicated = NamedSharding(self.mesh, P())
         rest = jax.lax.with_sharding_constraint(state.replace(archive=None), replicated)
         return rest.replace(archive=archive)
 
     def ask(self, state: MapElitesState, key) -> jax.Array:
-        """A generation's candidates: isoline variation of parents drawn over the archive."""
-        k_parents, k_vary = jax.random.split(key)
-        parents = self.archive.sample(state.archive, k_parents, 2 * self.population_size)
-        x, y = jnp.split(parents, 2)
-        c = self.config
-        return isoline_variation(k_vary, x, y, c.iso_sigma, c.line_sigma, self.task.genotype_bounds)
+        """A generation's candidates, from the emitter (isoline variation: of parents
+        drawn over the archive)."""
+        return self.emitter.ask(state.archive, state.emitter, key)[0]
 
     def step(self, state: MapElitesState, key: jax.Array) -> tuple[MapElitesState, dict]:
-        """One generation: ask, evaluate, insert. Pure, jittable."""
+        """One generation: ask, evaluate, insert, tell the emitter. Pure, jittable."""
         k_ask, k_eval = jax.random.split(key)
-        population = self.ask(state, k_ask)
+        population, asked = self.emitter.ask(state.archive, state.emitter, k_ask)
         summary, quality, descriptors = self._evaluate(population, k_eval, state.task_state)
         archive, added = self.archive.insert(state.archive, population, quality, descriptors)
+        emitter, emitter_metrics = self.emitter.tell(
+            state.archive,
+            archive,
+            state.emitter,
+            asked,
+            quality,
+            descriptors,
+            jax.random.fold_in(k_ask, 1),
+        )
         task_state = self.task.update_state(state.task_state, summary.info)
-        new = MapElitesState(archive, task_state, state.generation + 1)
+        new = MapElitesState(archive, task_state, state.generation + 1, emitter)
         new = jax.tree.map(jnp.asarray, new, jax.tree.map(jnp.result_type, state))
         metrics = summary.metrics()
         metrics.update(
@@ -273,6 +315,7 @@ class MapElites:
             evaluations=jnp.int32(self.population_size),
             archive_added=added,
             **self.archive.metrics(archive, self.task.qd_offset),
+            **emitter_metrics,
         )
         return new, metrics
 

@@ -165,6 +165,8 @@ class ShardedArchive:
         self.insert = jax.jit(self.insert)
         self.sample = jax.jit(self.sample, static_argnums=2)
         self.metrics = jax.jit(self.metrics)
+        self.fitness_at = jax.jit(self.fitness_at)
+        self.novelty = jax.jit(self.novelty, static_argnums=2)
 
     def _sharded(self, tree):
         return jax.lax.with_sharding_constraint(tree, NamedSharding(self.mesh, POP))
@@ -264,6 +266,44 @@ class ShardedArchive:
 
         return jax.shard_map(local, mesh=self.mesh, in_specs=(POP, POP, P()), out_specs=P())(
             archive.fitness, archive.genotypes, key
+        )
+
+    def fitness_at(self, archive: Archive, cells):
+        """The fitness of the elites of ``cells`` (replicated int32, as :meth:`cells`
+        gives), replicated; ``-inf`` for an empty cell. Exact on any device count: one
+        device holds each cell, the others give ``-inf`` to the maximum."""
+
+        def local(fitness, cells):
+            own = cells - jax.lax.axis_index(POP_AXIS_NAME) * self.local_cells
+            mine = (own >= 0) & (own < self.local_cells)
+            values = fitness[jnp.clip(own, 0, self.local_cells - 1)]
+            return pmax(jnp.where(mine, values, -jnp.inf), POP_AXIS_NAME)
+
+        return jax.shard_map(local, mesh=self.mesh, in_specs=(POP, P()), out_specs=P())(
+            archive.fitness, cells
+        )
+
+    def novelty(self, archive: Archive, descriptors, k: int):
+        """Each (replicated) descriptor's mean Euclidean distance to its ``k`` nearest
+        elites' descriptors (fewer when fewer cells are filled; ``0`` when none are),
+        replicated. Each device keeps its own ``k`` nearest, the devices' are gathered
+        and the ``k`` nearest of those kept, in ascending order: the same sum on any
+        device count."""
+
+        def local(fitness, elites, descriptors):
+            filled = jnp.isfinite(fitness)
+            diff = descriptors[:, None, :] - elites[None, :, :]
+            dist = jnp.sqrt(jnp.sum(diff * diff, axis=-1))
+            dist = jnp.where(filled[None, :], dist, jnp.inf)
+            near = -jax.lax.top_k(-dist, min(k, self.local_cells))[0]
+            near = all_gather(near, POP_AXIS_NAME, axis=1, tiled=True, to="invarying")
+            near = -jax.lax.top_k(-near, min(k, near.shape[1]))[0]
+            finite = jnp.isfinite(near)
+            total = jnp.sum(jnp.where(finite, near, 0.0), axis=1)
+            return total / jnp.maximum(jnp.sum(finite, axis=1), 1).astype(total.dtype)
+
+        return jax.shard_map(local, mesh=self.mesh, in_specs=(POP, POP, P()), out_specs=P())(
+            archive.fitness, archive.descriptors, descriptors
         )
 
     def metrics(self, archive: Archive, qd_offset: float) -> dict:
