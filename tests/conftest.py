@@ -19,7 +19,12 @@ if "PYTEST_XDIST_WORKER" not in os.environ and "EVORL_POP_COMPILATION_CACHE" not
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+from evorl_pop.run.processes import use_compilation_cache  # noqa: E402
+
 jax.config.update("jax_default_matmul_precision", "highest")
+# Every worker compiles through the session's cache, not only the commands a test starts:
+# the slow tier and tests that build the same program load it instead of compiling again.
+use_compilation_cache()
 # Start the backend now, with the 8 devices: an in-process `evorl-pop train
 # --devices N` must find it running and not get to set its own device count.
 jax.devices()
