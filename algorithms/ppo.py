@@ -118,7 +118,8 @@ class Config(data_parallel.LearnerConfig):
 
     def validate(self) -> None:
         """Raises :class:`~evorl_pop.base.ConfigError` naming a value that cannot run."""
-        super().validate()
+        vec_env.check_task(self.task, "ppo")  # stepped in JAX or on the host
+        check_config(self, least=vec_env.LEAST)
         choices = {
             "activation": ("tanh", "relu", "elu"),
             "network": ("auto", "mlp", "cnn"),
@@ -166,7 +167,7 @@ class State:
     opt_state: Any  # Adam's state (after the clip's)
     obs_norm: ObsNorm  # running observation statistics (unused when not normalising)
     hyperparameters: Hyperparameters  # the traced searchable settings
-    envs: vec_env.EnvBatch  # the running episodes, split over DP
+    envs: Any  # the running episodes (vec_env's EnvBatch, or a HostBatch), split over DP
     generation: jax.Array  # int32: iterations so far
 
 
@@ -186,7 +187,8 @@ class PPO(data_parallel.DataParallel):
     def __init__(self, config: Config = Config(), mesh: Mesh | None = None):
         config.validate()
         self.config = config
-        self.env = vec_env.make_env(config.task, config.episode_length, config.backend)
+        self.envs = vec_env.make_envs(config.task, config.episode_length, config.backend)
+        self.env = self.envs.env
         if config.network == "cnn" and len(self.env.spec.obs_shape) != 3:
             raise ConfigError(
                 f"network='cnn' needs image observations (height, width, channels), but "
@@ -223,7 +225,7 @@ class PPO(data_parallel.DataParallel):
         params_key, env_key = jax.random.split(key)
         cfg = self.config
         params = self.learner.init(params_key)
-        envs = vec_env.reset(self.env, vec_env.lane_keys(env_key, jnp.arange(cfg.num_envs)))
+        envs = self.envs.reset_batch(vec_env.lane_keys(env_key, jnp.arange(cfg.num_envs)))
         return State(
             params=params,
             opt_state=self.learner.optimizer(cfg.learning_rate).init(params),
@@ -257,9 +259,7 @@ class PPO(data_parallel.DataParallel):
             return action, (raw, log_prob)
 
         length = self.config.unroll_length
-        envs, (obs, (raw, log_prob), out) = vec_env.unroll(
-            self.env, state.envs, act, key, length, index
-        )
+        envs, (obs, (raw, log_prob), out) = self.envs.unroll(state.envs, act, key, length, index)
         return envs, Rollout(obs, raw, log_prob, out.reward, out.terminal, out.truncated)
 
     def local_step(self, state: State, key: jax.Array, axis: str | None = DP):

@@ -28,6 +28,7 @@ population search may change them between steps without recompiling.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import flax.struct
 import jax
@@ -82,7 +83,8 @@ class Config(SACSettings, data_parallel.LearnerConfig):
 
     def validate(self) -> None:
         """Raises :class:`~evorl_pop.base.ConfigError` naming a value that cannot run."""
-        data_parallel.LearnerConfig.validate(self)
+        vec_env.check_task(self.task, "sac")  # stepped in JAX or on the host
+        check_config(self, least=vec_env.LEAST)
         SACSettings.validate(self)
         check_config(self, least={"buffer_capacity": 1})
         if self.buffer_capacity < self.batch_size:
@@ -106,7 +108,7 @@ class State:
     learner: SACState  # actor, twin critics and targets, temperature, Adam states
     buffer: ReplayBuffer  # every transition collected, the same on every device
     hyperparameters: Hyperparameters  # the traced searchable settings
-    envs: vec_env.EnvBatch  # the running episodes, split over DP
+    envs: Any  # the running episodes (vec_env's EnvBatch, or a HostBatch), split over DP
     generation: jax.Array  # int32: steps so far
 
 
@@ -126,7 +128,8 @@ class SAC(data_parallel.DataParallel):
     def __init__(self, config: Config = Config(), mesh: Mesh | None = None):
         config.validate()
         self.config = config
-        self.env = vec_env.make_env(config.task, config.episode_length, config.backend)
+        self.envs = vec_env.make_envs(config.task, config.episode_length, config.backend)
+        self.env = self.envs.env
         self.learner = config.make_learner(self.env.spec)
         self.mesh = data_parallel.dp_mesh(mesh)
         n = self.mesh.size
@@ -147,7 +150,7 @@ class SAC(data_parallel.DataParallel):
             learner=self.learner.init(learner_key, hp),
             buffer=buffer,
             hyperparameters=hp,
-            envs=vec_env.reset(self.env, vec_env.lane_keys(env_key, jnp.arange(cfg.num_envs))),
+            envs=self.envs.reset_batch(vec_env.lane_keys(env_key, jnp.arange(cfg.num_envs))),
             generation=jnp.int32(0),
         )
 
@@ -171,7 +174,7 @@ class SAC(data_parallel.DataParallel):
             return action, action
 
         length = self.config.unroll_length
-        envs, (obs, action, out) = vec_env.unroll(self.env, state.envs, act, key, length, index)
+        envs, (obs, action, out) = self.envs.unroll(state.envs, act, key, length, index)
         return envs, Transition(obs, action, out.reward, out.next_obs, out.terminal)
 
     def local_step(self, state: State, key: jax.Array, axis: str | None = DP):

@@ -95,6 +95,66 @@ def make_env(task: str, episode_length: int | None = None, backend: str | None =
     return envs.make_env(task, **kwargs)
 
 
+class JaxEnvs:
+    """The lanes of an environment stepped in JAX, with the interface the learners use
+    (:class:`~evorl_pop.rl.host_vec_env.HostEnvs` has the same, on the host).
+
+    Args:
+      env: the environment.
+    """
+
+    def __init__(self, env: Env):
+        self.env = env
+        self.spec = env.spec
+
+    def reset_batch(self, keys: jax.Array) -> EnvBatch:
+        """:func:`reset`."""
+        return reset(self.env, keys)
+
+    def unroll(self, batch: EnvBatch, act: Callable, key: jax.Array, length: int, index):
+        """:func:`unroll`."""
+        return unroll(self.env, batch, act, key, length, index)
+
+
+def make_envs(task: str, episode_length: int | None = None, backend: str | None = None):
+    """The learners' lanes of ``task``: :class:`JaxEnvs` of :func:`make_env`, or, for a
+    task whose family steps on the host (Gymnasium's),
+    :class:`~evorl_pop.rl.host_vec_env.HostEnvs`. Its ``env`` is the learners'
+    environment (its ``spec``, the policy :class:`~evorl_pop.core.interfaces.Acting` runs).
+
+    Args:
+      task: an environment name.
+      episode_length: steps before an episode is truncated (``None``: the task's).
+      backend: brax's physics backend (``None``: the default).
+
+    Raises:
+      ConfigError: a backend for a task whose family has none.
+    """
+    family = envs.env_family(task)
+    if family is not None and not family.steps_in_jax:
+        from evorl_pop.rl.host_vec_env import HostEnvs  # imports Gymnasium's helpers
+
+        return HostEnvs(task, episode_length, backend)
+    return JaxEnvs(make_env(task, episode_length, backend))
+
+
+def check_task(task: str, who: str) -> None:
+    """ConfigError unless a learner's lanes can step ``task``: an environment stepped in
+    JAX or on the host (:func:`make_envs`), not a black-box function or an unknown name.
+
+    Args:
+      task: the config's task.
+      who: the learner, for the message (``'ppo'``).
+    """
+    family = envs.env_family(task)
+    if family is None or family.steps_in_jax:
+        envs.check_environment(task, who)
+
+
+#: The least value of each of a learner's environment settings (``LearnerConfig``'s).
+LEAST = {"num_envs": 1, "unroll_length": 1, "episode_length": 1}
+
+
 def lane_keys(key: jax.Array, index: jax.Array) -> jax.Array:
     """One key per lane: ``fold_in(key, i)`` for each global lane index ``i``."""
     return jax.vmap(lambda i: jax.random.fold_in(key, i))(index)

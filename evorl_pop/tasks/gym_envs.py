@@ -203,8 +203,39 @@ def _spec(name: str, env, episode_length: int | None) -> EnvSpec:
     return EnvSpec(name, obs_shape, discrete, dim, low, high, int(limit), terminates=True)
 
 
+def probe(factory: Callable, name: str, episode_length: int | None) -> tuple[EnvSpec, bool]:
+    """``(spec, one_hot)`` of a factory's environments, read from one made and closed here
+    (``one_hot``: a Discrete observation, seen one-hot).
+
+    Raises:
+      ConfigError: an environment whose simulator (Box2D, MuJoCo) is not installed.
+      ValueError: spaces a policy cannot use, or no time limit.
+    """
+    import gymnasium as gym
+
+    try:
+        env = made_quietly(factory)
+    except gym.error.DependencyNotInstalled as err:
+        raise ConfigError(
+            f"{name} needs a simulator that is not installed ({err}); install "
+            "Gymnasium's Box2D and MuJoCo environments with: pip install -e '.[gymnasium]'"
+        ) from err
+    try:
+        return _spec(name, env, episode_length), isinstance(
+            env.observation_space, gym.spaces.Discrete
+        )
+    finally:
+        env.close()
+
+
 def _seed(key: jax.Array) -> jax.Array:
     return jax.random.bits(key, (), jnp.uint32)
+
+
+def start_seed(key: jax.Array) -> jax.Array:
+    """The reset seed of an episode whose key is ``key`` (uint32): the second half of its
+    split, as :func:`episode_seeds` draws each episode's."""
+    return _seed(jax.random.split(key)[1])
 
 
 def episode_seeds(key: jax.Array, episodes: int) -> jax.Array:
@@ -222,7 +253,7 @@ def episode_seeds(key: jax.Array, episodes: int) -> jax.Array:
     Returns:
       The seeds, one per episode.
     """
-    return jax.vmap(lambda k: _seed(jax.random.split(k)[1]))(jax.random.split(key, episodes))
+    return jax.vmap(start_seed)(jax.random.split(key, episodes))
 
 
 class GymTask(ControlTask):
@@ -265,7 +296,6 @@ class GymTask(ControlTask):
             actions bounded), no time limit, a bad ``vector``, or a setting of
             environments stepped in JAX (:data:`JAX_SETTINGS`).
         """
-        import gymnasium as gym  # imported once a Gymnasium task is built
 
         check_episode_length(episode_length)
         if isinstance(env, str):
@@ -282,18 +312,7 @@ class GymTask(ControlTask):
                 raise ValueError(
                     f"{key} applies to environments stepped in JAX; {name} steps on the host."
                 )
-        try:
-            probe = made_quietly(factory)
-        except gym.error.DependencyNotInstalled as err:
-            raise ConfigError(
-                f"{name} needs a simulator that is not installed ({err}); install "
-                "Gymnasium's Box2D and MuJoCo environments with: pip install -e '.[gymnasium]'"
-            ) from err
-        try:
-            spec = _spec(name, probe, episode_length)
-            one_hot = isinstance(probe.observation_space, gym.spaces.Discrete)
-        finally:
-            probe.close()
+        spec, one_hot = probe(factory, name, episode_length)
         self.pool = VectorPool(factory, spec, vector, one_hot)
         # the spec is all ControlTask reads of its environment
         super().__init__(self.pool, **settings)
@@ -395,28 +414,57 @@ def play(task: GymTask, solution, key: jax.Array, task_state, episodes: int) -> 
     def act(obs):
         return task.policy(params, obs if obs_norm is None else obs_norm.normalize(obs))
 
-    env = made_quietly(functools.partial(task.pool.factory, render_mode="rgb_array"))
+    seeds = np.asarray(episode_seeds(key, episodes))
+    return _play(task.pool.factory, task.pool.one_hot, task.spec, act, seeds)
+
+
+def play_acting(acting, factory: Callable, one_hot: bool, key: jax.Array, episodes: int):
+    """:func:`play` of a learner's deterministic policy on a Gymnasium environment.
+
+    Args:
+      acting: the policy (:class:`~evorl_pop.core.interfaces.Acting`); ``acting.env``'s
+        ``spec`` is the environment's.
+      factory: the environment's factory.
+      one_hot: whether a Discrete observation is seen one-hot.
+      key: the episodes' key (episode ``j`` resets with :func:`episode_seeds`'s seed ``j``).
+      episodes: how many.
+
+    Returns:
+      As :func:`play`.
+    """
+    obs_norm = acting.obs_norm
+
+    @jax.jit
+    def act(obs):
+        return acting.policy(acting.params, obs if obs_norm is None else obs_norm.normalize(obs))
+
+    seeds = np.asarray(episode_seeds(key, episodes))
+    return _play(factory, one_hot, acting.env.spec, act, seeds)
+
+
+def _play(factory: Callable, one_hot: bool, spec: EnvSpec, act: Callable, seeds) -> list:
+    """Episodes of ``act`` (observation to action, in JAX), one per seed, drawn."""
+    env = made_quietly(functools.partial(factory, render_mode="rgb_array"))
     if env.render_mode != "rgb_array":
-        raise ValueError(f"{task.name} draws no rgb_array frames: there is nothing to render.")
+        raise ValueError(f"{spec.name} draws no rgb_array frames: there is nothing to render.")
     space = env.action_space
-    one_hot = task.pool.one_hot
     runs = []
     try:
-        for seed in np.asarray(episode_seeds(key, episodes)):
+        for seed in seeds:
             obs, _ = env.reset(seed=int(seed))
             frames, observations, so_far, total = [], [], [], 0.0
-            for _ in range(task.spec.max_steps):
+            for _ in range(spec.max_steps):
                 seen = np.asarray(obs, np.float32)
                 if one_hot:
-                    seen = np.eye(task.spec.obs_shape[0], dtype=np.float32)[obs - space.start]
+                    seen = np.eye(spec.obs_shape[0], dtype=np.float32)[obs - space.start]
                 action = np.asarray(act(seen))
-                if task.spec.discrete:
+                if spec.discrete:
                     action = int(action.reshape(-1)[0]) + int(space.start)
                 else:
                     action = action.reshape(space.shape).astype(space.dtype)
                 obs, reward, terminated, truncated, _ = env.step(action)
                 total += float(reward)
-                frames.append(_frame(env, task.name)[::2, ::2])  # the GIF's size
+                frames.append(_frame(env, spec.name)[::2, ::2])  # the GIF's size
                 observations.append(seen)
                 so_far.append(np.float32(total))
                 if terminated or truncated:
@@ -433,7 +481,7 @@ class GymFamily:
     host (an :class:`~evorl_pop.core.interfaces.EnvFamily` without JAX environments)."""
 
     description = (
-        "any Gymnasium environment, stepped on the host (ES only): gym:ID for any id of "
+        "any Gymnasium environment, stepped on the host (ES, PPO, SAC): gym:ID for any id of "
         "gymnasium.registry, e.g. gym:CartPole-v1, gym:LunarLander-v3"
     )
     pattern = GYM_PREFIX + "<Gymnasium id>"
@@ -472,5 +520,9 @@ __all__ = [
     "VECTOR_MODES",
     "VectorPool",
     "episode_seeds",
+    "play",
+    "play_acting",
+    "probe",
     "registered_factory",
+    "start_seed",
 ]

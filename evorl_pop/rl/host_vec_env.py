@@ -1,0 +1,295 @@
+"""The learners' batch of environments stepped on the host: Gymnasium's (``gym:ID``).
+
+PPO and SAC step a fixed batch of environments a few steps at a time
+(:mod:`evorl_pop.rl.vec_env`). On a task whose family steps on the host
+(``family.steps_in_jax`` is ``False``), each lane is one Gymnasium
+environment kept by the host, reached from inside the compiled learner
+through host callbacks::
+
+    HostBatch on the device: obs, steps, returns, and each lane's episode seed
+    and actions so far (what the host's environment went through)
+      ─► sync (once per unroll): the host checks that each lane's environment is
+         where the device says; where not (a resumed run, a fresh process),
+         it is rebuilt: reset(seed), then the episode's actions replayed
+      ─► step(actions) x unroll_length: env.step on every lane; a lane whose
+         episode ended resets with its pending seed, as vec_env's lanes restart
+
+Lane ``i`` resets with the seed :func:`~evorl_pop.tasks.gym_envs.start_seed`
+of its key ``fold_in(key, i)``, ``i`` its *global* index, and each device's
+callbacks step only its own lanes: a batch split over the devices of a ``DP``
+axis steps as the whole batch on one device.
+
+Exact resume: a checkpoint cannot hold a Gymnasium environment, so the
+device state holds what rebuilds it, each lane's seed and its episode's
+actions so far (``episode_length x action size`` numbers per lane). A run
+resumed from a checkpoint replays them before its first step and continues
+exactly as the uninterrupted run does, with no episode cut at a chunk's
+boundary; an environment that is not deterministic given its seed and its
+actions would break this, as it breaks any replay. The calls carry data from
+one to the next, which orders them without ``ordered=True`` (which neither
+``shard_map`` over several devices nor ``vmap`` allows).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import io_callback
+
+from evorl_pop.base import ConfigError
+from evorl_pop.rl.vec_env import StepResult, lane_keys
+
+
+@flax.struct.dataclass
+class HostBatch:
+    """A batch of running host episodes, as the device sees them (leaves lead with lanes).
+
+    The fields :func:`~evorl_pop.rl.vec_env.metrics` reads are
+    :class:`~evorl_pop.rl.vec_env.EnvBatch`'s.
+    """
+
+    obs: jax.Array  # shape=(num_envs, *obs_shape): what the policy sees next
+    steps: jax.Array  # int32: steps into the current episode
+    episode_return: jax.Array  # float32: the current episode's return so far
+    last_return: jax.Array  # float32: the return of the last episode that ended (NaN: none)
+    episodes: jax.Array  # int32: episodes ended so far
+    seed: jax.Array  # uint32: the current episode's reset seed
+    start_seed: jax.Array  # uint32: the reset seed of the lane's next episode
+    total: jax.Array  # int32: steps the lane has taken since the run began
+    actions: jax.Array  # (num_envs, max_steps, action size): the episode's actions so far
+
+
+@dataclasses.dataclass
+class _Lane:
+    """One lane's environment and where it is."""
+
+    env: Any
+    obs: np.ndarray
+    seed: int = -1
+    steps: int = 0
+    total: int = -1
+    start: int = 0
+
+
+class HostEnvs:
+    """The environments of a ``gym:`` task, stepped on the host, one per lane.
+
+    Also the learners' environment object: it has the task's ``spec`` (its
+    ``reset`` and ``step`` say that it steps on the host).
+
+    Args:
+      task: a ``gym:`` task name.
+      episode_length: the time limit (``None``: the environment's own).
+      backend: must be ``None`` (a brax setting).
+
+    Raises:
+      ConfigError: a backend, an unknown id, a missing simulator.
+    """
+
+    def __init__(self, task: str, episode_length: int | None = None, backend: str | None = None):
+        from evorl_pop.tasks import gym_envs  # imports Gymnasium's helpers, not Gymnasium
+
+        if backend is not None:
+            raise ConfigError(
+                f"backend is a brax setting, and {task!r} is stepped on the host: leave it null."
+            )
+        env_id = task.removeprefix(gym_envs.GYM_PREFIX)
+        self.factory = gym_envs.registered_factory(env_id, episode_length)
+        try:
+            self.spec, self.one_hot = gym_envs.probe(self.factory, task, episode_length)
+        except ValueError as err:
+            raise ConfigError(f"task: {err}") from None
+        self.task = task
+        self.env = self  # the learners' environment: its spec
+        self._lanes: dict[int, _Lane] = {}
+        self._lock = threading.Lock()  # lanes are made by each device's callbacks
+        self._obs_size = int(np.prod(self.spec.obs_shape, dtype=int))
+        self._action_size = 1 if self.spec.discrete else self.spec.action_dim
+        self._action_dtype = jnp.int32 if self.spec.discrete else jnp.float32
+
+    # --- as an Env: the spec only -------------------------------------------------------
+
+    def reset(self, key: jax.Array):
+        raise ValueError(f"{self.task} steps on the host: its lanes are a HostBatch's.")
+
+    def step(self, key: jax.Array, state: Any, action: jax.Array):
+        raise ValueError(f"{self.task} steps on the host: its lanes are a HostBatch's.")
+
+    # --- the host's side ----------------------------------------------------------------
+
+    def _made(self) -> Any:
+        from evorl_pop.tasks.vector_pool import made_quietly
+
+        return made_quietly(self.factory)
+
+    def _observe(self, env, obs) -> np.ndarray:
+        if self.one_hot:
+            eye = np.eye(self._obs_size, dtype=np.float32)
+            return eye[int(obs) - int(env.observation_space.start)]
+        return np.asarray(obs, np.float32).reshape(self.spec.obs_shape)
+
+    def _action(self, env, action: np.ndarray):
+        space = env.action_space
+        if self.spec.discrete:
+            return int(action.reshape(-1)[0]) + int(space.start)
+        return action.reshape(space.shape).astype(space.dtype)
+
+    def _lane(self, lane: int) -> _Lane:
+        with self._lock:
+            record = self._lanes.get(lane)
+        if record is None:
+            env = self._made()
+            record = _Lane(env, np.zeros(self.spec.obs_shape, np.float32))
+            with self._lock:
+                self._lanes[lane] = record
+        return record
+
+    def _sync(self, index, seed, steps, total, actions, start) -> np.ndarray:
+        """Each lane's environment where the device says it is (rebuilt where not);
+        records its pending seed; returns the lanes' observations."""
+        out = np.zeros((len(index), *self.spec.obs_shape), np.float32)
+        for j, lane in enumerate(np.asarray(index).tolist()):
+            record = self._lane(lane)
+            where = (int(seed[j]), int(steps[j]), int(total[j]))
+            if (record.seed, record.steps, record.total) != where:
+                obs, _ = record.env.reset(seed=where[0])
+                for action in np.asarray(actions[j, : where[1]]):
+                    obs = record.env.step(self._action(record.env, action))[0]
+                record.obs = self._observe(record.env, obs)
+                record.seed, record.steps, record.total = where
+            record.start = int(start[j])
+            out[j] = record.obs
+        return out
+
+    def _step(self, index, actions):
+        """One step of every lane; a lane whose episode ended starts its pending one."""
+        n = len(index)
+        next_obs = np.zeros((n, *self.spec.obs_shape), np.float32)
+        obs_after = np.zeros_like(next_obs)
+        reward = np.zeros(n, np.float32)
+        terminal = np.zeros(n, np.float32)
+        truncated = np.zeros(n, np.float32)
+        for j, lane in enumerate(np.asarray(index).tolist()):
+            record = self._lanes[lane]
+            env = record.env
+            obs, r, term, trunc, _ = env.step(self._action(env, np.asarray(actions[j])))
+            record.steps += 1
+            record.total += 1
+            term = bool(term)
+            trunc = (bool(trunc) or record.steps >= self.spec.max_steps) and not term
+            next_obs[j] = self._observe(env, obs)
+            reward[j] = r
+            terminal[j] = term
+            truncated[j] = trunc
+            if term or trunc:
+                obs, _ = env.reset(seed=record.start)
+                record.seed = record.start
+                record.steps = 0
+            record.obs = self._observe(env, obs)
+            obs_after[j] = record.obs
+        return next_obs, reward, terminal, truncated, obs_after
+
+    def close(self) -> None:
+        """Closes the lanes' environments."""
+        with self._lock:
+            lanes = list(self._lanes.values())
+            self._lanes.clear()
+        for record in lanes:
+            record.env.close()
+
+    # --- the device's side: vec_env's interface -------------------------------------------
+
+    def seeds(self, keys: jax.Array) -> jax.Array:
+        """Each lane's reset seed from its key (:func:`~evorl_pop.tasks.gym_envs.start_seed`)."""
+        from evorl_pop.tasks.gym_envs import start_seed
+
+        return jax.vmap(start_seed)(keys)
+
+    def reset_batch(self, keys: jax.Array) -> HostBatch:
+        """A batch of fresh episodes, one per key; the host resets them at the first unroll.
+
+        Args:
+          keys: one key per lane (:func:`~evorl_pop.rl.vec_env.lane_keys`).
+        """
+        n = keys.shape[0]
+        seeds = self.seeds(keys)
+        zero = jnp.zeros((n,), jnp.float32)
+        steps = jnp.zeros((n,), jnp.int32)
+        return HostBatch(
+            obs=jnp.zeros((n, *self.spec.obs_shape), jnp.float32),
+            steps=steps,
+            episode_return=zero,
+            last_return=jnp.full_like(zero, jnp.nan),
+            episodes=steps,
+            seed=seeds,
+            start_seed=seeds,
+            total=steps,
+            actions=jnp.zeros((n, self.spec.max_steps, self._action_size), self._action_dtype),
+        )
+
+    def sync(self, batch: HostBatch, start: jax.Array, index: jax.Array) -> jax.Array:
+        """The host's :meth:`_sync` of this device's lanes: their observations."""
+        shape = jax.ShapeDtypeStruct(batch.obs.shape, jnp.float32)
+        args = (index, batch.seed, batch.steps, batch.total, batch.actions, start)
+        return io_callback(self._sync, shape, *args, ordered=False)
+
+    def step_batch(
+        self, batch: HostBatch, action: jax.Array, index: jax.Array
+    ) -> tuple[HostBatch, StepResult]:
+        """Steps every lane on the host; lanes whose episode ended start their pending one.
+
+        Returns:
+          ``(batch, result)``, as :func:`~evorl_pop.rl.vec_env.step`.
+        """
+        n = batch.steps.shape[0]
+        obs = jax.ShapeDtypeStruct(batch.obs.shape, jnp.float32)
+        flags = jax.ShapeDtypeStruct((n,), jnp.float32)
+        action = action.astype(self._action_dtype)
+        out = io_callback(self._step, (obs, flags, flags, flags, obs), index, action)
+        next_obs, reward, terminal, truncated, obs_after = out
+        done = (terminal + truncated) > 0
+        lanes = jnp.arange(n)
+        actions = batch.actions.at[lanes, batch.steps].set(action.reshape(n, -1))
+        episode_return = batch.episode_return + reward
+        new = batch.replace(
+            obs=obs_after,
+            steps=jnp.where(done, 0, batch.steps + 1),
+            episode_return=jnp.where(done, 0.0, episode_return),
+            last_return=jnp.where(done, episode_return, batch.last_return),
+            episodes=batch.episodes + done,
+            seed=jnp.where(done, batch.start_seed, batch.seed),
+            total=batch.total + 1,
+            actions=actions,
+        )
+        return new, StepResult(next_obs, reward, terminal, truncated)
+
+    def unroll(
+        self,
+        batch: HostBatch,
+        act: Callable[[jax.Array, jax.Array], tuple[jax.Array, Any]],
+        key: jax.Array,
+        length: int,
+        index: jax.Array,
+    ) -> tuple[HostBatch, tuple[jax.Array, Any, StepResult]]:
+        """``length`` steps of every lane under a policy, as
+        :func:`~evorl_pop.rl.vec_env.unroll` (the same keys: one pending seed per lane
+        and unroll, each step's action keys)."""
+        refresh_key, key = jax.random.split(key)
+        start = self.seeds(lane_keys(refresh_key, index))
+        batch = batch.replace(obs=self.sync(batch, start, index), start_seed=start)
+
+        def one_step(batch, t):
+            keys = lane_keys(jax.random.fold_in(key, t), index)
+            act_keys = jax.vmap(jax.random.split)(keys)[:, 0]
+            action, extra = act(batch.obs, act_keys)
+            new, result = self.step_batch(batch, action, index)
+            return new, (batch.obs, extra, result)
+
+        return jax.lax.scan(one_step, batch, jnp.arange(length))

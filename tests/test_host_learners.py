@@ -1,0 +1,145 @@
+"""The learners on environments stepped on the host (``gym:ID``): their lanes step as a
+plain Gymnasium loop with the same seeds and actions, PPO and SAC train on Gymnasium and
+DM Control tasks, the same on 1 and 2 devices, and a resumed run equals the uninterrupted
+one; SAC on discrete actions is one line."""
+
+import _loop
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import yaml
+
+from evorl_pop import cli, make_mesh
+from evorl_pop.algorithms.ppo import PPO
+from evorl_pop.algorithms.ppo import Config as PPOConfig
+from evorl_pop.algorithms.sac import SAC
+from evorl_pop.algorithms.sac import Config as SACConfig
+from evorl_pop.base import ConfigError
+from evorl_pop.rl import vec_env
+from evorl_pop.rl.host_vec_env import HostEnvs
+from evorl_pop.run import store
+
+TINY_SAC = dict(
+    num_envs=2,
+    unroll_length=10,
+    episode_length=15,
+    actor_hidden_sizes=(8,),
+    critic_hidden_sizes=(8,),
+    batch_size=8,
+    learning_starts=8,
+    buffer_capacity=64,
+)
+TINY_PPO = dict(
+    num_envs=2,
+    unroll_length=10,
+    episode_length=15,
+    policy_hidden_sizes=(8,),
+    value_hidden_sizes=(8,),
+    num_minibatches=2,
+    num_epochs=1,
+)
+
+
+def test_lanes_step_as_a_plain_gymnasium_loop():
+    """A fixed policy's rewards and observations, over episodes that end inside an unroll
+    and restart with their pending seeds, are Gymnasium's stepped by hand."""
+    envs = HostEnvs("gym:Pendulum-v1", episode_length=7)
+    index = jnp.arange(3)
+    batch = envs.reset_batch(vec_env.lane_keys(jax.random.key(0), index))
+
+    def act(obs, keys):
+        action = jnp.tanh(obs[:, :1] * 1.5) * 2.0
+        return action, action
+
+    unroll = jax.jit(lambda b, k: envs.unroll(b, act, k, 10, index))
+    key = jax.random.key(1)
+    after, (obs, actions, result) = unroll(batch, key)
+    refresh_key = jax.random.split(key)[0]
+    pending = np.asarray(envs.seeds(vec_env.lane_keys(refresh_key, index)))
+    for lane in range(3):
+        env = gym.make("Pendulum-v1", max_episode_steps=7)
+        seen, _ = env.reset(seed=int(batch.seed[lane]))
+        for t in range(10):
+            np.testing.assert_array_equal(np.float32(seen), obs[t, lane])
+            seen, reward, terminated, truncated, _ = env.step(np.asarray(actions[t, lane]))
+            np.testing.assert_array_equal(np.float32(reward), result.reward[t, lane])
+            np.testing.assert_array_equal(np.float32(seen), result.next_obs[t, lane])
+            assert float(result.truncated[t, lane]) == float(t == 6)
+            if terminated or truncated:
+                seen, _ = env.reset(seed=int(pending[lane]))
+        env.close()
+    assert after.episodes.tolist() == [1, 1, 1]
+    assert after.steps.tolist() == [3, 3, 3]
+    envs.close()
+
+
+@pytest.mark.slow
+def test_ppo_and_sac_train_the_same_on_1_and_2_devices():
+    """Each device steps its own lanes, seeded by their global index: the same episodes
+    (the losses, reduced over the devices, may round differently)."""
+    for cls, config in (
+        (SAC, SACConfig(task="gym:Pendulum-v1", **TINY_SAC)),
+        (PPO, PPOConfig(task="gym:Pendulum-v1", **TINY_PPO)),
+    ):
+        histories = [
+            _loop.train(cls(config, mesh=make_mesh(n)), jax.random.key(3), 3, chunk=1)[1]
+            for n in (1, 2)
+        ]
+        assert histories[0]["episodes"].tolist() == [0, 2, 2]
+        assert np.isfinite(histories[0]["fitness_mean"][1:]).all()
+        assert histories[1]["episodes"].tolist() == [0, 2, 2]
+        for column, values in histories[0].items():
+            np.testing.assert_allclose(histories[1][column], values, rtol=1e-5, err_msg=column)
+
+
+@pytest.mark.slow
+def test_sac_trains_on_a_dm_control_task():
+    config = SACConfig(task="gym:dm_control/cartpole-balance-v0", **TINY_SAC)
+    _, history = _loop.train(SAC(config), jax.random.key(0), 3)
+    assert history["episodes"].tolist() == [0, 2, 2]
+    assert np.isfinite(history["fitness_mean"][1:]).all()
+    assert np.isfinite(history["critic_loss"][1:]).all()
+
+
+@pytest.mark.slow
+def test_ppo_takes_discrete_actions_and_sac_refuses_them_in_one_line():
+    ppo = PPO(PPOConfig(task="gym:CartPole-v1", **TINY_PPO))
+    _, history = _loop.train(ppo, jax.random.key(0), 2)
+    assert np.isfinite(history["loss"]).all()
+    with pytest.raises(ConfigError, match="SAC needs continuous actions") as err:
+        SAC(SACConfig(task="gym:CartPole-v1", **TINY_SAC))
+    assert "\n" not in str(err.value)
+
+
+def _rows(run) -> dict:
+    return {k: v for k, v in store.read_metrics(run).items() if "time" not in k}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["sac", "ppo"])
+def test_a_resumed_run_equals_the_uninterrupted_one(algorithm, tmp_path):
+    """A resumed run rebuilds its host environments from the checkpoint's seeds and
+    actions (episodes of 15 steps cross the 10-step generations' chunks)."""
+    settings = dict(TINY_SAC if algorithm == "sac" else TINY_PPO)
+    settings = {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}
+    config = tmp_path / "config.yaml"
+    data = {
+        "algorithm": algorithm,
+        "seed": 1,
+        "algorithm_config": {**settings, "task": "gym:Pendulum-v1"},
+    }
+    config.write_text(yaml.safe_dump(data))
+    run = tmp_path / "run"
+    whole = tmp_path / "whole"
+    args = ["train", "--config", str(config), "--chunk", "1", "--devices", "1", "-q", "--no-figure"]
+    assert cli.main([*args, "-g", "2", "--out", str(run)]) == 0
+    assert cli.main(["resume", str(run), "--more", "2", "-q", "--no-figure"]) == 0
+    assert cli.main([*args, "-g", "4", "--out", str(whole)]) == 0
+    resumed = _rows(run)
+    uninterrupted = _rows(whole)
+    assert list(resumed) == list(uninterrupted)
+    assert resumed["episodes"].tolist() == [0, 2, 2, 0]
+    for column, values in uninterrupted.items():
+        np.testing.assert_array_equal(resumed[column], values, err_msg=column)
