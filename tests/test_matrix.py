@@ -31,10 +31,12 @@ TASKS = {
     "dm_control": "gym:dm_control/cartpole-balance-v0",
 }
 ALGORITHMS = [spec.name for spec in config_lib.specs()]
-#: The project's own pairs that must be refused: the learners and the hybrids step their
-#: environments in JAX, so neither Gymnasium's host environments nor black-box functions.
+#: The project's own pairs that must be refused: the learners and the hybrids take no
+#: black-box functions, and the hybrids and PBT step their environments in JAX, so not
+#: Gymnasium's host environments (PPO and SAC step those on the host).
 LEARNING = ("cemrl", "erl", "pbt", "ppo", "sac")
 REFUSED = {(a, f) for a in LEARNING for f in ("gym", "dm_control", "black-box")}
+REFUSED -= {(a, f) for a in ("ppo", "sac") for f in ("gym", "dm_control")}
 #: MAP-Elites needs a task with behaviour descriptors (qd/arm, ...), which no family has.
 REFUSED |= {("mapelites", f) for f in TASKS}
 
