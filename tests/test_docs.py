@@ -422,6 +422,36 @@ def _api_modules() -> list[str]:
     return names
 
 
+NOTEBOOKS = sorted((DOCS / "notebooks").glob("*.ipynb"))
+
+
+def test_the_notebooks_are_kept_without_outputs_and_each_is_in_the_nav():
+    """The site build executes them (mkdocs-jupyter, ``execute: true``): the outputs shown are
+    those of that run, never ones saved with the notebook."""
+    nav = _nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+    assert len(NOTEBOOKS) >= 3
+    for path in NOTEBOOKS:
+        notebook = json.loads(path.read_text())
+        code = [c for c in notebook["cells"] if c["cell_type"] == "code"]
+        assert code and all(not c["outputs"] and c["execution_count"] is None for c in code), path
+        assert f"notebooks/{path.name}" in nav.values(), path
+
+
+def test_the_notebooks_pages_show_the_outputs_of_their_run(site):
+    """Each notebook's page: its printed lines and a figure, from the build's execution."""
+    printed = {
+        "openes-cartpole": "best fitness:",
+        "cmaes-restarts": "converged: True",
+        "pbt-pendulum": "member 3: return",
+    }
+    assert sorted(printed) == [p.stem for p in NOTEBOOKS]
+    for name, line in printed.items():
+        page = (site / "notebooks" / name / "index.html").read_text()
+        assert line in page, name
+        assert "data:image/png;base64," in page, f"{name}: no figure"
+        assert "Traceback" not in page, name
+
+
 def test_the_python_api_has_a_page_per_layer_and_every_module_once(parsed, site):
     """Each module is on exactly one API page, under its evorl_pop. name; the names the guides
     cite have an entry."""
@@ -589,21 +619,24 @@ def test_the_site_renders_in_chromium_and_search_finds_a_guide(browser):
 
 
 def test_every_image_is_at_least_600_px_wide(browser, parsed, site):
-    """Every page with an image, in the browser: each image loads with a natural width of at
-    least 600 px (readable, not a thumbnail), notebook outputs included."""
+    """Every image a page shows (files and the notebooks' inline figures), loaded by the
+    browser: each has a natural width of at least 600 px (readable, not a thumbnail)."""
     browser, base = browser
-    widths = (
-        "[...document.images].every(i => i.complete) && "
-        "JSON.stringify([...document.images]"
-        ".map(i => [i.src.slice(0, 80), i.naturalWidth]))"
+    sources = set()
+    for page, html in parsed.items():
+        url = f"{base}/{page.relative_to(site).as_posix()}"
+        sources.update(urllib.parse.urljoin(url, src) for src in html.images)
+    assert len(sources) >= 12
+    load = (
+        "window.widths = null; Promise.all(%s.map(u => new Promise(done => {"
+        "const i = new Image(); i.onload = () => done([u.slice(0, 100), i.naturalWidth]);"
+        "i.onerror = () => done([u.slice(0, 100), 0]); i.src = u;})))"
+        ".then(w => { window.widths = JSON.stringify(w); }); 1"
     )
-    with_images = [p for p, h in parsed.items() if h.images]
-    assert len(with_images) >= 8
-    narrow = []
-    for page in with_images:
-        browser.open(f"{base}/{page.relative_to(site).as_posix()}")
-        browser.wait_for("document.readyState == 'complete'")
-        for src, width in json.loads(browser.wait_for(widths)):
-            if width < 600:
-                narrow.append(f"{page.relative_to(site)}: {src} is {width} px wide")
+    browser.open(f"{base}/")
+    browser.wait_for("document.readyState == 'complete'")
+    browser.wait_for(load % json.dumps(sorted(sources)))
+    widths = json.loads(browser.wait_for("window.widths"))
+    assert len(widths) == len(sources)
+    narrow = [f"{src} is {width} px wide" for src, width in widths if width < 600]
     assert not narrow, "\n".join(narrow)
