@@ -617,6 +617,30 @@ def test_the_site_renders_in_chromium_and_search_finds_a_guide(browser):
     )
     assert any("guides/pbt/" in href for href in found), found
 
+    # a wide screen: the content column widens past Material's 61rem, and the reference tables'
+    # names (first column) each stay on one line
+    browser.call(
+        "Emulation.setDeviceMetricsOverride",
+        browser.session,
+        width=1600,
+        height=1000,
+        deviceScaleFactor=1,
+        mobile=False,
+    )
+    for page in ("reference/cli/", "reference/config/", "reference/metrics/"):
+        browser.open(f"{base}/{page}")
+        rems = browser.wait_for(
+            "document.readyState == 'complete' && "
+            "parseFloat(getComputedStyle(document.querySelector('.md-grid')).maxWidth) / "
+            "parseFloat(getComputedStyle(document.documentElement).fontSize)"
+        )
+        assert rems >= 80, rems
+        broken = browser.wait_for(
+            "JSON.stringify([...document.querySelectorAll('article td:first-child code')]"
+            ".filter(c => c.getClientRects().length > 1).map(c => c.textContent))"
+        )
+        assert json.loads(broken) == [], f"{page}: {broken}"
+
 
 def test_every_image_is_at_least_600_px_wide(browser, parsed, site):
     """Every image a page shows (files and the notebooks' inline figures), loaded by the
