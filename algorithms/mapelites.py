@@ -297,14 +297,12 @@ class MapElites:
         population, asked = self.emitter.ask(state.archive, state.emitter, k_ask)
         summary, quality, descriptors = self._evaluate(population, k_eval, state.task_state)
         archive, added = self.archive.insert(state.archive, population, quality, descriptors)
+        # replicated, so that the emitter's sums over the batch (an ES's gradient) are
+        # each computed whole on every device, in one order on any device count
+        replicated = NamedSharding(self.mesh, P())
+        told = jax.lax.with_sharding_constraint((quality, descriptors), replicated)
         emitter, emitter_metrics = self.emitter.tell(
-            state.archive,
-            archive,
-            state.emitter,
-            asked,
-            quality,
-            descriptors,
-            jax.random.fold_in(k_ask, 1),
+            state.archive, archive, state.emitter, asked, *told, jax.random.fold_in(k_ask, 1)
         )
         task_state = self.task.update_state(state.task_state, summary.info)
         new = MapElitesState(archive, task_state, state.generation + 1, emitter)

@@ -36,6 +36,7 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from evorl_pop.algorithms.es import make_strategy
 
@@ -135,10 +136,16 @@ class _StrategyEmitter:
         self.strategy = strategy
         self.params = params
 
+    def _replicated(self, fn):
+        """``fn`` computed whole on every device inside ``shard_map``: the partitioner
+        could otherwise split its sums across the devices, which rounds differently on
+        another device count."""
+        return jax.shard_map(fn, mesh=self.archive.mesh, in_specs=P(), out_specs=P())
+
     def _start(self, archive_state, key):
         k_centre, k_init = jax.random.split(key)
         centre = self.archive.sample(archive_state, k_centre, 1)[0]
-        return self.strategy.init(k_init, centre, self.params)
+        return self._replicated(self.strategy.init)(k_init, centre, self.params)
 
     def init(self, archive_state, key):
         zero = jnp.zeros((), jnp.int32)
@@ -146,7 +153,8 @@ class _StrategyEmitter:
 
     def ask(self, archive_state, emitter_state, key):
         del archive_state
-        raw, strategy = self.strategy.ask(key, emitter_state.strategy, self.params)
+        ask = self._replicated(self.strategy.ask)
+        raw, strategy = ask(key, emitter_state.strategy, self.params)
         bounds = self.task.genotype_bounds
         population = raw if bounds is None else jnp.clip(raw, *bounds)
         return population, (strategy, raw)
@@ -156,7 +164,8 @@ class _StrategyEmitter:
         where ``restart``."""
         strategy, raw = asked
         k_tell, k_start = jax.random.split(key)
-        strategy, _ = self.strategy.tell(k_tell, raw, loss, strategy, self.params)
+        tell = self._replicated(self.strategy.tell)
+        strategy, _ = tell(k_tell, raw, loss, strategy, self.params)
         fresh = self._start(after, k_start)
         new = StrategyEmitterState(
             _select(restart, fresh, strategy),

@@ -286,18 +286,17 @@ class ShardedArchive:
     def novelty(self, archive: Archive, descriptors, k: int):
         """Each (replicated) descriptor's mean Euclidean distance to its ``k`` nearest
         elites' descriptors (fewer when fewer cells are filled; ``0`` when none are),
-        replicated. Each device keeps its own ``k`` nearest, the devices' are gathered
-        and the ``k`` nearest of those kept, in ascending order: the same sum on any
-        device count."""
+        replicated. The elites' descriptors (``descriptor_size`` floats a cell) are
+        gathered on every device and the distances computed over all the cells, in one
+        shape on any device count: the same values, bit for bit."""
 
         def local(fitness, elites, descriptors):
-            filled = jnp.isfinite(fitness)
+            filled = all_gather(jnp.isfinite(fitness), POP_AXIS_NAME, tiled=True, to="invarying")
+            elites = all_gather(elites, POP_AXIS_NAME, tiled=True, to="invarying")
             diff = descriptors[:, None, :] - elites[None, :, :]
             dist = jnp.sqrt(jnp.sum(diff * diff, axis=-1))
             dist = jnp.where(filled[None, :], dist, jnp.inf)
-            near = -jax.lax.top_k(-dist, min(k, self.local_cells))[0]
-            near = all_gather(near, POP_AXIS_NAME, axis=1, tiled=True, to="invarying")
-            near = -jax.lax.top_k(-near, min(k, near.shape[1]))[0]
+            near = -jax.lax.top_k(-dist, min(k, self.padded_cells))[0]
             finite = jnp.isfinite(near)
             total = jnp.sum(jnp.where(finite, near, 0.0), axis=1)
             return total / jnp.maximum(jnp.sum(finite, axis=1), 1).astype(total.dtype)
