@@ -105,13 +105,12 @@ def polynomial_mutation(key, x, lower, upper, eta: float, prob: float):
     to_low, to_high = (x - lower) / span, (upper - x) / span
     power = 1.0 / (eta + 1.0)
     down = u < 0.5
-    base_down = 2.0 * u + (1.0 - 2.0 * u) * (1.0 - to_low) ** (eta + 1.0)
-    base_up = 2.0 * (1.0 - u) + 2.0 * (u - 0.5) * (1.0 - to_high) ** (eta + 1.0)
-    delta = jnp.where(
-        down,
-        jnp.where(down, base_down, 1.0) ** power - 1.0,
-        1.0 - jnp.where(down, 1.0, base_up) ** power,
-    )
+    # each power taken once, of the side each variable moves to (the same values)
+    near = jnp.where(down, 1.0 - to_low, 1.0 - to_high) ** (eta + 1.0)
+    base_down = 2.0 * u + (1.0 - 2.0 * u) * near
+    base_up = 2.0 * (1.0 - u) + 2.0 * (u - 0.5) * near
+    root = jnp.where(down, base_down, base_up) ** power
+    delta = jnp.where(down, root - 1.0, 1.0 - root)
     return jnp.where(mutate, jnp.clip(x + delta * span, lower, upper), x)
 
 
@@ -289,7 +288,9 @@ class NSGA2Config:
 
     Attributes:
       task: a multi-objective problem (``mo/zdt1``, ``mo/zdt2``, ``mo/zdt3``,
-        ``mo/dtlz1``, ``mo/dtlz2``), or any task of ``es`` (one objective).
+        ``mo/dtlz1``, ``mo/dtlz2``), a multi-objective brax task (``mo/halfcheetah``,
+        ``mo/hopper``, ``mo/hopper3``, ``mo/ant``), or any task of ``es``
+        (one objective).
       population_size: members kept, and offspring made, each generation.
       num_dims: the variables (``None``: the problem's default; 10 for a
         black-box function).
@@ -327,7 +328,7 @@ class NSGA2Config:
     policy: str = "auto"  # control tasks: 'auto', 'mlp', 'cnn' or 'keypoints', as es's
     episode_length: int | None = None  # control tasks: steps per episode (None: the env's)
     episodes: int = 1  # control tasks: episodes per candidate
-    backend: str = "spring"  # brax tasks: the physics backend
+    backend: str | None = None  # brax tasks: the physics backend (None: spring, if it has)
     impl: str = "jax"  # Playground tasks: the MJX implementation
     vector: str = "sync"  # gym: tasks: 'sync' or 'async' stepping
 
@@ -342,8 +343,9 @@ class NSGA2Config:
             f.name for f in dataclasses.fields(self)
         }
         values = {name: getattr(self, name) for name in shared}
-        if values.get("num_dims") is None:
-            values.pop("num_dims", None)
+        for name in ("num_dims", "backend"):  # None: es's default
+            if values.get(name) is None:
+                values.pop(name, None)
         return ESConfig(**values)
 
     def validate(self) -> None:
@@ -389,7 +391,9 @@ class NSGA2Config:
     def make_task(self):
         """The task ``task`` names, with this config's settings."""
         if self.multi_objective:
-            return make_mo_task(self.task, self.num_dims, self.num_objectives)
+            control = ("hidden_sizes", "activation", "episodes", "episode_length", "backend")
+            settings = {name: getattr(self, name) for name in control}
+            return make_mo_task(self.task, self.num_dims, self.num_objectives, **settings)
         return self._es_config().make_task()
 
 

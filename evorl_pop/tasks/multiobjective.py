@@ -13,7 +13,8 @@ clipped to it before they are scored)::
 
 A task knows its front (:meth:`MOTask.pareto_front`, for IGD and IGD+), its
 search box (``bounds``) and a reference point for the hypervolume
-(``ref_point``). Build one by name with :func:`make_mo_task`.
+(``ref_point``). Build one by name with :func:`make_mo_task`, which also builds
+the multi-objective brax tasks (``mo/halfcheetah``, ...: :mod:`~evorl_pop.tasks.mo_brax`).
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ REF_POINT = {"zdt1": 1.1, "zdt2": 1.1, "zdt3": 1.1, "dtlz1": 1.0, "dtlz2": 1.1}
 
 
 def mo_task_names() -> list[str]:
-    """``mo/<problem>`` for every problem."""
-    return [MO_PREFIX + name for name in PROBLEMS]
+    """``mo/<problem>`` for every problem, and every multi-objective brax task."""
+    from evorl_pop.tasks.mo_brax import mo_brax_names  # brax is imported when one is built
+
+    return [MO_PREFIX + name for name in PROBLEMS] + mo_brax_names()
 
 
 def das_dennis(partitions: int, num_objectives: int) -> np.ndarray:
@@ -112,7 +115,7 @@ class MOTask:
             hint = did_you_mean(self.problem, PROBLEMS, 3)
             raise ValueError(
                 f"Unknown multi-objective problem {self.problem!r}.{hint} "
-                f"Valid: {', '.join(PROBLEMS)}."
+                f"Valid: {', '.join(mo_task_names())}."
             )
         zdt = self.problem.startswith("zdt")
         m = self.num_objectives if self.num_objectives is not None else (2 if zdt else 3)
@@ -197,8 +200,22 @@ class MOTask:
         return self.objectives(solution), EvalInfo(steps=jnp.int32(0), episodes=jnp.int32(0))
 
 
-def make_mo_task(name: str, num_dims: int | None = None, num_objectives: int | None = None):
-    """The problem ``mo/<problem>`` (:class:`MOTask`)."""
+def make_mo_task(
+    name: str, num_dims: int | None = None, num_objectives: int | None = None, **control
+):
+    """The problem ``mo/<problem>`` (:class:`MOTask`), or the multi-objective brax task
+    ``mo/<env>`` (:class:`~evorl_pop.tasks.mo_brax.MOBraxTask`, built with ``control``:
+    ``hidden_sizes``, ``activation``, ``episodes``, ``episode_length``, ``backend``;
+    the problems take none of these)."""
+    from evorl_pop.tasks.mo_brax import MO_BRAX, MOBraxTask
+
     if not name.startswith(MO_PREFIX):
         raise ValueError(f"A multi-objective problem is named {MO_PREFIX}<problem>, got {name!r}.")
+    if name[len(MO_PREFIX) :] in MO_BRAX:
+        if num_dims is not None:
+            raise ValueError(f"{name}: num_dims is the policy's size, not a setting.")
+        task = MOBraxTask(name, **control)
+        if num_objectives not in (None, task.num_objectives):
+            raise ValueError(f"{name} has {task.num_objectives} objectives, got {num_objectives}.")
+        return task
     return MOTask(name[len(MO_PREFIX) :], num_dims, num_objectives)
