@@ -28,9 +28,12 @@ def dominates(fitness: jax.Array) -> jax.Array:
 def nondominated_ranks(fitness: jax.Array, needed: int | None = None) -> jax.Array:
     """The front of each row: 0 for the non-dominated, 1 for those only they dominate, ...
 
-    The fronts are peeled one at a time from the domination matrix: a row joins
-    the current front when no remaining row dominates it (one ``any`` over the
-    matrix's columns per front, faster on a CPU than keeping counts of dominators).
+    The fronts are peeled one at a time. Two objectives: the rows sorted once by
+    ``(f0, f1)``; a remaining row joins the current front when no remaining row
+    before its group of equal rows has an ``f1`` as low (a running minimum: ``O(n)``
+    per front). More: from the domination matrix, a row joins when no remaining row
+    dominates it (one ``any`` over the matrix's columns per front, faster on a CPU
+    than keeping counts of dominators). Both are the same relation, compared exactly.
 
     Args:
       fitness: ``(n, k)`` objective vectors, minimised; finite.
@@ -40,9 +43,25 @@ def nondominated_ranks(fitness: jax.Array, needed: int | None = None) -> jax.Arr
     Returns:
       ``(n,)`` int32 ranks; rows left unranked (beyond ``needed``) get ``n``.
     """
-    n = fitness.shape[0]
+    n, k = fitness.shape
     needed = n if needed is None else needed
-    dom = dominates(fitness)
+    if k == 2:
+        order = jnp.lexsort((fitness[:, 1], fitness[:, 0]))
+        x, y = fitness[order, 0], fitness[order, 1]
+        index = jnp.arange(n)
+        new = jnp.concatenate([jnp.ones(1, bool), (x[1:] != x[:-1]) | (y[1:] != y[:-1])])
+        group_start = jax.lax.cummax(jnp.where(new, index, 0))
+
+        def front_of(remaining):
+            lowest = jax.lax.cummin(jnp.where(remaining, y, jnp.inf))
+            before = jnp.concatenate([jnp.full(1, jnp.inf, y.dtype), lowest[:-1]])
+            return remaining & ~(before[group_start] <= y)
+
+    else:
+        dom = dominates(fitness)
+
+        def front_of(remaining):
+            return remaining & ~jnp.any(dom & remaining[:, None], axis=0)
 
     def cond(carry):
         _, remaining, _, ranked = carry
@@ -50,12 +69,15 @@ def nondominated_ranks(fitness: jax.Array, needed: int | None = None) -> jax.Arr
 
     def body(carry):
         rank, remaining, front_id, ranked = carry
-        front = remaining & ~jnp.any(dom & remaining[:, None], axis=0)
+        front = front_of(remaining)
         rank = jnp.where(front, front_id, rank)
         return rank, remaining & ~front, front_id + 1, ranked + jnp.sum(front, dtype=jnp.int32)
 
     start = (jnp.full(n, n, jnp.int32), jnp.ones(n, bool), jnp.int32(0), jnp.int32(0))
-    return jax.lax.while_loop(cond, body, start)[0]
+    rank = jax.lax.while_loop(cond, body, start)[0]
+    if k == 2:  # back from the sorted order
+        return jnp.zeros_like(rank).at[order].set(rank)
+    return rank
 
 
 def crowding_distance(fitness: jax.Array, rank: jax.Array) -> jax.Array:
@@ -77,17 +99,16 @@ def crowding_distance(fitness: jax.Array, rank: jax.Array) -> jax.Array:
     n, k = fitness.shape
     index = jnp.arange(n)
     distance = jnp.zeros(n, fitness.dtype)
-    segments = n + 1  # ranks go up to n (unranked rows)
     for m in range(k):
         f = fitness[:, m]
         order = jnp.lexsort((index, f, rank))
         r, fs = rank[order], f[order]
         first = jnp.concatenate([jnp.ones(1, bool), r[1:] != r[:-1]])
         last = jnp.concatenate([r[1:] != r[:-1], jnp.ones(1, bool)])
-        span = (
-            jax.ops.segment_max(f, rank, segments, indices_are_sorted=False)
-            - jax.ops.segment_min(f, rank, segments, indices_are_sorted=False)
-        )[r]
+        # each front's range: its last sorted value less its first (its max and min)
+        start = jax.lax.cummax(jnp.where(first, index, 0))
+        end = jax.lax.cummin(jnp.where(last, index, n - 1), reverse=True)
+        span = fs[end] - fs[start]
         gap = jnp.concatenate([fs[1:], fs[-1:]]) - jnp.concatenate([fs[:1], fs[:-1]])
         inner = jnp.where(span > 0, gap / jnp.where(span > 0, span, 1.0), 0.0)
         distance = distance.at[order].add(jnp.where(first | last, jnp.inf, inner))
