@@ -17,7 +17,10 @@ through host callbacks::
 Lane ``i`` resets with the seed :func:`~evorl_pop.tasks.gym_envs.start_seed`
 of its key ``fold_in(key, i)``, ``i`` its *global* index, and each device's
 callbacks step only its own lanes: a batch split over the devices of a ``DP``
-axis steps as the whole batch on one device.
+axis steps as the whole batch on one device. The host keeps a lane's
+environment under a stream number drawn from the lane's first key, so that
+the batches of several seeds in one program (a ``vmap``, whose callbacks run
+one batch after the other) each step environments of their own.
 
 Exact resume: a checkpoint cannot hold a Gymnasium environment, so the
 device state holds what rebuilds it, each lane's seed and its episode's
@@ -64,6 +67,12 @@ class HostBatch:
     start_seed: jax.Array  # uint32: the reset seed of the lane's next episode
     total: jax.Array  # int32: steps the lane has taken since the run began
     actions: jax.Array  # (num_envs, max_steps, action size): the episode's actions so far
+    stream: jax.Array  # uint32: which host environment is the lane's (drawn from its key)
+
+
+def _lane_ids(stream, index) -> list[tuple[int, int]]:
+    """The host's names of a batch's lanes: ``(stream, global index)``."""
+    return list(zip(np.asarray(stream).tolist(), np.asarray(index).tolist(), strict=True))
 
 
 @dataclasses.dataclass
@@ -108,7 +117,7 @@ class HostEnvs:
             raise ConfigError(f"task: {err}") from None
         self.task = task
         self.env = self  # the learners' environment: its spec
-        self._lanes: dict[int, _Lane] = {}
+        self._lanes: dict[tuple[int, int], _Lane] = {}  # (stream, lane) to its environment
         self._lock = threading.Lock()  # lanes are made by each device's callbacks
         self._obs_size = int(np.prod(self.spec.obs_shape, dtype=int))
         self._action_size = 1 if self.spec.discrete else self.spec.action_dim
@@ -141,7 +150,7 @@ class HostEnvs:
             return int(action.reshape(-1)[0]) + int(space.start)
         return action.reshape(space.shape).astype(space.dtype)
 
-    def _lane(self, lane: int) -> _Lane:
+    def _lane(self, lane: tuple[int, int]) -> _Lane:
         with self._lock:
             record = self._lanes.get(lane)
         if record is None:
@@ -151,11 +160,11 @@ class HostEnvs:
                 self._lanes[lane] = record
         return record
 
-    def _sync(self, index, seed, steps, total, actions, start) -> np.ndarray:
+    def _sync(self, index, stream, seed, steps, total, actions, start) -> np.ndarray:
         """Each lane's environment where the device says it is (rebuilt where not);
         records its pending seed; returns the lanes' observations."""
         out = np.zeros((len(index), *self.spec.obs_shape), np.float32)
-        for j, lane in enumerate(np.asarray(index).tolist()):
+        for j, lane in enumerate(_lane_ids(stream, index)):
             record = self._lane(lane)
             where = (int(seed[j]), int(steps[j]), int(total[j]))
             if (record.seed, record.steps, record.total) != where:
@@ -168,7 +177,7 @@ class HostEnvs:
             out[j] = record.obs
         return out
 
-    def _step(self, index, actions):
+    def _step(self, index, stream, actions):
         """One step of every lane; a lane whose episode ended starts its pending one."""
         n = len(index)
         next_obs = np.zeros((n, *self.spec.obs_shape), np.float32)
@@ -176,7 +185,7 @@ class HostEnvs:
         reward = np.zeros(n, np.float32)
         terminal = np.zeros(n, np.float32)
         truncated = np.zeros(n, np.float32)
-        for j, lane in enumerate(np.asarray(index).tolist()):
+        for j, lane in enumerate(_lane_ids(stream, index)):
             record = self._lanes[lane]
             env = record.env
             obs, r, term, trunc, _ = env.step(self._action(env, np.asarray(actions[j])))
@@ -232,12 +241,15 @@ class HostEnvs:
             start_seed=seeds,
             total=steps,
             actions=jnp.zeros((n, self.spec.max_steps, self._action_size), self._action_dtype),
+            stream=jax.vmap(lambda k: jax.random.bits(jax.random.fold_in(k, 1), (), jnp.uint32))(
+                keys
+            ),
         )
 
     def sync(self, batch: HostBatch, start: jax.Array, index: jax.Array) -> jax.Array:
         """The host's :meth:`_sync` of this device's lanes: their observations."""
         shape = jax.ShapeDtypeStruct(batch.obs.shape, jnp.float32)
-        args = (index, batch.seed, batch.steps, batch.total, batch.actions, start)
+        args = (index, batch.stream, batch.seed, batch.steps, batch.total, batch.actions, start)
         return io_callback(self._sync, shape, *args, ordered=False)
 
     def step_batch(
@@ -252,7 +264,8 @@ class HostEnvs:
         obs = jax.ShapeDtypeStruct(batch.obs.shape, jnp.float32)
         flags = jax.ShapeDtypeStruct((n,), jnp.float32)
         action = action.astype(self._action_dtype)
-        out = io_callback(self._step, (obs, flags, flags, flags, obs), index, action)
+        shapes = (obs, flags, flags, flags, obs)
+        out = io_callback(self._step, shapes, index, batch.stream, action)
         next_obs, reward, terminal, truncated, obs_after = out
         done = (terminal + truncated) > 0
         lanes = jnp.arange(n)
