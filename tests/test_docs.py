@@ -234,6 +234,15 @@ def test_config_reference_lists_exactly_every_configs_fields(site):
     assert "updates_per_actor" in page and "checkpoint_every" in page
 
 
+def test_api_docstrings_become_markdown():
+    """The API pages' griffe extension: a reST literal block becomes a fenced block, a role a
+    code span (a link where it names one of the package's objects, checked on the site)."""
+    text = "A run holds::\n\n    a\n      b\n\nSee :func:`~x.y.z`, :class:`Foo` and :meth:`run()`."
+    assert _gen_ref().markdown_docstring(text, None, {}) == (
+        "A run holds:\n\n```text\na\n  b\n```\n\nSee `z`, `Foo` and `run()`."
+    )
+
+
 # --- dotted names -----------------------------------------------------------------------
 
 DOTTED = re.compile(r"(?<![\w/.-])evorl_pop(?:\.[A-Za-z_]\w*)+")
