@@ -177,33 +177,41 @@ class HostEnvs:
             out[j] = record.obs
         return out
 
-    def _step(self, index, stream, actions):
-        """One step of every lane; a lane whose episode ended starts its pending one."""
-        n = len(index)
-        next_obs = np.zeros((n, *self.spec.obs_shape), np.float32)
-        obs_after = np.zeros_like(next_obs)
-        reward = np.zeros(n, np.float32)
-        terminal = np.zeros(n, np.float32)
-        truncated = np.zeros(n, np.float32)
-        for j, lane in enumerate(_lane_ids(stream, index)):
+    def _step(self, words: np.ndarray) -> np.ndarray:
+        """One step of every lane; a lane whose episode ended starts its pending one.
+
+        Args:
+          words: uint32 ``(lanes, 2 + action size)``: each lane's global index, its
+            stream and its action's raw bits (one argument: each costs a copy).
+
+        Returns:
+          float32 ``(lanes, 2 x observation size + 3)``: each lane's observation after
+          the step, its observation after any reset, its reward, terminal and
+          truncated flags (one result: each costs a conversion).
+        """
+        words = np.asarray(words)
+        actions = np.ascontiguousarray(words[:, 2:]).view(
+            np.int32 if self.spec.discrete else np.float32
+        )
+        size = self._obs_size
+        out = np.zeros((len(words), 2 * size + 3), np.float32)
+        for j, lane in enumerate(_lane_ids(words[:, 1], words[:, 0])):
             record = self._lanes[lane]
             env = record.env
-            obs, r, term, trunc, _ = env.step(self._action(env, np.asarray(actions[j])))
+            obs, reward, term, trunc, _ = env.step(self._action(env, actions[j]))
             record.steps += 1
             record.total += 1
             term = bool(term)
             trunc = (bool(trunc) or record.steps >= self.spec.max_steps) and not term
-            next_obs[j] = self._observe(env, obs)
-            reward[j] = r
-            terminal[j] = term
-            truncated[j] = trunc
+            out[j, :size] = self._observe(env, obs).reshape(-1)
             if term or trunc:
                 obs, _ = env.reset(seed=record.start)
                 record.seed = record.start
                 record.steps = 0
             record.obs = self._observe(env, obs)
-            obs_after[j] = record.obs
-        return next_obs, reward, terminal, truncated, obs_after
+            out[j, size : 2 * size] = record.obs.reshape(-1)
+            out[j, 2 * size :] = (reward, term, trunc)
+        return out
 
     def close(self) -> None:
         """Closes the lanes' environments."""
@@ -261,12 +269,17 @@ class HostEnvs:
           ``(batch, result)``, as :func:`~evorl_pop.rl.vec_env.step`.
         """
         n = batch.steps.shape[0]
-        obs = jax.ShapeDtypeStruct(batch.obs.shape, jnp.float32)
-        flags = jax.ShapeDtypeStruct((n,), jnp.float32)
+        size = self._obs_size
         action = action.astype(self._action_dtype)
-        shapes = (obs, flags, flags, flags, obs)
-        out = io_callback(self._step, shapes, index, batch.stream, action)
-        next_obs, reward, terminal, truncated, obs_after = out
+        bits = jax.lax.bitcast_convert_type(action.reshape(n, -1), jnp.uint32)
+        ids = jnp.stack([index.astype(jnp.uint32), batch.stream], axis=1)
+        shape = jax.ShapeDtypeStruct((n, 2 * size + 3), jnp.float32)
+        out = io_callback(self._step, shape, jnp.concatenate([ids, bits], axis=1))
+        next_obs = out[:, :size].reshape(batch.obs.shape)
+        obs_after = out[:, size : 2 * size].reshape(batch.obs.shape)
+        reward = out[:, 2 * size]
+        terminal = out[:, 2 * size + 1]
+        truncated = out[:, 2 * size + 2]
         done = (terminal + truncated) > 0
         lanes = jnp.arange(n)
         actions = batch.actions.at[lanes, batch.steps].set(action.reshape(n, -1))
