@@ -98,6 +98,15 @@ def _add(p, options, exclusive: bool = False) -> None:
         p.add_argument(*flags.split(), help=help, **kwargs)
 
 
+def _floats(text: str) -> tuple[float, ...]:
+    """``'0.5,0.25'`` as ``(0.5, 0.25)`` (``--descriptor``)."""
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        message = f"expected numbers separated by commas, got {text!r}"
+        raise argparse.ArgumentTypeError(message) from None
+
+
 # The options of each command, a row each: (flags, help, argparse keywords).
 # fmt: off
 N = {"metavar": "N"}
@@ -188,6 +197,12 @@ RENDER = [
     ("--seed", "key jax.random.key(S) (default: the key of the run's last evaluation)",
      {"type": int, "metavar": "S"}),
     ("--out -o", "the file (default: RUN/render.html or RUN/render.gif)", FILE),
+    ("--member", "an NSGA run on an mo/ brax task: front member I (front.csv's index)",
+     {"type": int, "metavar": "I"}),
+    ("--cell", "a MAP-Elites run on a qd/ brax task: the elite of cell I (archive.npz)",
+     {"type": int, "metavar": "I"}),
+    ("--descriptor", "a MAP-Elites run: the filled cell nearest to the descriptor d1,d2,...",
+     {"type": _floats, "metavar": "D"}),
 ]
 # fmt: on
 
@@ -438,7 +453,8 @@ def _cmd_render(args) -> int:
     processes.use_compilation_cache()
     from evorl_pop.run import render  # JAX's backend starts here, with the run's precision
 
-    print(render.render(args.run, args.episodes, args.seed, args.out))
+    chosen = {"member": args.member, "cell": args.cell, "descriptor": args.descriptor}
+    print(render.render(args.run, args.episodes, args.seed, args.out, **chosen))
     return 0
 
 
@@ -463,6 +479,7 @@ def _cmd_list(args) -> int:
             tasks.blackbox.bbob_task_names(),
         ),
         ("quality-diversity tasks (-a mapelites --task)", tasks.qd.QD_TASKS),
+        ("multi-objective tasks (-a nsga2 or nsga3 --task)", tasks.multiobjective.mo_task_names()),
     ):
         print(f"{title}:")
         text = ", ".join(sorted(names))

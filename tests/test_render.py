@@ -1,6 +1,8 @@
 """``evorl-pop render``: a gymnax task's and a Gymnasium task's GIF and a brax task's
 HTML viewer, one frame per step, and a printed return equal to the one the run's
-evaluation reported."""
+evaluation reported; a front member of an NSGA-II run (``--member``) and an elite of a
+MAP-Elites run (``--cell``, ``--descriptor``), their objectives or return equal to the
+task's evaluation, a bad choice a one-line error that leaves the run folder as it was."""
 
 import base64
 import json
@@ -148,3 +150,97 @@ def test_render_pbt_takes_the_best_member_and_its_reported_return(tmp_path, caps
     metrics = store.read_metrics(run)
     best = max(metrics[f"member{i}_return"][-1] for i in range(3))
     assert printed == float(best) and episodes == [printed]
+
+
+# --- one of many: a front's member, an archive's elite -------------------------------------
+
+
+def _files(run):
+    """Every file of a run folder with its size and modification time."""
+    return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(run.rglob("*"))}
+
+
+def _fails(capsys, *args):
+    """``evorl-pop render`` with a bad choice: exit 2, one line on stderr."""
+    capsys.readouterr()
+    assert cli.main(["render", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    return err
+
+
+@pytest.mark.slow
+def test_render_a_black_box_front_says_front_csv_holds_it(tmp_path, capsys):
+    run = tmp_path / "zdt1"
+    _train(run, "-a", "nsga2", "--task", "mo/zdt1", "--pop", "8", "-g", "2")
+    before = _files(run)
+    out = _render(capsys, str(run), "--member", "0").strip()
+    assert len(out.splitlines()) == 1 and "front.csv" in out and "nothing to render" in out
+    # a choice on a run with one policy: an error naming the options' runs
+    sphere = tmp_path / "sphere"
+    _train(sphere, "--task", "sphere", "--set", "num_dims=2", "--pop", "4", "-g", "1")
+    assert "--member" in _fails(capsys, str(sphere), "--member", "0")
+    assert _files(run) == before
+
+
+@pytest.mark.slow
+def test_render_a_front_member_of_mo_halfcheetah(tmp_path, capsys):
+    pytest.importorskip("brax")
+    import csv
+
+    import jax
+
+    from evorl_pop.tasks import make_task
+
+    run = tmp_path / "mo"
+    length = 10  # halfcheetah never ends early
+    settings = ["--set", f"episode_length={length}", "--set", "hidden_sizes=[4]"]
+    _train(run, "-a", "nsga2", "--task", "mo/halfcheetah", "--pop", "8", "-g", "2", *settings)
+    with open(run / "front.csv") as f:
+        rows = list(csv.DictReader(f))
+    last = len(rows) - 1
+    before = _files(run)
+    err = _fails(capsys, str(run), "--member", str(len(rows) + 3))
+    assert f"valid: 0..{last}" in err or (last == 0 and "valid: 0" in err)
+    assert "--member" in _fails(capsys, str(run), "--cell", "0")
+    assert _files(run) == before
+    out = _render(capsys, str(run), "--member", str(last), "--episodes", "2", "--seed", "7")
+    system = _viewer_system((run / "render.html").read_text())
+    assert len(system["states"]["x"]) == 2 * length
+    # the drawn episodes' objectives: the task's evaluation with key(7)'s two episodes
+    task = make_task("mo/halfcheetah", episode_length=length, hidden_sizes=(4,), episodes=2)
+    x = np.asarray([float(rows[last][f"x{j}"]) for j in range(task.num_dims)], np.float32)
+    expected, _ = jax.jit(task.evaluate)(x, jax.random.key(7), ())
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("mean over 2 episode(s)")]
+    drawn = json.loads(line.split("episode(s): ", 1)[1].split(" (")[0])
+    np.testing.assert_allclose(drawn, np.asarray(expected), rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_render_an_elite_of_qd_hopper_uni_by_cell_and_descriptor(tmp_path, capsys):
+    pytest.importorskip("brax")
+    run = tmp_path / "qd"
+    settings = "--set episode_length=10 --set hidden_sizes=[4] --set cells_per_dim=4".split()
+    _train(run, "-a", "mapelites", "--task", "qd/hopper_uni", "--pop", "8", "-g", "2", *settings)
+    with np.load(run / "archive.npz") as data:
+        filled = np.flatnonzero(data["filled"])
+        centroids = data["centroids"]
+        fitness = data["fitness"]
+    empty = int(np.flatnonzero(~np.isfinite(fitness))[0])
+    before = _files(run)
+    err = _fails(capsys, str(run), "--cell", str(empty))
+    assert f"--cell {empty} is empty" in err and "valid:" in err
+    assert "0..3" in _fails(capsys, str(run), "--cell", "4")  # a grid of 4 cells
+    assert _files(run) == before
+    cell = int(filled[-1])
+    out = _render(capsys, str(run), "--cell", str(cell))
+    assert f"cell {cell} of qd/hopper_uni" in out
+    ret, evaluation = re.findall(r"episode 1: return (\S+) \(the task's evaluation: (\S+)\)", out)[
+        0
+    ]
+    assert float(ret) == pytest.approx(float(evaluation.rstrip("),")), rel=1e-5)
+    system = _viewer_system((run / "render.html").read_text())
+    assert 1 <= len(system["states"]["x"]) <= 10
+    # the filled cell nearest a descriptor: its centroid's own coordinates name it
+    d = ",".join(str(float(v)) for v in centroids[cell])
+    assert f"cell {cell} of" in _render(capsys, str(run), "--descriptor", d)

@@ -25,10 +25,23 @@ into ``RUN/render.<drawing>``:
   environment draws (``render_mode='rgb_array'``), its episodes replayed by a plain
   Gymnasium loop with the evaluation's reset seeds;
 - black-box tasks: nothing to render.
+
+A run whose result is many policies renders one of them: ``member`` (``--member I``)
+the front member of index ``I`` (``front.csv``'s ``index`` column) of an NSGA-II or
+NSGA-III run on a multi-objective brax task (``mo/halfcheetah``, ...), printing its
+objectives summed over the drawn episodes; ``cell`` (``--cell I``) the elite of
+cell ``I`` of a MAP-Elites run on a brax quality-diversity task (``qd/hopper_uni``,
+...), from ``archive.npz``, or ``descriptor`` (``--descriptor d1,d2``) the filled
+cell whose centroid is nearest to it, printing its return and descriptor. Their
+episodes run with the key ``jax.random.key(S)`` (``--seed S``, default 0), episode
+``j`` with ``split(key, episodes)[j]``; the printed values, from the drawn states,
+are checked against the task's own evaluation of the same episodes. A black-box
+task's front or archive (``mo/zdt1``, ``qd/arm``) has nothing to render.
 """
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import functools
 from pathlib import Path
@@ -44,6 +57,8 @@ from evorl_pop.run import config as config_lib
 from evorl_pop.run import restore, shell, store
 from evorl_pop.run.replicas import Replicas
 from evorl_pop.tasks import rollout as rollout_lib
+from evorl_pop.tasks.brax_envs import BraxFamily
+from evorl_pop.tasks.control import ControlTask
 from evorl_pop.tasks.drawing import Trajectory
 from evorl_pop.tasks.envs import env_family
 from evorl_pop.tasks.obs_norm import ObsMoments
@@ -221,12 +236,22 @@ def run_episodes(run_dir, episodes: int = 1, seed: int | None = None) -> Episode
     return Episodes(trajectories, returns, evaluation, reported, generation, env, label)
 
 
-def render(run_dir, episodes: int = 1, seed: int | None = None, out=None) -> str:
-    """Renders a run's best policy (see the module docstring); returns what to print.
+def render(
+    run_dir,
+    episodes: int = 1,
+    seed: int | None = None,
+    out=None,
+    member: int | None = None,
+    cell: int | None = None,
+    descriptor: tuple[float, ...] | None = None,
+) -> str:
+    """Renders a run's best policy, or one of a front's members or an archive's elites
+    (see the module docstring); returns what to print.
 
     Raises:
       CheckpointError: no checkpoint.
-      ValueError: episodes below 1.
+      ValueError: episodes below 1; a member or cell the run does not hold (naming the
+        valid ones), or one asked of a run without a front or an archive.
     """
     if episodes < 1:
         raise ValueError(f"--episodes must be at least 1, got {episodes}.")
@@ -234,12 +259,26 @@ def render(run_dir, episodes: int = 1, seed: int | None = None, out=None) -> str
     config = config_lib.from_dict(restore.load_checkpoint(run_dir).config, check=False)
     task = getattr(config.algorithm_config, "task", None)
     family = env_family(task) if isinstance(task, str) else None
+    many = isinstance(task, str) and task.startswith(("qd/", "mo/"))
+    chosen = member is not None or cell is not None or descriptor is not None
+    if chosen and not many:
+        which = "--member" if member is not None else "--cell and --descriptor"
+        raise ValueError(
+            f"{which} choose a front member (nsga2, nsga3 on mo/ tasks) or an archive's elite "
+            f"(mapelites on qd/ tasks); {task!r} has neither, render shows its best policy."
+        )
     if family is None:
-        if isinstance(task, str) and task.startswith(("qd/", "mo/")):
+        if many:
             result = "archive.npz" if task.startswith("qd/") else "front.csv"
+            if _renders_one(task) and chosen:
+                return _render_one(run_dir, config, episodes, seed, out, member, cell, descriptor)
+            hint = ""
+            if _renders_one(task):
+                option = "--cell I (or --descriptor)" if task.startswith("qd/") else "--member I"
+                hint = f" (render one with {option})"
             return (
                 f"nothing to render: render shows one policy, and a {task!r} run's result is "
-                f"many; its {result} in the run folder holds them."
+                f"many; its {result} in the run folder holds them{hint}."
             )
         return f"nothing to render: {task!r} is a black-box function, not an environment."
     if family.drawing is None:
@@ -259,3 +298,154 @@ def render(run_dir, episodes: int = 1, seed: int | None = None, out=None) -> str
         line += f"; the run reported {result.reported!r} at generation {result.generation}"
     lines.append(line)
     return "\n".join(lines)
+
+
+# --- one of many: a front's member, an archive's elite ------------------------------------
+
+
+def _renders_one(task: str) -> bool:
+    """Whether ``task``'s front members or elites are policies: a brax task's."""
+    from evorl_pop.tasks.mo_brax import MO_BRAX, PREFIX
+    from evorl_pop.tasks.qd import QD_TASKS
+
+    if task.startswith(PREFIX):
+        return task[len(PREFIX) :] in MO_BRAX
+    return task in QD_TASKS and issubclass(QD_TASKS[task], ControlTask)
+
+
+def _front_indices(run_dir: Path) -> np.ndarray:
+    """``front.csv``'s ``index`` column."""
+    path = run_dir / "front.csv"
+    if not path.exists():
+        raise CheckpointError(f"{path} is missing: the run wrote no front yet.")
+    with open(path, newline="") as f:
+        return np.asarray([int(row["index"]) for row in csv.DictReader(f)], np.int64)
+
+
+def _valid(what: str, values: np.ndarray) -> str:
+    """``values`` (sorted integers) as ranges: ``0..11`` or ``0..3, 7, 9..12``."""
+    if values.size == 0:
+        return f"the run has no {what}"
+    breaks = np.flatnonzero(np.diff(values) != 1) + 1
+    parts = [
+        f"{run[0]}..{run[-1]}" if run.size > 1 else f"{run[0]}" for run in np.split(values, breaks)
+    ]
+    return f"valid: {', '.join(parts)}"
+
+
+def _choose(run_dir: Path, task: str, member, cell, descriptor) -> tuple[str, int, dict]:
+    """``(label, index, archive)``: the member or cell asked for, checked against the
+    run's ``front.csv`` or ``archive.npz`` (``archive``: its arrays, for a cell)."""
+    if task.startswith("mo/"):
+        if member is None:
+            raise ValueError(f"a {task!r} run's result is a front: choose one with --member I.")
+        indices = _front_indices(run_dir)
+        if member not in indices:
+            raise ValueError(
+                f"--member {member}: front.csv has no such member ({_valid('front', indices)})."
+            )
+        return f"front member {member}", member, {}
+    if member is not None or (cell is not None and descriptor is not None):
+        raise ValueError(
+            f"a {task!r} run's result is an archive: choose --cell I or --descriptor d1,d2."
+        )
+    path = run_dir / "archive.npz"
+    if not path.exists():
+        raise CheckpointError(f"{path} is missing: the run wrote no archive yet.")
+    with np.load(path) as data:
+        archive = {name: data[name] for name in data.files}
+    filled = np.flatnonzero(archive["filled"])
+    if descriptor is not None:
+        size = archive["centroids"].shape[1]
+        if len(descriptor) != size:
+            raise ValueError(
+                f"--descriptor: {task!r} has {size} descriptor values, got {len(descriptor)}."
+            )
+        if filled.size == 0:
+            raise ValueError("--descriptor: the archive has no elite.")
+        distance = np.linalg.norm(archive["centroids"][filled] - np.asarray(descriptor), axis=1)
+        cell = int(filled[np.argmin(distance)])
+    elif cell not in filled:
+        cells = archive["filled"].size
+        state = "empty" if 0 <= cell < cells else f"not a cell of 0..{cells - 1}"
+        raise ValueError(
+            f"--cell {cell} is {state}: archive.npz's filled cells, {_valid('elite', filled)}."
+        )
+    return f"cell {cell}", cell, archive
+
+
+def _render_one(run_dir: Path, config, episodes, seed, out, member, cell, descriptor) -> str:
+    """Draws the episodes of a front's member or an archive's elite; returns what to print."""
+    task_name = config.algorithm_config.task
+    label, index, archive = _choose(run_dir, task_name, member, cell, descriptor)
+    ckpt = restore.load_checkpoint(run_dir)
+    config = dataclasses.replace(config, devices=1)
+    algorithm, _, template, _, _ = shell.build(config)
+    if isinstance(algorithm, Replicas):
+        raise ValueError(
+            "a run of replicas holds a front or archive per replica (seed=S/): "
+            "render one of a single run."
+        )
+    task = algorithm.task
+    if archive:
+        solution = jnp.asarray(archive["genotypes"][index])
+        params = task._policy_params(solution, None)
+    else:
+        state = restore.restore_state(template, ckpt)
+        s = state.strategy_state
+        if int(np.asarray(s.rank)[index]) != 0:
+            raise CheckpointError(f"{label} is not on the checkpoint's front: front.csv is stale.")
+        solution = jnp.asarray(s.population)[index]
+        params = task.params(solution)
+    seed = 0 if seed is None else seed
+    keys = jax.random.split(jax.random.key(seed), episodes)
+    if archive:  # a QD task scores a candidate key by its single episode's: split(key, 1)[0]
+        episode_keys = [jax.random.split(k, 1)[0] for k in keys]
+    else:
+        episode_keys = list(keys)
+    length = rollout_lib._length(task.env, task.episode_length)
+    runs = [_trajectory(task.env, task.policy, params, None, length, k) for k in episode_keys]
+    trajectories = [trajectory for trajectory, _ in runs]
+    out = Path(out) if out is not None else run_dir / FILENAME.format("html")
+    frames = BraxFamily().draw(task.env, trajectories, out)
+    lines = [f"wrote {out} ({frames} frames): {label} of {task_name}, key {seed}"]
+    if archive:
+        evaluate = jax.jit(task.evaluate_descriptor)
+        for e, (_, ret) in enumerate(runs):
+            score, _, desc = evaluate(solution, keys[e], ())
+            lines.append(
+                f"episode {e + 1}: return {ret!r} (the task's evaluation: {float(score)!r}), "
+                f"descriptor {np.asarray(desc).tolist()}"
+            )
+        lines.append(
+            f"archive.npz: fitness {float(archive['fitness'][index])!r}, descriptor "
+            f"{np.asarray(archive['descriptors'][index]).tolist()} (the run's own episode)"
+        )
+        return "\n".join(lines)
+    names = ", ".join(task.objective_names)
+    drawn = np.stack([_objectives(task, trajectory) for trajectory in trajectories])
+    for e, values in enumerate(drawn):
+        lines.append(f"episode {e + 1}: ({names}) = {values.tolist()}")
+    evaluation = jax.jit(lambda x, k: jax.vmap(task.episode, (None, 0))(task.params(x), k)[0])
+    expected = np.asarray(evaluation(solution, keys)).mean(0)
+    lines.append(
+        f"mean over {episodes} episode(s): {drawn.mean(0).tolist()} (the task's evaluation: "
+        f"{expected.tolist()}); front.csv: {_front_row(run_dir, index)} (the run's own episodes)"
+    )
+    return "\n".join(lines)
+
+
+def _objectives(task, trajectory: Trajectory) -> np.ndarray:
+    """A multi-objective brax task's objectives of a drawn episode: its terms of each
+    step's state, summed in float32 as the task sums them."""
+    terms = jax.vmap(task.terms)(trajectory.states.inner)
+    return np.asarray(jnp.sum(terms, axis=0, dtype=jnp.float32))
+
+
+def _front_row(run_dir: Path, index: int) -> list[float]:
+    """The objectives ``front.csv`` holds for the member ``index``."""
+    with open(run_dir / "front.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            if int(row["index"]) == index:
+                return [float(v) for k, v in row.items() if k[0] == "f" and k[1:].isdigit()]
+    raise CheckpointError(f"front.csv has no member {index}.")
