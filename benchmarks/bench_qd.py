@@ -1,6 +1,7 @@
 """MAP-Elites: the archive's memory per device, and evaluations per second.
 
-    python benchmarks/bench_qd.py [--cells 65536] [--walker2d --seeds 5 --generations 100]
+    python benchmarks/bench_qd.py [--cells 65536] [--no-arm]
+        [--walker2d --seeds 5 --generations 100 [--qdax-python PATH]]
 
 Memory: an empty archive of ``--cells`` cells for the genotype of QDax's walker2d
 policy (an MLP 64 x 64 on walker2d's 17 observations and 6 actions: 5,702 weights),
@@ -14,12 +15,29 @@ this machine (they share its cores).
 ``--walker2d``: MAP-Elites on ``qd/walker2d_uni`` with QDax's notebook settings
 (batch 100, 100-step episodes, 1,024 CVT cells from 50,000 samples, iso 0.005 /
 line 0.05, MLP 64 x 64, tanh output, brax's spring backend): QD-score and coverage
-per seed after ``--generations``, and evaluations per second. (The comparison with
-QDax itself, in an environment of its own, is not part of this script.)
+per seed after ``--generations``, and evaluations per second.
+
+``--qdax-python PATH``: the same run with QDax 0.5.0's own MAP-Elites, side by side,
+at equal evaluations (the initial batch and ``--generations`` batches of 100), each
+seed in a subprocess of that Python: QDax's ``create_default_brax_task_components``
+(its ``walker2d_uni``, the spring backend), ``compute_cvt_centroids``, a
+``MixingEmitter`` of ``isoline_variation`` only and ``default_qd_metrics`` with its
+reward offset. QDax pins other versions of jax and brax than this project, so it
+lives in a virtual environment of its own::
+
+    python3.11 -m venv /work/qdax-venv
+    /work/qdax-venv/bin/pip install qdax==0.5.0 jax==0.5.3 brax==0.12.3 \
+        flax==0.10.6 tensorflow-probability==0.25
+
+then ``--qdax-python /work/qdax-venv/bin/python``. QDax starts every episode from one
+fixed initial state (its ``deterministic`` default); evorl_pop resets each
+candidate's episode from its own key.
 """
 
 import argparse
+import json
 import os
+import subprocess
 import time
 
 import numpy as np
@@ -76,17 +94,96 @@ def run(config: MapElitesConfig, devices: int, generations: int, seed: int = 0, 
     return elapsed / done, jax.tree.map(lambda x: float(x[-1]), metrics)
 
 
+#: QDax's side of the walker2d comparison, run by ``--qdax-python``: arguments seed,
+#: generations, batch, episode length, cells, CVT samples, generations per chunk; prints
+#: one JSON line.
+QDAX_SCRIPT = """
+import functools, json, sys, time
+import jax
+import jax.numpy as jnp
+import qdax.tasks.brax.v2 as environments
+from qdax.core.containers.mapelites_repertoire import compute_cvt_centroids
+from qdax.core.emitters.mutation_operators import isoline_variation
+from qdax.core.emitters.standard_emitters import MixingEmitter
+from qdax.core.map_elites import MAPElites
+from qdax.tasks.brax.v2.env_creators import create_default_brax_task_components
+from qdax.utils.metrics import default_qd_metrics
+
+seed, generations, batch, episode, cells, samples, chunk = map(int, sys.argv[1:8])
+task = "walker2d_uni"
+keys = jax.random.split(jax.random.key(seed), 5)
+env, policy, scoring_fn = create_default_brax_task_components(
+    task, keys[0], episode_length=episode
+)
+observations = jnp.zeros((batch, env.observation_size))
+params = jax.vmap(policy.init)(jax.random.split(keys[1], batch), observations)
+variation = functools.partial(isoline_variation, iso_sigma=0.005, line_sigma=0.05)
+emitter = MixingEmitter(
+    mutation_fn=None, variation_fn=variation, variation_percentage=1.0, batch_size=batch
+)
+offset = environments.reward_offset[task] * episode
+me = MAPElites(
+    scoring_function=scoring_fn,
+    emitter=emitter,
+    metrics_function=functools.partial(default_qd_metrics, qd_offset=offset),
+)
+centroids = compute_cvt_centroids(
+    num_descriptors=env.descriptor_length, num_init_cvt_samples=samples,
+    num_centroids=cells, minval=0.0, maxval=1.0, key=keys[2],
+)
+repertoire, emitter_state, _ = me.init(params, centroids, keys[3])
+many = jax.jit(lambda c: jax.lax.scan(me.scan_update, c, None, length=chunk))
+carry, metrics = jax.block_until_ready(many((repertoire, emitter_state, keys[4])))
+start = time.perf_counter()
+rounds = max(generations // chunk - 1, 1)
+for _ in range(rounds):
+    carry, metrics = jax.block_until_ready(many(carry))
+elapsed = time.perf_counter() - start
+print(json.dumps({
+    "qd_score": float(metrics["qd_score"][-1]),
+    "coverage": float(metrics["coverage"][-1]) / 100,
+    "evaluations_per_s": rounds * chunk * batch / elapsed,
+}))
+"""
+
+
+def run_qdax(python: str, seed: int, generations: int, chunk: int = 10) -> dict:
+    """QDax's MAP-Elites on walker2d_uni (:data:`QDAX_SCRIPT`) in a subprocess of
+    ``python``: its last QD-score, coverage (a fraction) and evaluations/s."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)  # one device, as evorl_pop's run here
+    args = [seed, generations, 100, 100, 1024, 50_000, chunk]
+    out = subprocess.run(
+        [python, "-c", QDAX_SCRIPT, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"QDax's run failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _summary(name: str, values: list[float], fmt: str) -> str:
+    q = np.percentile(values, [0, 50, 100])
+    return f"{name} median {q[1]:{fmt}} (range {q[0]:{fmt}} to {q[2]:{fmt}})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", type=int, default=65_536)
     parser.add_argument("--walker2d", action="store_true")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--generations", type=int, default=100)
+    parser.add_argument("--qdax-python", help="a Python with QDax 0.5.0 (see the docstring)")
+    parser.add_argument("--no-arm", action="store_true", help="skip the arm's speed")
     args = parser.parse_args()
     memory(args.cells)
     arm = MapElitesConfig(task="qd/arm", population_size=1024, cells_per_dim=32)
-    print("qd/arm, batch 1,024, 32 x 32 grid:")
-    for n in (1, 2, 4):
+    if not args.no_arm:
+        print("qd/arm, batch 1,024, 32 x 32 grid:")
+    for n in () if args.no_arm else (1, 2, 4):
         seconds, metrics = run(arm, n, 50)
         print(
             f"  {n} device(s): {1024 / seconds:12,.0f} evaluations/s "
@@ -105,17 +202,30 @@ def main() -> None:
         line_sigma=0.05,
         hidden_sizes=(64, 64),
     )
-    scores, coverages = [], []
+    evaluations = 100 * (1 + args.generations)
+    print(f"walker2d_uni, {args.generations} generations ({evaluations:,} evaluations):")
+    sides = {"evorl_pop": []}
+    if args.qdax_python:
+        sides["QDax 0.5.0"] = []
     for seed in range(args.seeds):
         seconds, metrics = run(walker, 1, args.generations, seed=seed)
-        scores.append(metrics["qd_score"])
-        coverages.append(metrics["coverage"])
+        sides["evorl_pop"].append((metrics["qd_score"], metrics["coverage"], 100 / seconds))
+        if args.qdax_python:
+            q = run_qdax(args.qdax_python, seed, args.generations)
+            sides["QDax 0.5.0"].append((q["qd_score"], q["coverage"], q["evaluations_per_s"]))
+        for side, rows in sides.items():
+            score, coverage, speed = rows[-1]
+            print(
+                f"  {side:10s} seed {seed}: QD-score {score:,.0f}, coverage {coverage:.1%}, "
+                f"{speed:,.0f} evaluations/s"
+            )
+    for side, rows in sides.items():
+        score, coverage, speed = (list(column) for column in zip(*rows, strict=True))
         print(
-            f"  seed {seed}: QD-score {scores[-1]:,.0f}, coverage {coverages[-1]:.1%}, "
-            f"{100 / seconds:,.0f} evaluations/s"
+            f"{side}: {_summary('QD-score', score, ',.0f')}; "
+            f"{_summary('coverage', coverage, '.1%')}; "
+            f"{_summary('evaluations/s', speed, ',.0f')}"
         )
-    q = np.percentile(scores, [25, 50, 75])
-    print(f"walker2d_uni: QD-score median {q[1]:,.0f} (IQR {q[0]:,.0f} to {q[2]:,.0f})")
 
 
 if __name__ == "__main__":
