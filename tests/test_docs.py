@@ -37,7 +37,8 @@ PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 FENCE = re.compile(r"^```(\w*)([^\n]*)\n(.*?)^```", re.M | re.S)
 RUN_LANGUAGES = {"python": "python", "bash": "shell", "sh": "shell", "shell": "shell"}
 NOT_RUN = "not run:"
-ENV = cli_env(NO_MKDOCS_2_WARNING="1")
+#: the site build executes the notebooks afresh (no cache of an earlier run)
+ENV = cli_env(NO_MKDOCS_2_WARNING="1", EVORL_POP_DOCS_NOTEBOOK_CACHE="false")
 
 
 #: A block the tests do not run is marked, invisibly to readers, by an HTML comment on the
