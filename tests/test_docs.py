@@ -324,6 +324,16 @@ def test_every_dotted_evorl_pop_name_resolves():
 # --- the README -------------------------------------------------------------------------
 
 
+def _mkdocs_config() -> dict:
+    """mkdocs.yml, its ``!ENV [NAME, default]`` values read as their defaults."""
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_constructor("!ENV", lambda loader, node: loader.construct_sequence(node)[-1])
+    return yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=Loader)
+
+
 def _nav_pages(nav) -> dict[str, str]:
     out = {}
     for item in nav:
@@ -338,7 +348,7 @@ def _nav_pages(nav) -> dict[str, str]:
 def test_readme_is_short_and_links_the_newcomers_pages():
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 200
-    nav = _nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+    nav = _nav_pages(_mkdocs_config()["nav"])
     newcomer = [
         p
         for t, p in nav.items()
@@ -438,7 +448,7 @@ NOTEBOOKS = sorted((DOCS / "notebooks").glob("*.ipynb"))
 def test_the_notebooks_are_kept_without_outputs_and_each_is_in_the_nav():
     """The site build executes them (mkdocs-jupyter, ``execute: true``): the outputs shown are
     those of that run, never ones saved with the notebook."""
-    nav = _nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+    nav = _nav_pages(_mkdocs_config()["nav"])
     assert len(NOTEBOOKS) >= 3
     for path in NOTEBOOKS:
         notebook = json.loads(path.read_text())
