@@ -1,9 +1,9 @@
 """MAP-Elites' ME-ES and CMA-ME emitters, against hand computations and references.
 
 CMA-ME's ranking by archive improvement on a small batch by hand, and the incumbents
-it reads from the sharded archive against NumPy; its restart rule and ME-ES's period;
-the same archive and emitter state on 1 and 2 devices; exact resume; each emitter's
-coverage of the arm within a fixed budget.
+it reads from the sharded archive against NumPy; ME-ES's novelty against NumPy; the
+restart rule and ME-ES's period; the same archive and emitter state on 1 and 2
+devices; exact resume; each emitter's coverage of the arm within a fixed budget.
 """
 
 from __future__ import annotations
@@ -57,6 +57,22 @@ def test_incumbents_read_from_the_sharded_archive_equal_numpy(n):
     fitness = me.archive.to_numpy(state.archive)["fitness"]
     np.testing.assert_array_equal(incumbent, fitness[np.asarray(cells)])
     assert np.isinf(np.asarray(incumbent)).any() and np.isfinite(np.asarray(incumbent)).any()
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_novelty_equals_numpy(n):
+    me = MapElites(_config("es", es_reward="novelty", population_size=40), mesh=make_mesh(n))
+    state = me.init(jax.random.key(0))
+    data = me.archive.to_numpy(state.archive)
+    elites = data["descriptors"][data["filled"]].astype(np.float64)
+    desc = np.random.default_rng(2).uniform(0, 1, (12, 2)).astype(np.float32)
+    for k in (3, 1000):  # 1000: more than the filled cells, the mean over all of them
+        dist = np.sqrt(((desc[:, None, :] - elites[None]) ** 2).sum(-1))
+        expected = np.sort(dist, axis=1)[:, :k].mean(axis=1)
+        got = me.archive.novelty(state.archive, desc, k)
+        np.testing.assert_allclose(got, expected, rtol=1e-5)
+    empty = me.archive.empty(4)
+    np.testing.assert_array_equal(me.archive.novelty(empty, desc, 3), np.zeros(12))
 
 
 def _tell(me, state, quality, descriptors, key):
