@@ -357,6 +357,7 @@ def _brax_reference(task, solution, key, forward: bool):
 
     env = brax.envs.get_environment("ant", backend="spring")
     step = jax.jit(env.step)
+    contacts = jax.jit(lambda x: contact.get(env.sys, x))
     feet = [i for i, name in enumerate(env.sys.link_names) if name == ""]  # the lower legs
     params = task._policy_params(solution, None)
     _, reset_key = jax.random.split(jax.random.split(key, 1)[0])
@@ -365,7 +366,7 @@ def _brax_reference(task, solution, key, forward: bool):
     for _ in range(task.spec.max_steps):
         state = step(state, task.policy(params, state.obs))
         ret += float(state.reward) - (0.0 if forward else float(state.metrics["reward_forward"]))
-        c = contact.get(env.sys, state.pipeline_state.x)
+        c = contacts(state.pipeline_state.x)
         for j, foot in enumerate(feet):
             on = (np.asarray(c.link_idx[0]) == foot) | (np.asarray(c.link_idx[1]) == foot)
             touching[j] += np.any(on & (np.asarray(c.dist) <= 0))
