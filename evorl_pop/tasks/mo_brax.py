@@ -104,7 +104,7 @@ class MOBraxTask:
         self.num_dims = int(flat.size)
         self.num_objectives = len(self.objective_names)
         self.maximize = (True,) * self.num_objectives
-        cost = CTRL_COST_WEIGHT[env_name] * self.spec.action_dim * self.episode_length
+        cost = CTRL_COST_WEIGHT[env_name] * (self.spec.action_dim * self.episode_length)
         self.ref_point = tuple(-cost if o == "reward_ctrl" else 0.0 for o in self.objective_names)
 
     def init_solution(self, key):
