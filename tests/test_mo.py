@@ -74,6 +74,8 @@ SETS = {
     "duplicates": np.repeat(_rng.random((8, 2)), 3, axis=0),
     "single_front": np.stack([np.linspace(0, 1, 12), 1 - np.linspace(0, 1, 12) ** 2], 1),
     "all_dominated": np.stack([np.arange(10.0), np.arange(10.0)], 1)[::-1],  # a chain
+    # two objectives' sorted sweep: many fronts, equal rows, equal values in one objective
+    "grid": np.round(_rng.random((150, 2)) * 6) / 6,
 }
 
 
@@ -503,3 +505,16 @@ def test_nsga2_on_mo_halfcheetah_same_run_on_1_and_2_devices():
     ref = np.asarray(make_task("mo/halfcheetah", episode_length=10).ref_point)
     expected = moocore.hypervolume(-front, ref=-ref)
     np.testing.assert_allclose(last["hypervolume"], expected, rtol=1e-4)
+
+
+def test_list_shows_every_multi_objective_and_qd_task(capsys):
+    from evorl_pop.tasks.multiobjective import mo_task_names
+    from evorl_pop.tasks.qd import QD_TASKS
+
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "multi-objective tasks" in out and "quality-diversity tasks" in out
+    names = [*mo_task_names(), *QD_TASKS]
+    assert {"mo/halfcheetah", "mo/hopper3", "mo/ant", "mo/zdt1"} <= set(names)
+    missing = [name for name in names if name not in out.replace(",", " ").split()]
+    assert not missing
