@@ -78,6 +78,8 @@ class Config(EvoRLConfig):
     noise_decay: float = 0.95
     updates_per_actor: int = 200
 
+    HOST_LEARNERS = ("td3",)
+
     def validate(self) -> None:
         """Raises a ConfigError naming a setting that cannot run."""
         super().validate()

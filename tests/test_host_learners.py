@@ -145,3 +145,58 @@ def test_a_resumed_run_equals_the_uninterrupted_one(algorithm, tmp_path):
     assert resumed["episodes"].tolist() == [0, 2, 2, 0]
     for column, values in uninterrupted.items():
         np.testing.assert_array_equal(resumed[column], values, err_msg=column)
+
+
+def test_collecting_evaluations_equal_the_plain_ones():
+    """CEM-RL's actors on a Gymnasium task: an evaluation that keeps its transitions (each
+    step's, for the replay buffer) scores a candidate as the one that does not."""
+    from evorl_pop.tasks.gym_envs import GymTask
+
+    task = GymTask("Pendulum-v1", hidden_sizes=(8,), episodes=2, episode_length=12)
+    task.transitions = True
+    solution = task.init_solution(jax.random.key(1))
+    key = jax.random.key(2)
+    plain, _ = jax.jit(task.evaluate, static_argnames="collect")(solution, key, ())
+    score, info, episodes = jax.jit(task.evaluate, static_argnames="collect")(
+        solution, key, (), collect=True
+    )
+    np.testing.assert_allclose(score, plain, rtol=1e-6)
+    assert int(info.steps) == 24
+    assert episodes.transitions.reward.shape == (2, 12)
+    np.testing.assert_array_equal(episodes.valid, np.ones((2, 12), bool))
+    np.testing.assert_allclose(episodes.transitions.reward.sum(1).mean(), plain, rtol=1e-6)
+    # the lanes went back to the host's free list for the next evaluation
+    assert not task._host._lanes and len(task._host._free) == 2
+
+
+@pytest.mark.slow
+def test_cemrl_learns_from_a_gymnasium_task_the_same_on_1_and_2_devices():
+    import dataclasses
+
+    from evorl_pop.algorithms.cemrl import CEMRL
+    from evorl_pop.algorithms.cemrl import Config as CEMRLConfig
+
+    td3 = dataclasses.replace(
+        CEMRLConfig().td3, batch_size=16, actor_hidden_sizes=(8,), critic_hidden_sizes=(8,)
+    )
+    config = CEMRLConfig(
+        task="gym:Pendulum-v1",
+        td3=td3,
+        population_size=4,
+        episode_length=10,
+        eval_episodes=1,
+        learning_starts=10,
+        buffer_capacity=64,
+        num_elites=2,
+        num_rl_actors=2,
+        updates_per_actor=2,
+    )
+    histories = [
+        _loop.train(CEMRL(config, mesh=make_mesh(n)), jax.random.key(0), 3)[1] for n in (1, 2)
+    ]
+    assert histories[0]["env_steps"].tolist() == [40, 40, 40]
+    assert np.isfinite(histories[0]["critic_loss"][1:]).all()
+    for column, values in histories[0].items():
+        np.testing.assert_allclose(
+            histories[1][column], values, rtol=1e-5, atol=1e-6, err_msg=column
+        )

@@ -31,6 +31,10 @@ boundary; an environment that is not deterministic given its seed and its
 actions would break this, as it breaks any replay. The calls carry data from
 one to the next, which orders them without ``ordered=True`` (which neither
 ``shard_map`` over several devices nor ``vmap`` allows).
+
+:func:`collect_episodes` runs a Gymnasium task's collecting evaluation on the
+same lanes (CEM-RL's population, whose transitions feed its learner): fresh
+episodes, each to its end, on lanes leased for the call and given back after.
 """
 
 from __future__ import annotations
@@ -97,12 +101,19 @@ class HostEnvs:
       task: a ``gym:`` task name.
       episode_length: the time limit (``None``: the environment's own).
       backend: must be ``None`` (a brax setting).
+      factory: the environments' factory (``None``: the registered id's).
 
     Raises:
       ConfigError: a backend, an unknown id, a missing simulator.
     """
 
-    def __init__(self, task: str, episode_length: int | None = None, backend: str | None = None):
+    def __init__(
+        self,
+        task: str,
+        episode_length: int | None = None,
+        backend: str | None = None,
+        factory: Callable | None = None,
+    ):
         from evorl_pop.tasks import gym_envs  # imports Gymnasium's helpers, not Gymnasium
 
         if backend is not None:
@@ -110,7 +121,7 @@ class HostEnvs:
                 f"backend is a brax setting, and {task!r} is stepped on the host: leave it null."
             )
         env_id = task.removeprefix(gym_envs.GYM_PREFIX)
-        self.factory = gym_envs.registered_factory(env_id, episode_length)
+        self.factory = factory or gym_envs.registered_factory(env_id, episode_length)
         try:
             self.spec, self.one_hot = gym_envs.probe(self.factory, task, episode_length)
         except ValueError as err:
@@ -118,6 +129,8 @@ class HostEnvs:
         self.task = task
         self.env = self  # the learners' environment: its spec
         self._lanes: dict[tuple[int, int], _Lane] = {}  # (stream, lane) to its environment
+        self._free: list = []  # environments of released lanes, for the next ones
+        self._leases = 2**31  # collections' streams (the learners' are random, any value)
         self._lock = threading.Lock()  # lanes are made by each device's callbacks
         self._obs_size = int(np.prod(self.spec.obs_shape, dtype=int))
         self._action_size = 1 if self.spec.discrete else self.spec.action_dim
@@ -154,7 +167,9 @@ class HostEnvs:
         with self._lock:
             record = self._lanes.get(lane)
         if record is None:
-            env = self._made()
+            with self._lock:
+                env = self._free.pop() if self._free else None
+            env = env or self._made()
             record = _Lane(env, np.zeros(self.spec.obs_shape, np.float32))
             with self._lock:
                 self._lanes[lane] = record
@@ -213,13 +228,32 @@ class HostEnvs:
             out[j, 2 * size :] = (reward, term, trunc)
         return out
 
+    def _lease(self, stream: np.ndarray) -> np.ndarray:
+        """Fresh stream numbers for the lanes of one collection, never used before."""
+        with self._lock:
+            first = self._leases
+            self._leases += 1
+        return np.full(np.shape(stream), first % 2**32, np.uint32)
+
+    def _release(self, words: np.ndarray) -> np.ndarray:
+        """Frees lanes (``words``: ``(lanes, 3)``, index, stream, anything) for others."""
+        words = np.asarray(words)
+        with self._lock:
+            for lane in _lane_ids(words[:, 1], words[:, 0]):
+                record = self._lanes.pop(lane, None)
+                if record is not None:
+                    self._free.append(record.env)
+        return np.zeros((), np.int32)
+
     def close(self) -> None:
         """Closes the lanes' environments."""
         with self._lock:
             lanes = list(self._lanes.values())
             self._lanes.clear()
-        for record in lanes:
-            record.env.close()
+            free = self._free
+            self._free = []
+        for env in [record.env for record in lanes] + free:
+            env.close()
 
     # --- the device's side: vec_env's interface -------------------------------------------
 
@@ -319,3 +353,60 @@ class HostEnvs:
             return new, (batch.obs, extra, result)
 
         return jax.lax.scan(one_step, batch, jnp.arange(length))
+
+
+def collect_episodes(envs: HostEnvs, act: Callable, key: jax.Array, episodes: int, obs_norm=None):
+    """A policy's episodes on the host with every step's transition (a Gymnasium task's
+    collecting evaluation: CEM-RL's population feeding its learner's replay buffer).
+
+    Episode ``j`` resets with :func:`~evorl_pop.tasks.gym_envs.episode_seeds`'s seed
+    ``j`` (as the task's other evaluations), runs to its end within ``max_steps``
+    steps of one scan, and its lanes go back to ``envs`` for the next evaluation.
+
+    Args:
+      envs: the host environments.
+      act: ``act(obs) -> actions``, for the episodes' ``(episodes, *obs_shape)``
+        observations (normalised by ``obs_norm`` where it is given).
+      key: the evaluation's key.
+      episodes: how many.
+      obs_norm: the observation normaliser, or ``None``.
+
+    Returns:
+      An :class:`~evorl_pop.tasks.rollout.Episode`, leaves leading with the episodes.
+    """
+    from evorl_pop.tasks.obs_norm import ObsMoments
+    from evorl_pop.tasks.rollout import Episode, Transition
+
+    index = jnp.arange(episodes)
+    batch = envs.reset_batch(jax.random.split(key, episodes))
+    # a stream of the call's own: a replicated evaluation runs the same call on every device
+    stream = io_callback(envs._lease, jax.ShapeDtypeStruct((episodes,), jnp.uint32), batch.stream)
+    batch = batch.replace(stream=stream)
+    batch = batch.replace(obs=envs.sync(batch, batch.seed, index))
+
+    def one_step(carry, _):
+        batch, alive = carry
+        seen = batch.obs if obs_norm is None else obs_norm.normalize(batch.obs)
+        action = act(seen)
+        new, result = envs.step_batch(batch, action, index)
+        done = (result.terminal + result.truncated) > 0
+        step = Transition(batch.obs, action, result.reward, result.next_obs, result.terminal)
+        return (new, alive & ~done), (step, alive)
+
+    alive = jnp.ones((episodes,), bool)
+    length = envs.spec.max_steps
+    (final, _), (steps, valid) = jax.lax.scan(one_step, (batch, alive), None, length=length)
+    ids = jnp.stack([index.astype(jnp.uint32), final.stream, final.total.astype(jnp.uint32)], 1)
+    io_callback(envs._release, jax.ShapeDtypeStruct((), jnp.int32), ids)
+    steps = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), steps)
+    valid = valid.T
+    moments = None
+    if obs_norm is not None:
+        seen = jnp.where(valid[..., None], steps.obs.reshape(episodes, length, -1), 0.0)
+        moments = ObsMoments(
+            valid.sum(1).astype(jnp.float32),
+            seen.sum(1).reshape(episodes, *envs.spec.obs_shape),
+            (seen**2).sum(1).reshape(episodes, *envs.spec.obs_shape),
+        )
+    episode_return = jnp.sum(jnp.where(valid, steps.reward, 0.0), axis=1)
+    return Episode(episode_return, valid.sum(1).astype(jnp.int32), moments, steps, valid)

@@ -36,7 +36,7 @@ from evorl_pop.base import ConfigError, EnvSpec, check_config, did_you_mean
 from evorl_pop.core.interfaces import Acting
 from evorl_pop.rl import data_parallel
 from evorl_pop.rl.replay import ReplayBuffer
-from evorl_pop.tasks.envs import check_environment
+from evorl_pop.tasks.envs import check_environment, env_family
 from evorl_pop.tasks.rollout import Episode, Transition, evaluate_episodes, rollout
 
 #: gymnax environments with continuous actions (those an actor-critic learner can learn).
@@ -144,10 +144,16 @@ class HybridConfig:
     #: The part of a learner's spec the algorithm builds
     #: (:class:`~evorl_pop.registry.LearnerSpec`): ``'hybrid'`` or ``'member'``.
     ROLE = "hybrid"
+    #: The learners with which the algorithm takes tasks stepped on the host (Gymnasium's):
+    #: its population's collecting evaluations run there (CEM-RL with TD3).
+    HOST_LEARNERS = ()
 
     def validate(self) -> None:
         """Raises a ConfigError naming a setting that cannot run."""
-        check_environment(self.task, type(self).__module__.rpartition(".")[2])
+        family = env_family(self.task)
+        host = family is not None and not family.steps_in_jax
+        if not (host and self.learner in self.HOST_LEARNERS):
+            check_environment(self.task, type(self).__module__.rpartition(".")[2])
         part = self.learner_part()
         settings = self.learner_config()
         settings.validate()
@@ -291,7 +297,13 @@ class ReplayLearner:
         self.task = task
         self.config = config
         self.batch_size = batch_size
-        self.dp_mesh = data_parallel.dp_mesh(mesh)
+        family = env_family(config.task)
+        # A program with host callbacks (a task stepped on the host) takes one mesh: the
+        # population's, whose axis then splits the minibatches too.
+        host = family is not None and not family.steps_in_jax
+        self.dp_mesh = mesh if host else data_parallel.dp_mesh(mesh)
+        #: The axis the minibatches split over (``'DP'``, or the population's).
+        self.axis = self.dp_mesh.axis_names[0]
         what = f"A {learner} minibatch's samples"
         name = config.setting_name("batch_size")
         data_parallel.check_split(name, batch_size, self.dp_mesh.size, what)

@@ -35,6 +35,7 @@ from evorl_pop.rl import replay
 from evorl_pop.rl.hybrid import HybridConfig, ReplayLearner, ReplayMember, check_continuous
 from evorl_pop.rl.replay import ReplayBuffer
 from evorl_pop.tasks.control import ControlTask
+from evorl_pop.tasks.envs import env_family
 from evorl_pop.tasks.policies import Critic, Policy, make_policy
 from evorl_pop.tasks.rollout import Transition
 
@@ -428,7 +429,17 @@ SEARCHABLE = ("actor_lr", "critic_lr", "discount", "policy_noise", "noise_clip")
 
 def actor_task(config: HybridConfig, settings: TD3Config) -> ControlTask:
     """The control task of a population of TD3 actors on ``config.task``: TD3's actor
-    network; its episodes keep their transitions for the learner."""
+    network; its episodes keep their transitions for the learner (a Gymnasium task's
+    stepped on the host)."""
+    family = env_family(config.task)
+    if family is not None and not family.steps_in_jax:
+        return family.make_task(
+            config.task,
+            hidden_sizes=settings.actor_hidden_sizes,
+            activation=settings.actor_activation,
+            episode_length=config.episode_length,
+            transitions=True,
+        )
     return ControlTask(
         config.task,
         settings.actor_hidden_sizes,
@@ -465,7 +476,7 @@ class TD3Learner(ReplayLearner):
         self.td3 = TD3(task.spec, settings, policy=task.policy)
 
         def local(state, buffer, key):
-            return self.td3.learn(state, buffer, key, num_updates, dist.DP_AXIS_NAME)
+            return self.td3.learn(state, buffer, key, num_updates, self.axis)
 
         #: ``learn(td3_state, buffer, key) -> (td3_state, losses)``, replicated in and out.
         self.learn = self.data_parallel(local)

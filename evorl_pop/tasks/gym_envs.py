@@ -68,7 +68,7 @@ from evorl_pop.tasks.vector_pool import VECTOR_MODES, VectorPool, Words, made_qu
 GYM_PREFIX = "gym:"
 #: :class:`~evorl_pop.tasks.control.ControlTask`'s settings of environments stepped in JAX,
 #: which a :class:`GymTask` does not take.
-JAX_SETTINGS = ("backend", "impl", "lanes", "virtual_batch_norm", "transitions")
+JAX_SETTINGS = ("backend", "impl", "lanes", "virtual_batch_norm")
 #: Gymnasium namespaces whose environments a package registers when it is imported:
 #: the namespace, to that module and the project's extra that installs it. ``gym:ID`` in
 #: one of them imports the module first (``gym:dm_control/cheetah-run-v0``: the DM
@@ -286,8 +286,9 @@ class GymTask(ControlTask):
           name: the task's name (default ``gym:<id>``).
           **settings: the policy and its evaluation, as
             :class:`~evorl_pop.tasks.control.ControlTask`'s ``hidden_sizes``,
-            ``activation``, ``episodes``, ``normalize_obs``, ``policy_module`` and
-            ``policy``.
+            ``activation``, ``episodes``, ``normalize_obs``, ``policy_module``,
+            ``policy`` and ``transitions`` (its collecting evaluations keep every
+            step's transition, for CEM-RL's learner).
 
         Raises:
           ConfigError: an unknown id, or an environment whose simulator (Box2D,
@@ -314,15 +315,25 @@ class GymTask(ControlTask):
                 )
         spec, one_hot = probe(factory, name, episode_length)
         self.pool = VectorPool(factory, spec, vector, one_hot)
+        self._host = None  # the lanes of collecting evaluations, made by the first
         # the spec is all ControlTask reads of its environment
         super().__init__(self.pool, **settings)
         self.pool.moments = self.normalize_obs  # the host sums what the normaliser takes in
 
     def _collect(self, solution, key, task_state, episodes: int):
-        raise ValueError(
-            f"{self.name} steps on the host and keeps no transitions: the algorithms with "
-            "learners (CEM-RL, ERL, PBT) take environments stepped in JAX."
-        )
+        """The episodes with their transitions (``transitions=True``: CEM-RL's actors),
+        stepped on the host by :func:`~evorl_pop.rl.host_vec_env.collect_episodes`."""
+        from evorl_pop.rl.host_vec_env import HostEnvs, collect_episodes
+
+        if self._host is None:
+            self._host = HostEnvs(self.name, self.spec.max_steps, factory=self.pool.factory)
+        params = self.unravel(solution)
+
+        def act(obs):
+            return jax.vmap(self.policy, (None, 0))(params, obs)
+
+        obs_norm = task_state if self.normalize_obs else None
+        return collect_episodes(self._host, act, key, episodes, obs_norm)
 
     def _batch_episodes(self, solutions, keys, task_state, episodes) -> EpisodeStats:
         # one host rollout for the whole slice already: its callbacks take the vmap
@@ -481,8 +492,8 @@ class GymFamily:
     host (an :class:`~evorl_pop.core.interfaces.EnvFamily` without JAX environments)."""
 
     description = (
-        "any Gymnasium environment, stepped on the host (ES, PPO, SAC): gym:ID for any id of "
-        "gymnasium.registry, e.g. gym:CartPole-v1, gym:LunarLander-v3"
+        "any Gymnasium environment, stepped on the host (ES, PPO, SAC, CEM-RL): gym:ID for any "
+        "id of gymnasium.registry, e.g. gym:CartPole-v1, gym:LunarLander-v3"
     )
     pattern = GYM_PREFIX + "<Gymnasium id>"
     example = GYM_PREFIX + "Pendulum-v1"
