@@ -10,7 +10,9 @@ the shape of every other algorithm's::
               device ─► isoline variation (Vassiliades & Mouret 2018):
                  x + iso_sigma * N(0, I) + line_sigma * N(0, 1) * (y - x),
                  clipped to the task's genotype bounds; or ME-ES's OpenES
-                 (``emitter: es``), or CMA-ME's CMA-ES (``emitter: cma_me``)
+                 (``emitter: es``), or CMA-ME's CMA-ES (``emitter: cma_me``), or
+                 PGA-ME's TD3 policy-gradient steps beside isoline variation
+                 (``emitter: pga_me``, :mod:`~evorl_pop.algorithms.pgame`)
     evaluate: the one evaluator (score, descriptor), sharded P('POP')
     tell:     the candidates inserted into the archive, each device into its cells;
               the emitter told the batch (and the archive before and after)
@@ -40,6 +42,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop import registry
+from evorl_pop.algorithms import pgame
 from evorl_pop.algorithms.qd_emitters import (
     EMITTERS,
     ES_REWARDS,
@@ -87,7 +90,9 @@ class MapElitesConfig:
       cvt_seed: CVT archives: the seed of the samples (the centroids depend on it only).
       emitter: how candidates are made (:mod:`~evorl_pop.algorithms.qd_emitters`):
         ``'isoline'`` (isoline variation), ``'es'`` (ME-ES: an OpenES centred on an
-        elite) or ``'cma_me'`` (CMA-ME: a CMA-ES ranked by archive improvement).
+        elite), ``'cma_me'`` (CMA-ME: a CMA-ES ranked by archive improvement) or
+        ``'pga_me'`` (PGA-ME: TD3 policy-gradient steps beside isoline variation;
+        brax tasks only).
       iso_sigma: isoline variation's isotropic Gaussian width.
       line_sigma: isoline variation's width along the line between the two parents.
       es_sigma: ``es``: the OpenES's noise width.
@@ -97,6 +102,17 @@ class MapElitesConfig:
         descriptor to its ``novelty_neighbours`` nearest elites).
       novelty_neighbours: ``es`` with ``es_reward='novelty'``: the nearest elites.
       cma_sigma: ``cma_me``: the CMA-ES's initial step size.
+      pg_proportion: ``pga_me``: the share of the batch from policy-gradient steps
+        (the TD3 greedy actor among them), the rest from isoline variation.
+      pg_critic_hidden_sizes: ``pga_me``: each TD3 critic's hidden layers (the actor
+        is the task's policy, ``hidden_sizes``).
+      pg_critic_updates: ``pga_me``: TD3 iterations per generation.
+      pg_steps: ``pga_me``: policy-gradient (Adam) steps per candidate.
+      pg_batch_size: ``pga_me``: the global minibatch, split over the devices.
+      pg_critic_lr: ``pga_me``: the critics' Adam step size.
+      pg_actor_lr: ``pga_me``: the greedy actor's Adam step size.
+      pg_policy_lr: ``pga_me``: the candidates' Adam step size.
+      pg_buffer_size: ``pga_me``: the replay buffer's capacity in steps.
       eval_mode: ``'vmap'`` (fast) or ``'map'`` (low memory) per device.
       hidden_sizes: brax tasks: the policy MLP's hidden layers.
       activation: brax tasks: ``'tanh'``, ``'relu'`` or ``'elu'``.
@@ -123,6 +139,15 @@ class MapElitesConfig:
     es_reward: str = "fitness"
     novelty_neighbours: int = 10
     cma_sigma: float = 0.05
+    pg_proportion: float = 0.5
+    pg_critic_hidden_sizes: tuple[int, ...] = (64, 64)
+    pg_critic_updates: int = 30
+    pg_steps: int = 10
+    pg_batch_size: int = 64
+    pg_critic_lr: float = 3e-4
+    pg_actor_lr: float = 3e-4
+    pg_policy_lr: float = 1e-3
+    pg_buffer_size: int = 100_000
     eval_mode: str = "vmap"
     hidden_sizes: tuple[int, ...] = (64, 64)
     activation: str = "tanh"
@@ -171,6 +196,7 @@ class MapElitesConfig:
             )
         if self.emitter in ("es", "cma_me") and self.population_size < 2:
             raise ConfigError(f"population_size must be at least 2 with emitter={self.emitter}.")
+        pgame.check_config(self)
         for name in ("es_sigma", "es_learning_rate", "cma_sigma"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}.")
@@ -246,21 +272,31 @@ class MapElites:
         self.population_size = config.population_size
         self.emitter = make_emitter(self.archive, task, config)
 
-    def _evaluate(self, population, key, task_state):
-        """``(summary, quality, descriptors)``: the batch's statistics (task units), its
-        fitness maximised and its descriptors, replicated."""
+    def _evaluate(self, population, key, task_state, emitter_state=()):
+        """``(summary, quality, descriptors, emitter_state)``: the batch's statistics
+        (task units), its fitness maximised and its descriptors, replicated; an emitter
+        that learns from the episodes (``collect``) observes their transitions."""
         task = self.task
+        collect = self.emitter.collect
 
         def one(x, k):
+            if collect:
+                return pgame.collect_descriptor(task, x, k, task_state, self.emitter.feature)
             return task.evaluate_descriptor(x, k, task_state)
 
-        summary, descriptors = evaluate(
+        summary, outs = evaluate(
             one, population, key, self.mesh, task.maximize, self.config.eval_mode
         )
         n = population.shape[0]
+        descriptors = outs
+        if collect:  # padded candidates' steps are no steps
+            descriptors, transitions, valid = outs
+            real = jnp.arange(valid.shape[0]) < n
+            valid = valid & real[:, None]
+            emitter_state = self.emitter.observe(emitter_state, transitions, valid)
         scores = summary.scores[:n]
         quality = scores if task.maximize else -scores
-        return summary, quality, descriptors[:n]
+        return summary, quality, descriptors[:n], emitter_state
 
     def _initial_population(self, key):
         bounds = self.task.genotype_bounds
@@ -276,10 +312,14 @@ class MapElites:
         k_pop, k_eval = jax.random.split(key)
         task_state = self.task.init_state()
         population = self._initial_population(k_pop)
-        _, quality, descriptors = self._evaluate(population, k_eval, task_state)
+        emitter = (
+            self.emitter.init(None, jax.random.fold_in(key, 1)) if self.emitter.collect else ()
+        )
+        _, quality, descriptors, emitter = self._evaluate(population, k_eval, task_state, emitter)
         archive = self.archive.empty(self.task.num_dims)
         archive, _ = self.archive.insert(archive, population, quality, descriptors)
-        emitter = self.emitter.init(archive, jax.random.fold_in(key, 1))
+        if not self.emitter.collect:
+            emitter = self.emitter.init(archive, jax.random.fold_in(key, 1))
         state = MapElitesState(archive, task_state, jnp.int32(0), emitter)
         state = jax.tree.map(jnp.asarray, state, jax.tree.map(jnp.result_type, state))
         replicated = NamedSharding(self.mesh, P())
@@ -295,14 +335,16 @@ class MapElites:
         """One generation: ask, evaluate, insert, tell the emitter. Pure, jittable."""
         k_ask, k_eval = jax.random.split(key)
         population, asked = self.emitter.ask(state.archive, state.emitter, k_ask)
-        summary, quality, descriptors = self._evaluate(population, k_eval, state.task_state)
+        summary, quality, descriptors, emitter = self._evaluate(
+            population, k_eval, state.task_state, state.emitter
+        )
         archive, added = self.archive.insert(state.archive, population, quality, descriptors)
         # replicated, so that the emitter's sums over the batch (an ES's gradient) are
         # each computed whole on every device, in one order on any device count
         replicated = NamedSharding(self.mesh, P())
         told = jax.lax.with_sharding_constraint((quality, descriptors), replicated)
         emitter, emitter_metrics = self.emitter.tell(
-            state.archive, archive, state.emitter, asked, *told, jax.random.fold_in(k_ask, 1)
+            state.archive, archive, emitter, asked, *told, jax.random.fold_in(k_ask, 1)
         )
         task_state = self.task.update_state(state.task_state, summary.info)
         new = MapElitesState(archive, task_state, state.generation + 1, emitter)

@@ -23,6 +23,9 @@ Every emitter has the one generation shape of MAP-Elites
   improved cells, by the improvement, then the rest); evosax's recombination weights
   follow that ranking. When no candidate of a generation improves the archive, it
   starts again from an elite drawn uniformly over the filled cells.
+* ``pga_me`` (:class:`~evorl_pop.algorithms.pgame.PGAMEEmitter`, PGA-ME, Nilsson &
+  Cully 2021): part of the batch from isoline variation, the rest from TD3
+  policy-gradient steps on elites and the TD3 greedy actor; brax tasks only.
 
 The emitters' states are small (the CMA-ES's covariance is ``num_dims^2``) and
 replicated: every device computes the same update from the same replicated batch,
@@ -41,7 +44,7 @@ from jax.sharding import PartitionSpec as P
 from evorl_pop.algorithms.es import make_strategy
 
 #: The emitters by name (``MapElitesConfig.emitter``).
-EMITTERS = ("isoline", "es", "cma_me")
+EMITTERS = ("isoline", "es", "cma_me", "pga_me")
 #: What an ES emitter's candidates are rewarded by.
 ES_REWARDS = ("fitness", "novelty")
 
@@ -96,6 +99,8 @@ def _select(flag, new, old):
 class IsolineEmitter:
     """Isoline variation of parents drawn uniformly over the archive's filled cells."""
 
+    collect = False  # its evaluations need no transitions
+
     def __init__(self, archive, task, config):
         self.archive = archive
         self.task = task
@@ -129,6 +134,8 @@ class StrategyEmitterState:
 
 class _StrategyEmitter:
     """What the ES and CMA-ME emitters share: an evosax strategy, started at an elite."""
+
+    collect = False
 
     def __init__(self, archive, task, strategy, params):
         self.archive = archive
@@ -226,5 +233,9 @@ class CMAMEEmitter(_StrategyEmitter):
 
 def make_emitter(archive, task, config):
     """The emitter ``config.emitter`` names, over ``archive`` for ``task``."""
+    if config.emitter == "pga_me":  # imported here: it imports isoline_variation
+        from evorl_pop.algorithms.pgame import PGAMEEmitter
+
+        return PGAMEEmitter(archive, task, config)
     cls = {"isoline": IsolineEmitter, "es": ESEmitter, "cma_me": CMAMEEmitter}
     return cls[config.emitter](archive, task, config)

@@ -1,0 +1,294 @@
+"""PGA-ME's emitter: isoline variation beside policy-gradient steps through a TD3 critic.
+
+Policy Gradient Assisted MAP-Elites (Nilsson & Cully 2021), MAP-Elites'
+``emitter: pga_me`` on the brax quality-diversity tasks (policies with environments).
+A generation's batch::
+
+    ask:      the first population_size - n_pg candidates: isoline variation of
+              parents drawn over the archive (as ``emitter: isoline``);
+              then n_pg - 1 parents drawn over the archive, each moved by
+              pg_steps Adam steps (pg_policy_lr, a fresh Adam per candidate) of
+              the TD3 actor loss (minus the first critic's value of its actions)
+              on minibatches of the replay buffer; last, the TD3 greedy actor
+    evaluate: the one evaluator; every step of every episode into the buffer
+    tell:     pg_critic_updates TD3 iterations (critic steps; every
+              policy_delay-th also a greedy-actor step and the targets' update)
+
+with ``n_pg = round(pg_proportion * population_size)``. The TD3 state and the replay
+buffer are replicated; every gradient step goes through
+:func:`evorl_pop.distributed.agent_gradient_update` with its minibatch split over the
+``DP`` axis of the archive's devices and the gradients averaged, so the archive is
+the same on any device count.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from jax.flatten_util import ravel_pytree
+from jax.sharding import PartitionSpec as P
+
+from evorl_pop import distributed as dist
+from evorl_pop.base import ConfigError, EvalInfo
+from evorl_pop.rl import data_parallel, replay
+from evorl_pop.rl.hybrid import example_transition
+from evorl_pop.rl.replay import ReplayBuffer
+from evorl_pop.rl.td3 import TD3, ActorState, TD3Config, TD3State, actor_part, with_actor_part
+from evorl_pop.tasks.qd import BraxFeetTask, BraxQDTask
+from evorl_pop.tasks.rollout import Transition
+
+
+@flax.struct.dataclass
+class PGAMEState:
+    """PGA-ME's emitter state: the TD3 learner (critics, greedy actor) and its buffer."""
+
+    td3: TD3State
+    buffer: ReplayBuffer
+
+
+def pg_split(population_size: int, proportion: float) -> tuple[int, int]:
+    """``(isoline, policy_gradient)`` candidates of a batch; the second counts the
+    greedy actor."""
+    n_pg = int(round(proportion * population_size))
+    return population_size - n_pg, n_pg
+
+
+def feature_fn(task: BraxQDTask):
+    """``task._feature``, its contacts from a template made now, outside any trace.
+
+    ``brax.contact.get`` makes its ``mjx.Data`` template on a named device, which
+    ``shard_map`` refuses; the feet's contacts are computed here as it computes them.
+    """
+    if not isinstance(task, BraxFeetTask):
+        return task._feature
+    from brax import math
+    from brax.base import Transform
+    from mujoco import mjx
+
+    sys = task.env.env.sys
+    template = mjx.make_data(sys)
+    body = jnp.asarray(sys.geom_bodyid) - 1
+    feet = jnp.asarray(task.feet)[:, None]
+
+    def feature(pipeline_state):
+        x = pipeline_state.x.concatenate(Transform.zero((1,)))
+        pos = x.pos[sys.geom_bodyid - 1]
+        rot = x.rot[sys.geom_bodyid - 1]
+        geom_xpos = pos + jax.vmap(math.rotate)(sys.geom_pos, rot)
+        geom_xmat = jax.vmap(math.quat_to_3x3)(jax.vmap(math.quat_mul)(rot, sys.geom_quat))
+        c = mjx.collision(sys, template.replace(geom_xpos=geom_xpos, geom_xmat=geom_xmat)).contact
+        touching = c.dist <= 0
+        on = ((body[c.geom1][None] == feet) | (body[c.geom2][None] == feet)) & touching[None]
+        return jnp.any(on, axis=-1).astype(jnp.float32)
+
+    return feature
+
+
+def collect_descriptor(task: BraxQDTask, solution, key, task_state, feature=None):
+    """:meth:`BraxQDTask.evaluate_descriptor`'s episode, its transitions kept.
+
+    Returns:
+      ``(return, EvalInfo, (descriptor, transitions, valid))``: the same return and
+      descriptor, the episode's :class:`Transition` per step and whether the step was
+      taken before the episode ended.
+    """
+    del task_state
+    feature_of = task._feature if feature is None else feature
+    params = task._policy_params(solution, None)
+    _, reset_key = jax.random.split(jax.random.split(key, 1)[0])
+    obs, state = task.env.reset(reset_key)
+    zero = jnp.zeros((), jnp.float32)
+    total = jnp.zeros(task.descriptor_size, jnp.float32)
+    last = feature_of(state.inner.pipeline_state)
+    max_steps = task.spec.max_steps
+
+    def body(carry, t):
+        obs, state, ret, steps, total, last, alive = carry
+        action = task.policy(params, obs)
+        next_obs, state, reward, done = task.env.step(key, state, action)
+        ret = ret + jnp.where(alive, reward, 0.0)
+        feature = feature_of(state.inner.pipeline_state)
+        total = total + jnp.where(alive, feature, 0.0)
+        last = jnp.where(alive, feature, last)
+        # reaching the time limit is a truncation: the next state still has a value
+        terminal = done & (t + 1 < max_steps)
+        transition = Transition(
+            obs=obs,
+            action=jnp.reshape(action, (task.spec.action_dim,)).astype(jnp.float32),
+            reward=jnp.asarray(reward, jnp.float32),
+            next_obs=next_obs,
+            terminal=terminal.astype(jnp.float32),
+        )
+        carry = (next_obs, state, ret, steps + alive, total, last, alive & ~done)
+        return carry, (transition, alive)
+
+    alive = jnp.ones((), bool)
+    carry = (obs, state, zero, jnp.zeros((), jnp.int32), total, last, alive)
+    carry, (transitions, valid) = jax.lax.scan(body, carry, jnp.arange(max_steps))
+    _, _, ret, steps, total, last, _ = carry
+    descriptor = task._describe(total, last, steps)
+    info = EvalInfo(steps=steps, episodes=jnp.int32(1))
+    return ret, info, (descriptor, transitions, valid)
+
+
+class PGAMEEmitter:
+    """PGA-ME: isoline variation and TD3 policy-gradient steps, one batch."""
+
+    #: MAP-Elites evaluates with :func:`collect_descriptor` and calls :meth:`observe`.
+    collect = True
+
+    def __init__(self, archive, task, config):
+        if not isinstance(task, BraxQDTask):
+            raise ConfigError(
+                f"emitter: pga_me needs a task with an environment (qd/hopper_uni, "
+                f"qd/walker2d_uni, ...); {task.name} is black-box: try emitter=isoline."
+            )
+        self.archive = archive
+        self.task = task
+        self.config = config
+        #: the task's feature per step, traceable inside ``shard_map``
+        self.feature = feature_fn(task)
+        self.num_iso, self.num_pg = pg_split(config.population_size, config.pg_proportion)
+        settings = TD3Config(
+            actor_hidden_sizes=tuple(config.hidden_sizes),
+            critic_hidden_sizes=tuple(config.pg_critic_hidden_sizes),
+            actor_lr=config.pg_actor_lr,
+            critic_lr=config.pg_critic_lr,
+            batch_size=config.pg_batch_size,
+            actor_activation=config.activation,
+        )
+        self.td3 = TD3(task.spec, settings, policy=task.policy)
+        self.policy_optimizer = optax.adam(config.pg_policy_lr)
+        self.dp_mesh = data_parallel.dp_mesh(archive.mesh)
+        self.axis = self.dp_mesh.axis_names[0]
+        what = "A PGA-ME minibatch's samples"
+        data_parallel.check_split("pg_batch_size", config.pg_batch_size, self.dp_mesh.size, what)
+
+    def _data_parallel(self, fn, num_args):
+        """``fn`` on every device of the ``DP`` mesh, arguments and results replicated."""
+        return jax.shard_map(fn, mesh=self.dp_mesh, in_specs=(P(),) * num_args, out_specs=P())
+
+    # --- state ---------------------------------------------------------------------
+
+    def init(self, archive_state, key):
+        del archive_state
+        buffer = ReplayBuffer.create(example_transition(self.task.spec), self.config.pg_buffer_size)
+        return PGAMEState(self.td3.init(key), buffer)
+
+    def observe(self, emitter_state: PGAMEState, transitions, valid) -> PGAMEState:
+        """The emitter state with the valid steps of the evaluated episodes in its buffer."""
+        return emitter_state.replace(buffer=emitter_state.buffer.add(transitions, valid))
+
+    # --- ask -----------------------------------------------------------------------
+
+    def policy_gradient(self, td3_state: TD3State, params, buffer, key, axis=None):
+        """``pg_steps`` Adam steps of the actor loss of ``params`` through the critic of
+        ``td3_state``, each on a fresh global minibatch of ``buffer`` (this device's
+        slice with ``axis``). Returns the stepped params."""
+
+        def loss_fn(state, obs):
+            return self.td3.actor_loss(state.actor.params, state.critic.params, obs)
+
+        step = dist.agent_gradient_update(
+            loss_fn,
+            self.policy_optimizer,
+            axis,
+            attach_fn=with_actor_part,
+            detach_fn=actor_part,
+        )
+        opt_state = self.policy_optimizer.init(params)
+        state = td3_state.replace(actor=ActorState(params, params, ()))
+
+        def body(carry, k):
+            state, opt_state = carry
+            batch, _ = replay.sample(buffer, k, self.config.pg_batch_size, axis)
+            _, state, opt_state = step(opt_state, state, batch.obs)
+            return (state, opt_state), None
+
+        keys = jax.random.split(key, self.config.pg_steps)
+        (state, _), _ = jax.lax.scan(body, (state, opt_state), keys)
+        return state.actor.params
+
+    def _improve(self, td3_state, parents, buffer, key):
+        """The parents (flat rows) each moved by :meth:`policy_gradient`."""
+
+        def local(td3_state, parents, buffer, key):
+            def one(flat, i):
+                params = self.task.unravel(flat)
+                k = jax.random.fold_in(key, i)
+                new = self.policy_gradient(td3_state, params, buffer, k, self.axis)
+                return ravel_pytree(new)[0]
+
+            return jax.vmap(one)(parents, jnp.arange(parents.shape[0]))
+
+        return self._data_parallel(local, 4)(td3_state, parents, buffer, key)
+
+    def ask(self, archive_state, emitter_state: PGAMEState, key):
+        from evorl_pop.algorithms.qd_emitters import isoline_variation
+
+        k_iso_parents, k_vary, k_pg_parents, k_pg = jax.random.split(key, 4)
+        c = self.config
+        parts = []
+        if self.num_iso:
+            parents = self.archive.sample(archive_state, k_iso_parents, 2 * self.num_iso)
+            x, y = jnp.split(parents, 2)
+            parts.append(isoline_variation(k_vary, x, y, c.iso_sigma, c.line_sigma))
+        if self.num_pg > 1:
+            parents = self.archive.sample(archive_state, k_pg_parents, self.num_pg - 1)
+            td3_state = emitter_state.td3
+            parts.append(self._improve(td3_state, parents, emitter_state.buffer, k_pg))
+        actor = ravel_pytree(emitter_state.td3.actor.params)[0]
+        parts.append(actor[None].astype(parts[0].dtype if parts else actor.dtype))
+        return jnp.concatenate(parts), None
+
+    # --- tell ----------------------------------------------------------------------
+
+    def tell(self, before, after, emitter_state: PGAMEState, asked, quality, descriptors, key):
+        """``pg_critic_updates`` TD3 iterations on the buffer (the batch's steps in it)."""
+        del before, after, asked, quality, descriptors
+        updates = self.config.pg_critic_updates
+
+        def local(state, buffer, key):
+            return self.td3.learn(state, buffer, key, updates, self.axis)
+
+        td3_state, losses = self._data_parallel(local, 3)(
+            emitter_state.td3, emitter_state.buffer, key
+        )
+        metrics = {"emitter_critic_loss": losses["critic_loss"]}
+        metrics["emitter_actor_loss"] = losses["actor_loss"]
+        return emitter_state.replace(td3=td3_state), metrics
+
+
+def check_config(config) -> None:
+    """Raises a :class:`ConfigError` for PGA-ME settings that cannot run."""
+    if config.emitter != "pga_me":
+        return
+    from evorl_pop.tasks.qd import QD_TASKS
+
+    if not issubclass(QD_TASKS[config.task], BraxQDTask):
+        raise ConfigError(
+            f"emitter: pga_me needs a task with an environment (qd/hopper_uni, qd/walker2d_uni, "
+            f"qd/halfcheetah_uni, qd/ant_uni, qd/ant_omni); {config.task} is black-box."
+        )
+    if not 0.0 <= config.pg_proportion <= 1.0:
+        raise ConfigError(f"pg_proportion must be in [0, 1], got {config.pg_proportion}.")
+    _, n_pg = pg_split(config.population_size, config.pg_proportion)
+    if n_pg < 1:
+        raise ConfigError(
+            f"pg_proportion={config.pg_proportion} of population_size={config.population_size} "
+            f"leaves no candidate for the greedy actor: raise either."
+        )
+    for name in ("pg_critic_updates", "pg_steps", "pg_batch_size", "pg_buffer_size"):
+        if getattr(config, name) < 1:
+            raise ConfigError(f"{name} must be at least 1, got {getattr(config, name)}.")
+    for name in ("pg_critic_lr", "pg_actor_lr", "pg_policy_lr"):
+        if not getattr(config, name) > 0:
+            raise ConfigError(f"{name} must be > 0, got {getattr(config, name)}.")
+    if any(h < 1 for h in config.pg_critic_hidden_sizes):
+        widths = list(config.pg_critic_hidden_sizes)
+        raise ConfigError(f"pg_critic_hidden_sizes must be at least 1, got {widths}.")
+
+
+__all__ = ["PGAMEEmitter", "PGAMEState", "check_config", "collect_descriptor", "pg_split"]
