@@ -65,8 +65,8 @@ def train(config: RunConfig, run_dir, train_fn, **kwargs) -> list:
         summarize([run_dir], run_dir)
         return results
     results = []
-    for setting, group in found:
-        print(f"sweep: {replicas.folder(setting)} ({len(found)} programs)", flush=True)
+    for index, (setting, group) in enumerate(found, start=1):
+        print(f"sweep: program {index} of {len(found)}, {replicas.folder(setting)}", flush=True)
         results.append(train_fn(group, run_dir / replicas.folder(setting), **kwargs))
     summarize([run_dir / replicas.folder(s) for s, _ in found], run_dir)
     return results
