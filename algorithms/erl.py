@@ -84,6 +84,8 @@ class Config(EvoRLConfig):
     exploration_noise: float = 0.1
     updates_per_generation: int = 1000
 
+    HOST_LEARNERS = ("td3",)
+
     def validate(self) -> None:
         """Raises a ConfigError naming a setting that cannot run."""
         super().validate()

@@ -200,3 +200,29 @@ def test_cemrl_learns_from_a_gymnasium_task_the_same_on_1_and_2_devices():
         np.testing.assert_allclose(
             histories[1][column], values, rtol=1e-5, atol=1e-6, err_msg=column
         )
+
+
+@pytest.mark.slow
+def test_erl_explores_a_dm_control_task_on_the_host():
+    import dataclasses
+
+    from evorl_pop.algorithms.erl import ERL
+    from evorl_pop.algorithms.erl import Config as ERLConfig
+
+    td3 = dataclasses.replace(
+        ERLConfig().td3, batch_size=16, actor_hidden_sizes=(8,), critic_hidden_sizes=(8,)
+    )
+    config = ERLConfig(
+        task="gym:dm_control/cartpole-balance-v0",
+        td3=td3,
+        population_size=4,
+        num_elites=1,
+        episode_length=10,
+        eval_episodes=1,
+        learning_starts=10,
+        buffer_capacity=64,
+        updates_per_generation=2,
+    )
+    _, history = _loop.train(ERL(config, mesh=make_mesh(1)), jax.random.key(0), 2)
+    assert np.isfinite(history["explore_return"]).all()
+    assert np.isfinite(history["critic_loss"]).all()

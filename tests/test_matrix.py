@@ -32,11 +32,11 @@ TASKS = {
 }
 ALGORITHMS = [spec.name for spec in config_lib.specs()]
 #: The project's own pairs that must be refused: the learners and the hybrids take no
-#: black-box functions, and ERL and PBT step their environments in JAX, so not
-#: Gymnasium's host environments (PPO, SAC and CEM-RL step those on the host).
+#: black-box functions, and PBT steps its members' environments in JAX, so not
+#: Gymnasium's host environments (the others step those on the host).
 LEARNING = ("cemrl", "erl", "pbt", "ppo", "sac")
-REFUSED = {(a, f) for a in LEARNING for f in ("gym", "dm_control", "black-box")}
-REFUSED -= {(a, f) for a in ("cemrl", "ppo", "sac") for f in ("gym", "dm_control")}
+REFUSED = {(a, f) for a in LEARNING for f in ("black-box",)}
+REFUSED |= {("pbt", f) for f in ("gym", "dm_control")}
 #: MAP-Elites needs a task with behaviour descriptors (qd/arm, ...), which no family has.
 REFUSED |= {("mapelites", f) for f in TASKS}
 

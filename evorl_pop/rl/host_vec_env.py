@@ -33,8 +33,9 @@ one to the next, which orders them without ``ordered=True`` (which neither
 ``shard_map`` over several devices nor ``vmap`` allows).
 
 :func:`collect_episodes` runs a Gymnasium task's collecting evaluation on the
-same lanes (CEM-RL's population, whose transitions feed its learner): fresh
-episodes, each to its end, on lanes leased for the call and given back after.
+same lanes (CEM-RL's and ERL's population, whose transitions feed its learner,
+and ERL's exploration episodes): fresh episodes, each to its end, on lanes
+leased for the call and given back after.
 """
 
 from __future__ import annotations
@@ -355,7 +356,15 @@ class HostEnvs:
         return jax.lax.scan(one_step, batch, jnp.arange(length))
 
 
-def collect_episodes(envs: HostEnvs, act: Callable, key: jax.Array, episodes: int, obs_norm=None):
+def collect_episodes(
+    envs: HostEnvs,
+    act: Callable,
+    key: jax.Array,
+    episodes: int,
+    obs_norm=None,
+    noise_std: float | None = None,
+    noise_key: jax.Array | None = None,
+):
     """A policy's episodes on the host with every step's transition (a Gymnasium task's
     collecting evaluation: CEM-RL's population feeding its learner's replay buffer).
 
@@ -370,12 +379,15 @@ def collect_episodes(envs: HostEnvs, act: Callable, key: jax.Array, episodes: in
       key: the evaluation's key.
       episodes: how many.
       obs_norm: the observation normaliser, or ``None``.
+      noise_std: Gaussian action noise in half action ranges (ERL's exploration), or
+        ``None``; step ``t`` draws it from ``fold_in(noise_key, t)``.
+      noise_key: the noise's key.
 
     Returns:
       An :class:`~evorl_pop.tasks.rollout.Episode`, leaves leading with the episodes.
     """
     from evorl_pop.tasks.obs_norm import ObsMoments
-    from evorl_pop.tasks.rollout import Episode, Transition
+    from evorl_pop.tasks.rollout import Episode, Transition, add_exploration_noise
 
     index = jnp.arange(episodes)
     batch = envs.reset_batch(jax.random.split(key, episodes))
@@ -384,10 +396,13 @@ def collect_episodes(envs: HostEnvs, act: Callable, key: jax.Array, episodes: in
     batch = batch.replace(stream=stream)
     batch = batch.replace(obs=envs.sync(batch, batch.seed, index))
 
-    def one_step(carry, _):
+    def one_step(carry, t):
         batch, alive = carry
         seen = batch.obs if obs_norm is None else obs_norm.normalize(batch.obs)
         action = act(seen)
+        if noise_std is not None:
+            noise = jax.random.fold_in(noise_key, t)
+            action = add_exploration_noise(envs, action, noise, noise_std)
         new, result = envs.step_batch(batch, action, index)
         done = (result.terminal + result.truncated) > 0
         step = Transition(batch.obs, action, result.reward, result.next_obs, result.terminal)
@@ -395,7 +410,7 @@ def collect_episodes(envs: HostEnvs, act: Callable, key: jax.Array, episodes: in
 
     alive = jnp.ones((episodes,), bool)
     length = envs.spec.max_steps
-    (final, _), (steps, valid) = jax.lax.scan(one_step, (batch, alive), None, length=length)
+    (final, _), (steps, valid) = jax.lax.scan(one_step, (batch, alive), jnp.arange(length))
     ids = jnp.stack([index.astype(jnp.uint32), final.stream, final.total.astype(jnp.uint32)], 1)
     io_callback(envs._release, jax.ShapeDtypeStruct((), jnp.int32), ids)
     steps = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), steps)

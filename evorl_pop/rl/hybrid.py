@@ -300,8 +300,8 @@ class ReplayLearner:
         family = env_family(config.task)
         # A program with host callbacks (a task stepped on the host) takes one mesh: the
         # population's, whose axis then splits the minibatches too.
-        host = family is not None and not family.steps_in_jax
-        self.dp_mesh = mesh if host else data_parallel.dp_mesh(mesh)
+        self.host = family is not None and not family.steps_in_jax
+        self.dp_mesh = mesh if self.host else data_parallel.dp_mesh(mesh)
         #: The axis the minibatches split over (``'DP'``, or the population's).
         self.axis = self.dp_mesh.axis_names[0]
         what = f"A {learner} minibatch's samples"
@@ -333,6 +333,8 @@ class ReplayLearner:
     def explore(self, params: Any, key: jax.Array, noise_std: float) -> Episode:
         """An episode of the actor ``params`` with Gaussian action noise of
         ``noise_std`` (half action ranges), its transitions collected."""
+        if self.host:  # a Gymnasium task's episode, stepped on the host
+            return self.task.explore(params, key, noise_std)
         length = self.config.episode_length
         return rollout(
             self.task.env, self.task.policy, params, key, None, length, noise_std, collect=True

@@ -49,6 +49,7 @@ import importlib.util
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -288,7 +289,7 @@ class GymTask(ControlTask):
             :class:`~evorl_pop.tasks.control.ControlTask`'s ``hidden_sizes``,
             ``activation``, ``episodes``, ``normalize_obs``, ``policy_module``,
             ``policy`` and ``transitions`` (its collecting evaluations keep every
-            step's transition, for CEM-RL's learner).
+            step's transition, for CEM-RL's and ERL's learner).
 
         Raises:
           ConfigError: an unknown id, or an environment whose simulator (Box2D,
@@ -323,17 +324,38 @@ class GymTask(ControlTask):
     def _collect(self, solution, key, task_state, episodes: int):
         """The episodes with their transitions (``transitions=True``: CEM-RL's actors),
         stepped on the host by :func:`~evorl_pop.rl.host_vec_env.collect_episodes`."""
-        from evorl_pop.rl.host_vec_env import HostEnvs, collect_episodes
+        from evorl_pop.rl.host_vec_env import collect_episodes
 
-        if self._host is None:
-            self._host = HostEnvs(self.name, self.spec.max_steps, factory=self.pool.factory)
         params = self.unravel(solution)
 
         def act(obs):
             return jax.vmap(self.policy, (None, 0))(params, obs)
 
         obs_norm = task_state if self.normalize_obs else None
-        return collect_episodes(self._host, act, key, episodes, obs_norm)
+        return collect_episodes(self.host_envs(), act, key, episodes, obs_norm)
+
+    def explore(self, params, key: jax.Array, noise_std: float) -> Any:
+        """One episode of the policy ``params`` with Gaussian action noise of ``noise_std``
+        half action ranges, its transitions collected (ERL's exploration)."""
+        from evorl_pop.rl.host_vec_env import collect_episodes
+
+        def act(obs):
+            return jax.vmap(self.policy, (None, 0))(params, obs)
+
+        reset_key, noise_key = jax.random.split(key)
+        episodes = collect_episodes(
+            self.host_envs(), act, reset_key, 1, noise_std=noise_std, noise_key=noise_key
+        )
+        return jax.tree.map(lambda x: x[0], episodes)
+
+    def host_envs(self):
+        """The host lanes of the collecting evaluations
+        (:class:`~evorl_pop.rl.host_vec_env.HostEnvs`), made by the first."""
+        from evorl_pop.rl.host_vec_env import HostEnvs
+
+        if self._host is None:
+            self._host = HostEnvs(self.name, self.spec.max_steps, factory=self.pool.factory)
+        return self._host
 
     def _batch_episodes(self, solutions, keys, task_state, episodes) -> EpisodeStats:
         # one host rollout for the whole slice already: its callbacks take the vmap
@@ -492,8 +514,8 @@ class GymFamily:
     host (an :class:`~evorl_pop.core.interfaces.EnvFamily` without JAX environments)."""
 
     description = (
-        "any Gymnasium environment, stepped on the host (ES, PPO, SAC, CEM-RL): gym:ID for any "
-        "id of gymnasium.registry, e.g. gym:CartPole-v1, gym:LunarLander-v3"
+        "any Gymnasium environment, stepped on the host (every algorithm but PBT): gym:ID for "
+        "any id of gymnasium.registry, e.g. gym:CartPole-v1, gym:LunarLander-v3"
     )
     pattern = GYM_PREFIX + "<Gymnasium id>"
     example = GYM_PREFIX + "Pendulum-v1"
