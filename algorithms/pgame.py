@@ -31,6 +31,7 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop import distributed as dist
+from evorl_pop.algorithms.qd_emitters import isoline_variation
 from evorl_pop.base import ConfigError, EvalInfo
 from evorl_pop.rl import data_parallel, replay
 from evorl_pop.rl.hybrid import example_transition
@@ -226,8 +227,6 @@ class PGAMEEmitter:
         return self._data_parallel(local, 4)(td3_state, parents, buffer, key)
 
     def ask(self, archive_state, emitter_state: PGAMEState, key):
-        from evorl_pop.algorithms.qd_emitters import isoline_variation
-
         k_iso_parents, k_vary, k_pg_parents, k_pg = jax.random.split(key, 4)
         c = self.config
         parts = []
