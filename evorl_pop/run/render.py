@@ -74,7 +74,8 @@ class Episodes:
 
     trajectories: list[Trajectory]  # per episode: states, observations, returns so far
     returns: list[float]  # per episode, summed as the rollout sums it
-    evaluation: float  # the evaluation path's mean return over the episodes
+    evaluation: float | None  # the evaluation path's mean return over the episodes (None:
+    # a learner on host lanes, which has none)
     reported: float | None  # metrics.csv's eval_return of the same policy and key, if any
     generation: int
     env: object
@@ -225,12 +226,18 @@ def run_episodes(run_dir, episodes: int = 1, seed: int | None = None) -> Episode
             _trajectory(env, policy, params, obs_norm, length, k)
             for k in jax.random.split(key, episodes)
         ]
-    else:  # Gymnasium: the evaluation's episodes replayed by a plain loop on the host
-        from evorl_pop.tasks.gym_envs import play
+    elif not isinstance(algorithm, Acts):  # Gymnasium: the evaluation's episodes replayed
+        from evorl_pop.tasks.gym_envs import play  # by a plain loop on the host
 
         solution = algorithm.mean_solution(state)
         runs = play(algorithm.task, solution, key, state.task_state, episodes)
-    evaluation = float(evaluate(key, episodes))
+    else:  # a learner's actor on Gymnasium lanes: its episodes have no evaluation path
+        from evorl_pop.tasks.gym_envs import play_acting
+
+        acting = algorithm.acting(state)
+        runs = play_acting(acting, acting.env.factory, acting.env.one_hot, key, episodes)
+        evaluate = None
+    evaluation = None if evaluate is None else float(evaluate(key, episodes))
     trajectories = [trajectory for trajectory, _ in runs]
     returns = [ret for _, ret in runs]
     return Episodes(trajectories, returns, evaluation, reported, generation, env, label)
@@ -293,7 +300,10 @@ def render(
         lines[0] += f" of {which}, the best of the run's last generation"
     for e, ret in enumerate(result.returns):
         lines.append(f"episode {e + 1}: return {ret!r}")
-    line = f"return {result.evaluation!r} (mean over {episodes} episode(s), as the evaluation)"
+    if result.evaluation is None:
+        line = f"return {float(np.mean(result.returns))!r} (mean over {episodes} episode(s))"
+    else:
+        line = f"return {result.evaluation!r} (mean over {episodes} episode(s), as the evaluation)"
     if result.reported is not None:
         line += f"; the run reported {result.reported!r} at generation {result.generation}"
     lines.append(line)
