@@ -87,14 +87,24 @@ def feature_fn(task: BraxQDTask):
     return feature
 
 
-def collect_descriptor(task: BraxQDTask, solution, key, task_state, feature=None):
+def collect_descriptor(
+    task: BraxQDTask, solution, key, task_state, feature=None, transitions: bool = True
+):
     """:meth:`BraxQDTask.evaluate_descriptor`'s episode, its transitions kept.
+
+    Args:
+      task, solution, key, task_state: as :meth:`BraxQDTask.evaluate_descriptor`'s.
+      feature: the feature per step (default: the task's; :func:`feature_fn`'s inside
+        ``shard_map``).
+      transitions: keep the transitions; ``False`` returns the descriptor alone.
 
     Returns:
       ``(return, EvalInfo, (descriptor, transitions, valid))``: the same return and
       descriptor, the episode's :class:`Transition` per step and whether the step was
-      taken before the episode ended.
+      taken before the episode ended; with ``transitions=False``, ``(return,
+      EvalInfo, descriptor)``.
     """
+    keep = transitions
     del task_state
     feature_of = task._feature if feature is None else feature
     params = task._policy_params(solution, None)
@@ -123,15 +133,15 @@ def collect_descriptor(task: BraxQDTask, solution, key, task_state, feature=None
             terminal=terminal.astype(jnp.float32),
         )
         carry = (next_obs, state, ret, steps + alive, total, last, alive & ~done)
-        return carry, (transition, alive)
+        return carry, (transition, alive) if keep else None
 
     alive = jnp.ones((), bool)
     carry = (obs, state, zero, jnp.zeros((), jnp.int32), total, last, alive)
-    carry, (transitions, valid) = jax.lax.scan(body, carry, jnp.arange(max_steps))
+    carry, out = jax.lax.scan(body, carry, jnp.arange(max_steps))
     _, _, ret, steps, total, last, _ = carry
     descriptor = task._describe(total, last, steps)
     info = EvalInfo(steps=steps, episodes=jnp.int32(1))
-    return ret, info, (descriptor, transitions, valid)
+    return ret, info, (descriptor, *out) if keep else descriptor
 
 
 class PGAMEEmitter:
@@ -149,8 +159,6 @@ class PGAMEEmitter:
         self.archive = archive
         self.task = task
         self.config = config
-        #: the task's feature per step, traceable inside ``shard_map``
-        self.feature = feature_fn(task)
         self.num_iso, self.num_pg = pg_split(config.population_size, config.pg_proportion)
         settings = TD3Config(
             actor_hidden_sizes=tuple(config.hidden_sizes),
