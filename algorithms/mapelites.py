@@ -271,8 +271,6 @@ class MapElites:
             self.archive = ShardedArchive(self.mesh, low, high, centroids=centroids)
         self.population_size = config.population_size
         self.emitter = make_emitter(self.archive, task, config)
-        # brax's contacts make their template on a named device, which shard_map refuses
-        self._feature = pgame.feature_fn(task) if isinstance(task, BraxQDTask) else None
 
     def _evaluate(self, population, key, task_state, emitter_state=()):
         """``(summary, quality, descriptors, emitter_state)``: the batch's statistics
@@ -282,8 +280,8 @@ class MapElites:
         collect = self.emitter.collect
 
         def one(x, k):
-            if self._feature is not None:  # a brax task's episode, traced in shard_map
-                return pgame.collect_descriptor(task, x, k, task_state, self._feature, collect)
+            if collect:  # a brax task's episode with its transitions (checked by config)
+                return task.episode(x, k, collect=True)
             return task.evaluate_descriptor(x, k, task_state)
 
         summary, outs = evaluate(

@@ -32,13 +32,12 @@ from jax.sharding import PartitionSpec as P
 
 from evorl_pop import distributed as dist
 from evorl_pop.algorithms.qd_emitters import isoline_variation
-from evorl_pop.base import ConfigError, EvalInfo
+from evorl_pop.base import ConfigError
 from evorl_pop.rl import data_parallel, replay
 from evorl_pop.rl.hybrid import example_transition
 from evorl_pop.rl.replay import ReplayBuffer
 from evorl_pop.rl.td3 import TD3, ActorState, TD3Config, TD3State, actor_part, with_actor_part
-from evorl_pop.tasks.qd import BraxFeetTask, BraxQDTask
-from evorl_pop.tasks.rollout import Transition
+from evorl_pop.tasks.qd import BraxQDTask
 
 
 @flax.struct.dataclass
@@ -56,98 +55,11 @@ def pg_split(population_size: int, proportion: float) -> tuple[int, int]:
     return population_size - n_pg, n_pg
 
 
-def feature_fn(task: BraxQDTask):
-    """``task._feature``, its contacts from a template made now, outside any trace.
-
-    ``brax.contact.get`` makes its ``mjx.Data`` template on a named device, which
-    ``shard_map`` refuses; the feet's contacts are computed here as it computes them.
-    """
-    if not isinstance(task, BraxFeetTask):
-        return task._feature
-    from brax import math
-    from brax.base import Transform
-    from mujoco import mjx
-
-    sys = task.env.env.sys
-    template = mjx.make_data(sys)
-    body = jnp.asarray(sys.geom_bodyid) - 1
-    feet = jnp.asarray(task.feet)[:, None]
-
-    def feature(pipeline_state):
-        x = pipeline_state.x.concatenate(Transform.zero((1,)))
-        pos = x.pos[sys.geom_bodyid - 1]
-        rot = x.rot[sys.geom_bodyid - 1]
-        geom_xpos = pos + jax.vmap(math.rotate)(sys.geom_pos, rot)
-        geom_xmat = jax.vmap(math.quat_to_3x3)(jax.vmap(math.quat_mul)(rot, sys.geom_quat))
-        c = mjx.collision(sys, template.replace(geom_xpos=geom_xpos, geom_xmat=geom_xmat)).contact
-        touching = c.dist <= 0
-        on = ((body[c.geom1][None] == feet) | (body[c.geom2][None] == feet)) & touching[None]
-        return jnp.any(on, axis=-1).astype(jnp.float32)
-
-    return feature
-
-
-def collect_descriptor(
-    task: BraxQDTask, solution, key, task_state, feature=None, transitions: bool = True
-):
-    """:meth:`BraxQDTask.evaluate_descriptor`'s episode, its transitions kept.
-
-    Args:
-      task, solution, key, task_state: as :meth:`BraxQDTask.evaluate_descriptor`'s.
-      feature: the feature per step (default: the task's; :func:`feature_fn`'s inside
-        ``shard_map``).
-      transitions: keep the transitions; ``False`` returns the descriptor alone.
-
-    Returns:
-      ``(return, EvalInfo, (descriptor, transitions, valid))``: the same return and
-      descriptor, the episode's :class:`Transition` per step and whether the step was
-      taken before the episode ended; with ``transitions=False``, ``(return,
-      EvalInfo, descriptor)``.
-    """
-    keep = transitions
-    del task_state
-    feature_of = task._feature if feature is None else feature
-    params = task._policy_params(solution, None)
-    _, reset_key = jax.random.split(jax.random.split(key, 1)[0])
-    obs, state = task.env.reset(reset_key)
-    zero = jnp.zeros((), jnp.float32)
-    total = jnp.zeros(task.descriptor_size, jnp.float32)
-    last = feature_of(state.inner.pipeline_state)
-    max_steps = task.spec.max_steps
-
-    def body(carry, t):
-        obs, state, ret, steps, total, last, alive = carry
-        action = task.policy(params, obs)
-        next_obs, state, reward, done = task.env.step(key, state, action)
-        ret = ret + jnp.where(alive, reward, 0.0)
-        feature = feature_of(state.inner.pipeline_state)
-        total = total + jnp.where(alive, feature, 0.0)
-        last = jnp.where(alive, feature, last)
-        # reaching the time limit is a truncation: the next state still has a value
-        terminal = done & (t + 1 < max_steps)
-        transition = Transition(
-            obs=obs,
-            action=jnp.reshape(action, (task.spec.action_dim,)).astype(jnp.float32),
-            reward=jnp.asarray(reward, jnp.float32),
-            next_obs=next_obs,
-            terminal=terminal.astype(jnp.float32),
-        )
-        carry = (next_obs, state, ret, steps + alive, total, last, alive & ~done)
-        return carry, (transition, alive) if keep else None
-
-    alive = jnp.ones((), bool)
-    carry = (obs, state, zero, jnp.zeros((), jnp.int32), total, last, alive)
-    carry, out = jax.lax.scan(body, carry, jnp.arange(max_steps))
-    _, _, ret, steps, total, last, _ = carry
-    descriptor = task._describe(total, last, steps)
-    info = EvalInfo(steps=steps, episodes=jnp.int32(1))
-    return ret, info, (descriptor, *out) if keep else descriptor
-
-
 class PGAMEEmitter:
     """PGA-ME: isoline variation and TD3 policy-gradient steps, one batch."""
 
-    #: MAP-Elites evaluates with :func:`collect_descriptor` and calls :meth:`observe`.
+    #: MAP-Elites evaluates with ``task.episode(..., collect=True)`` (a
+    #: :class:`~evorl_pop.tasks.qd.BraxQDTask`'s) and calls :meth:`observe`.
     collect = True
 
     def __init__(self, archive, task, config):
@@ -298,4 +210,4 @@ def check_config(config) -> None:
         raise ConfigError(f"pg_critic_hidden_sizes must be at least 1, got {widths}.")
 
 
-__all__ = ["PGAMEEmitter", "PGAMEState", "check_config", "collect_descriptor", "pg_split"]
+__all__ = ["PGAMEEmitter", "PGAMEState", "check_config", "pg_split"]

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 from evorl_pop import cli, make_mesh
-from evorl_pop.algorithms import pgame
 from evorl_pop.algorithms.mapelites import MapElites, MapElitesConfig
 from evorl_pop.algorithms.qd_emitters import isoline_variation
 from evorl_pop.base import ConfigError
@@ -103,10 +102,8 @@ def test_pgame_batch_policy_gradient_and_episodes():
     ev_keys = jax.random.split(jax.random.key(1), 3)
     ref = jax.jit(jax.vmap(me.task.evaluate_descriptor, (0, 0, None)))(solutions, ev_keys, ())
 
-    feature = pgame.feature_fn(me.task)
-
     def collect(x, k):
-        return pgame.collect_descriptor(me.task, x, k, (), feature)
+        return me.task.episode(x, k, collect=True)
 
     ret, info, (desc, transitions, valid) = jax.jit(jax.vmap(collect))(solutions, ev_keys)
     np.testing.assert_allclose(ret, ref[0], rtol=1e-5)

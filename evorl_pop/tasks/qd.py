@@ -48,6 +48,7 @@ from evorl_pop.tasks.brax_envs import (
     BraxState,
 )
 from evorl_pop.tasks.control import ControlTask
+from evorl_pop.tasks.rollout import Transition
 
 #: The prefix of the quality-diversity tasks' names.
 QD_PREFIX = "qd/"
@@ -166,29 +167,51 @@ class BraxQDTask(ControlTask):
 
     def evaluate_descriptor(self, solution, key, task_state):
         del task_state
+        return self.episode(solution, key)
+
+    def episode(self, solution, key, collect: bool = False):
+        """The candidate's episode (the key schedule of ``ControlTask.evaluate``'s single
+        episode): ``(return, EvalInfo, descriptor)``; with ``collect``, ``(return,
+        EvalInfo, (descriptor, transitions, valid))``, each step's
+        :class:`~evorl_pop.tasks.rollout.Transition` and whether it was taken before
+        the episode ended (a learner's data, PGA-ME's)."""
         params = self._policy_params(solution, None)
-        # the key schedule of ControlTask.evaluate's single episode: the same reset
         _, reset_key = jax.random.split(jax.random.split(key, 1)[0])
         obs, state = self.env.reset(reset_key)
         zero = jnp.zeros((), jnp.float32)
         total = jnp.zeros(self.descriptor_size, jnp.float32)
         last = self._feature(state.inner.pipeline_state)
+        max_steps = self.spec.max_steps
 
-        def body(carry, _):
+        def body(carry, t):
             obs, state, ret, steps, total, last, alive = carry
-            obs, state, reward, done = self.env.step(key, state, self.policy(params, obs))
+            action = self.policy(params, obs)
+            next_obs, state, reward, done = self.env.step(key, state, action)
             ret = ret + jnp.where(alive, reward, 0.0)
             feature = self._feature(state.inner.pipeline_state)
             total = total + jnp.where(alive, feature, 0.0)
             last = jnp.where(alive, feature, last)
-            return (obs, state, ret, steps + alive, total, last, alive & ~done), None
+            carry = (next_obs, state, ret, steps + alive, total, last, alive & ~done)
+            if not collect:
+                return carry, None
+            # reaching the time limit is a truncation: the next state still has a value
+            terminal = done & (t + 1 < max_steps)
+            transition = Transition(
+                obs=obs,
+                action=jnp.reshape(action, (self.spec.action_dim,)).astype(jnp.float32),
+                reward=jnp.asarray(reward, jnp.float32),
+                next_obs=next_obs,
+                terminal=terminal.astype(jnp.float32),
+            )
+            return carry, (transition, alive)
 
         alive = jnp.ones((), bool)
         carry = (obs, state, zero, jnp.zeros((), jnp.int32), total, last, alive)
-        carry, _ = jax.lax.scan(body, carry, None, length=self.spec.max_steps)
+        carry, out = jax.lax.scan(body, carry, jnp.arange(max_steps))
         _, _, ret, steps, total, last, _ = carry
         descriptor = self._describe(total, last, steps)
-        return ret, EvalInfo(steps=steps, episodes=jnp.int32(1)), descriptor
+        info = EvalInfo(steps=steps, episodes=jnp.int32(1))
+        return ret, info, (descriptor, *out) if collect else descriptor
 
 
 class BraxFeetTask(BraxQDTask):
@@ -212,14 +235,31 @@ class BraxFeetTask(BraxQDTask):
         self.descriptor_bounds = ((0.0,) * len(feet), (1.0,) * len(feet))
         self.qd_offset = offset * self.spec.max_steps
         self.name = f"{QD_PREFIX}{name}"
+        # brax.contact.get makes its MJX template on a named device, which shard_map
+        # refuses: the template is made here, outside any trace, and reused
+        from mujoco import mjx
+
+        self._template = mjx.make_data(self.env.env.sys)
 
     def _feature(self, pipeline_state):
-        from brax import contact
+        """Whether each foot touches: the contacts brax.contact.get gives for the
+        bodies' positions ``pipeline_state.x``, from the template made once."""
+        from brax import math
+        from brax.base import Transform
+        from mujoco import mjx
 
-        c = contact.get(self.env.env.sys, pipeline_state.x)
+        sys = self.env.env.sys
+        x = pipeline_state.x.concatenate(Transform.zero((1,)))  # the world: index -1
+        pos = x.pos[sys.geom_bodyid - 1]
+        rot = x.rot[sys.geom_bodyid - 1]
+        geom_xpos = pos + jax.vmap(math.rotate)(sys.geom_pos, rot)
+        geom_xmat = jax.vmap(math.quat_to_3x3)(jax.vmap(math.quat_mul)(rot, sys.geom_quat))
+        data = self._template.replace(geom_xpos=geom_xpos, geom_xmat=geom_xmat)
+        c = mjx.collision(sys, data).contact
+        link = jnp.asarray(sys.geom_bodyid) - 1
         touching = c.dist <= 0
         feet = jnp.asarray(self.feet)[:, None]
-        on = ((c.link_idx[0][None] == feet) | (c.link_idx[1][None] == feet)) & touching[None]
+        on = ((link[c.geom1][None] == feet) | (link[c.geom2][None] == feet)) & touching[None]
         return jnp.any(on, axis=-1).astype(jnp.float32)
 
     def _describe(self, total, last, steps):
