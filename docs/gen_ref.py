@@ -89,6 +89,9 @@ def cli_markdown() -> str:
             default = action.default
             shown = "" if default in (None, False, [], argparse.SUPPRESS) else f"`{default}`"
             out.append(f"| {flags} | {value} | {_cell(action.help or '')} | {shown} |")
+        notes = [g for g in sub._action_groups if g.description and g._group_actions]
+        for group in notes:  # e.g. the processes' defaults from the environment
+            out += ["", f"*{group.title}*: {_cell(group.description)}"]
         if sub.epilog:
             out += ["", "```text", sub.epilog.strip(), "```"]
         out.append("")
