@@ -46,8 +46,10 @@ from evorl_pop.algorithms import pgame
 from evorl_pop.algorithms.qd_emitters import (
     EMITTERS,
     ES_REWARDS,
+    CMAMEEmitter,
+    ESEmitter,
+    IsolineEmitter,
     isoline_variation,
-    make_emitter,
 )
 from evorl_pop.base import ConfigError, check_config, float_dtype
 from evorl_pop.core.archive import KINDS, Archive, ShardedArchive, cvt_centroids
@@ -57,6 +59,14 @@ from evorl_pop.tasks.brax_envs import BACKENDS
 from evorl_pop.tasks.qd import QD_TASKS, BraxQDTask, make_qd_task
 
 __all__ = ["MapElites", "MapElitesConfig", "MapElitesState", "isoline_variation"]
+
+#: The emitters by ``MapElitesConfig.emitter``.
+EMITTER_CLASSES = {
+    "isoline": IsolineEmitter,
+    "es": ESEmitter,
+    "cma_me": CMAMEEmitter,
+    "pga_me": pgame.PGAMEEmitter,
+}
 
 ARCHIVE_FILENAME = "archive.npz"
 FIGURE_FILENAME = "archive.png"
@@ -270,7 +280,7 @@ class MapElites:
             )
             self.archive = ShardedArchive(self.mesh, low, high, centroids=centroids)
         self.population_size = config.population_size
-        self.emitter = make_emitter(self.archive, task, config)
+        self.emitter = EMITTER_CLASSES[config.emitter](self.archive, task, config)
 
     def _evaluate(self, population, key, task_state, emitter_state=()):
         """``(summary, quality, descriptors, emitter_state)``: the batch's statistics

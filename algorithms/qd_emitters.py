@@ -229,13 +229,3 @@ class CMAMEEmitter(_StrategyEmitter):
             after, emitter_state, asked, ranks.astype(quality.dtype), restart, key
         )
         return new, {**metrics, "emitter_improving": improving}
-
-
-def make_emitter(archive, task, config):
-    """The emitter ``config.emitter`` names, over ``archive`` for ``task``."""
-    if config.emitter == "pga_me":  # imported here: it imports isoline_variation
-        from evorl_pop.algorithms.pgame import PGAMEEmitter
-
-        return PGAMEEmitter(archive, task, config)
-    cls = {"isoline": IsolineEmitter, "es": ESEmitter, "cma_me": CMAMEEmitter}
-    return cls[config.emitter](archive, task, config)

@@ -395,10 +395,10 @@ def test_a_dm_control_task_trains_the_same_on_1_and_2_devices():
 
 
 def test_a_namespace_whose_package_is_missing_names_the_extra(monkeypatch):
-    from evorl_pop.tasks import gym_envs
+    from evorl_pop.tasks import gym_envs, gym_make
 
     # as dm_control/ without shimmy installed
-    monkeypatch.setitem(gym_envs.NAMESPACES, "elsewhere", ("no_such_package_here", "dmc"))
+    monkeypatch.setitem(gym_make.NAMESPACES, "elsewhere", ("no_such_package_here", "dmc"))
     with pytest.raises(ConfigError) as err:
         gym_envs.registered_factory("elsewhere/task-v0")
     assert str(err.value) == (

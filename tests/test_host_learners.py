@@ -18,8 +18,8 @@ from evorl_pop.algorithms.sac import SAC
 from evorl_pop.algorithms.sac import Config as SACConfig
 from evorl_pop.base import ConfigError
 from evorl_pop.rl import vec_env
-from evorl_pop.rl.host_vec_env import HostEnvs
 from evorl_pop.run import store
+from evorl_pop.tasks.host_lanes import HostEnvs
 
 TINY_SAC = dict(
     num_envs=2,

@@ -18,8 +18,8 @@ ones from the same state.
 
 Every lane's randomness comes from its key, and the learners derive lane
 ``i``'s key from ``fold_in(key, i)`` with ``i`` its *global* index
-(:func:`lane_keys`), so a batch split over the devices of a ``DP`` axis steps
-exactly as the whole batch on one device.
+(:func:`~evorl_pop.tasks.rollout.lane_keys`), so a batch split over the devices of a
+``DP`` axis steps exactly as the whole batch on one device.
 
 An episode that reaches the time limit (``spec.max_steps``) is *truncated*,
 not terminal: the value of its last state is not zero, and learners treat the
@@ -42,6 +42,7 @@ from evorl_pop.base import ConfigError
 from evorl_pop.core.engine import summarize
 from evorl_pop.core.interfaces import Env
 from evorl_pop.tasks import envs
+from evorl_pop.tasks.rollout import StepResult, lane_keys
 
 
 @flax.struct.dataclass
@@ -56,16 +57,6 @@ class EnvBatch:
     episodes: jax.Array  # int32: episodes ended so far
     start_obs: jax.Array  # the first observation of the lane's next episode
     start_state: Any  # and its state
-
-
-@flax.struct.dataclass
-class StepResult:
-    """What one step of a batch produced (leaves lead with the batch axis)."""
-
-    next_obs: jax.Array  # the observation after the step, before any reset
-    reward: jax.Array  # float32
-    terminal: jax.Array  # float32: 1 when the episode ended before its time limit
-    truncated: jax.Array  # float32: 1 when it ended at its time limit
 
 
 def make_env(task: str, episode_length: int | None = None, backend: str | None = None) -> Env:
@@ -97,7 +88,7 @@ def make_env(task: str, episode_length: int | None = None, backend: str | None =
 
 class JaxEnvs:
     """The lanes of an environment stepped in JAX, with the interface the learners use
-    (:class:`~evorl_pop.rl.host_vec_env.HostEnvs` has the same, on the host).
+    (:class:`~evorl_pop.tasks.host_lanes.HostEnvs` has the same, on the host).
 
     Args:
       env: the environment.
@@ -119,7 +110,7 @@ class JaxEnvs:
 def make_envs(task: str, episode_length: int | None = None, backend: str | None = None):
     """The learners' lanes of ``task``: :class:`JaxEnvs` of :func:`make_env`, or, for a
     task whose family steps on the host (Gymnasium's),
-    :class:`~evorl_pop.rl.host_vec_env.HostEnvs`. Its ``env`` is the learners'
+    :class:`~evorl_pop.tasks.host_lanes.HostEnvs`. Its ``env`` is the learners'
     environment (its ``spec``, the policy :class:`~evorl_pop.core.interfaces.Acting` runs).
 
     Args:
@@ -132,7 +123,7 @@ def make_envs(task: str, episode_length: int | None = None, backend: str | None 
     """
     family = envs.env_family(task)
     if family is not None and not family.steps_in_jax:
-        from evorl_pop.rl.host_vec_env import HostEnvs  # imports Gymnasium's helpers
+        from evorl_pop.tasks.host_lanes import HostEnvs  # imports Gymnasium's helpers
 
         return HostEnvs(task, episode_length, backend)
     return JaxEnvs(make_env(task, episode_length, backend))
@@ -155,11 +146,6 @@ def check_task(task: str, who: str) -> None:
 LEAST = {"num_envs": 1, "unroll_length": 1, "episode_length": 1}
 
 
-def lane_keys(key: jax.Array, index: jax.Array) -> jax.Array:
-    """One key per lane: ``fold_in(key, i)`` for each global lane index ``i``."""
-    return jax.vmap(lambda i: jax.random.fold_in(key, i))(index)
-
-
 def _starts(env: Env, keys: jax.Array):
     obs, state = jax.vmap(env.reset)(keys)
     # A Python number in a state (gymnax's time=0) comes out weakly typed; step's
@@ -172,7 +158,7 @@ def reset(env: Env, keys: jax.Array) -> EnvBatch:
 
     Args:
       env: an environment.
-      keys: one key per lane (:func:`lane_keys`).
+      keys: one key per lane (:func:`~evorl_pop.tasks.rollout.lane_keys`).
 
     Returns:
       An :class:`EnvBatch` at the start of its episodes.
@@ -189,7 +175,7 @@ def refresh(env: Env, batch: EnvBatch, keys: jax.Array) -> EnvBatch:
     Args:
       env: the environment.
       batch: the running episodes.
-      keys: one key per lane (:func:`lane_keys`).
+      keys: one key per lane (:func:`~evorl_pop.tasks.rollout.lane_keys`).
 
     Returns:
       The batch with new ``start_obs`` and ``start_state``.
@@ -211,7 +197,7 @@ def step(
 
     Returns:
       ``(batch, result)``: the batch after the step (restarted where an
-      episode ended) and the step's :class:`StepResult`.
+      episode ended) and the step's :class:`~evorl_pop.tasks.rollout.StepResult`.
     """
     next_obs, state, reward, done = jax.vmap(env.step)(keys, batch.state, action)
     steps = batch.steps + 1
@@ -260,7 +246,7 @@ def unroll(
 
     Returns:
       ``(batch, (obs, extra, result))``: the lanes after the unroll, and the
-      observations acted on, ``act``'s extras and the :class:`StepResult`,
+      observations acted on, ``act``'s extras and the :class:`~evorl_pop.tasks.rollout.StepResult`,
       leaves ``(length, lanes, ...)``.
     """
     refresh_key, key = jax.random.split(key)

@@ -518,3 +518,18 @@ def episode_stats(episodes: Episode) -> EpisodeStats:
         episodes=jnp.int32(episodes.steps.shape[0]),
         moments=jax.tree.map(lambda x: x.sum(0), episodes.moments),
     )
+
+
+@flax.struct.dataclass
+class StepResult:
+    """What one step of a batch produced (leaves lead with the batch axis)."""
+
+    next_obs: jax.Array  # the observation after the step, before any reset
+    reward: jax.Array  # float32
+    terminal: jax.Array  # float32: 1 when the episode ended before its time limit
+    truncated: jax.Array  # float32: 1 when it ended at its time limit
+
+
+def lane_keys(key: jax.Array, index: jax.Array) -> jax.Array:
+    """One key per lane: ``fold_in(key, i)`` for each global lane index ``i``."""
+    return jax.vmap(lambda i: jax.random.fold_in(key, i))(index)

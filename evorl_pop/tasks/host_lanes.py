@@ -14,7 +14,7 @@ through host callbacks::
       ─► step(actions) x unroll_length: env.step on every lane; a lane whose
          episode ended resets with its pending seed, as vec_env's lanes restart
 
-Lane ``i`` resets with the seed :func:`~evorl_pop.tasks.gym_envs.start_seed`
+Lane ``i`` resets with the seed :func:`~evorl_pop.tasks.gym_make.start_seed`
 of its key ``fold_in(key, i)``, ``i`` its *global* index, and each device's
 callbacks step only its own lanes: a batch split over the devices of a ``DP``
 axis steps as the whole batch on one device. The host keeps a lane's
@@ -52,7 +52,8 @@ import numpy as np
 from jax.experimental import io_callback
 
 from evorl_pop.base import ConfigError
-from evorl_pop.rl.vec_env import StepResult, lane_keys
+from evorl_pop.tasks import gym_make
+from evorl_pop.tasks.rollout import StepResult, lane_keys
 
 
 @flax.struct.dataclass
@@ -115,16 +116,14 @@ class HostEnvs:
         backend: str | None = None,
         factory: Callable | None = None,
     ):
-        from evorl_pop.tasks import gym_envs  # imports Gymnasium's helpers, not Gymnasium
-
         if backend is not None:
             raise ConfigError(
                 f"backend is a brax setting, and {task!r} is stepped on the host: leave it null."
             )
-        env_id = task.removeprefix(gym_envs.GYM_PREFIX)
-        self.factory = factory or gym_envs.registered_factory(env_id, episode_length)
+        env_id = task.removeprefix(gym_make.GYM_PREFIX)
+        self.factory = factory or gym_make.registered_factory(env_id, episode_length)
         try:
-            self.spec, self.one_hot = gym_envs.probe(self.factory, task, episode_length)
+            self.spec, self.one_hot = gym_make.probe(self.factory, task, episode_length)
         except ValueError as err:
             raise ConfigError(f"task: {err}") from None
         self.task = task
@@ -259,16 +258,14 @@ class HostEnvs:
     # --- the device's side: vec_env's interface -------------------------------------------
 
     def seeds(self, keys: jax.Array) -> jax.Array:
-        """Each lane's reset seed from its key (:func:`~evorl_pop.tasks.gym_envs.start_seed`)."""
-        from evorl_pop.tasks.gym_envs import start_seed
-
-        return jax.vmap(start_seed)(keys)
+        """Each lane's reset seed from its key (:func:`~evorl_pop.tasks.gym_make.start_seed`)."""
+        return jax.vmap(gym_make.start_seed)(keys)
 
     def reset_batch(self, keys: jax.Array) -> HostBatch:
         """A batch of fresh episodes, one per key; the host resets them at the first unroll.
 
         Args:
-          keys: one key per lane (:func:`~evorl_pop.rl.vec_env.lane_keys`).
+          keys: one key per lane (:func:`~evorl_pop.tasks.rollout.lane_keys`).
         """
         n = keys.shape[0]
         seeds = self.seeds(keys)
@@ -368,7 +365,7 @@ def collect_episodes(
     """A policy's episodes on the host with every step's transition (a Gymnasium task's
     collecting evaluation: CEM-RL's population feeding its learner's replay buffer).
 
-    Episode ``j`` resets with :func:`~evorl_pop.tasks.gym_envs.episode_seeds`'s seed
+    Episode ``j`` resets with :func:`~evorl_pop.tasks.gym_make.episode_seeds`'s seed
     ``j`` (as the task's other evaluations), runs to its end within ``max_steps``
     steps of one scan, and its lanes go back to ``envs`` for the next evaluation.
 
