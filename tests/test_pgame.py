@@ -52,6 +52,8 @@ def _adam(params, grads, lr, b1=0.9, b2=0.999, eps=1e-8):
     return x
 
 
+# brax compilation: a minute or two each on 2 cores, in the long tier
+@pytest.mark.slow
 def test_pgame_batch_policy_gradient_and_episodes():
     config = MapElitesConfig(**TINY)
     me = MapElites(config, mesh=make_mesh(1))
@@ -135,6 +137,7 @@ def _rows(run):
     return {k: v for k, v in store.read_metrics(run).items() if "time" not in k}
 
 
+@pytest.mark.slow
 def test_pgame_resume_equals_uninterrupted_run(tmp_path):
     args = ["-a", "mapelites", "--task", "qd/hopper_uni", "--chunk", "1", "-q", "--no-figure"]
     for name, value in TINY.items():
