@@ -39,7 +39,7 @@ def pytest_report_header(config):
     return f"jax {jax.__version__}, {jax.device_count()} {jax.default_backend()} devices"
 
 
-# Two tiers. `python -m pytest` runs the default one (about 13 minutes on 2 cores):
+# Two tiers. `python -m pytest` runs the default one (about 22 minutes on 2 cores):
 # every feature against its reference, one task of each environment family. The
 # tests marked `slow` (learning to a target, every listed environment and example
 # trained) run with `--full`, or alone with `-m slow`; CI runs both tiers.
