@@ -78,7 +78,7 @@ class Config(EvoRLConfig):
     noise_decay: float = 0.95
     updates_per_actor: int = 200
 
-    HOST_LEARNERS = ("td3",)
+    HOST_LEARNERS = ("td3", "sac")
 
     def validate(self) -> None:
         """Raises a ConfigError naming a setting that cannot run."""

@@ -84,7 +84,7 @@ class Config(EvoRLConfig):
     exploration_noise: float = 0.1
     updates_per_generation: int = 1000
 
-    HOST_LEARNERS = ("td3",)
+    HOST_LEARNERS = ("td3", "sac")
 
     def validate(self) -> None:
         """Raises a ConfigError naming a setting that cannot run."""

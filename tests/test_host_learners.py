@@ -226,3 +226,55 @@ def test_erl_explores_a_dm_control_task_on_the_host():
     _, history = _loop.train(ERL(config, mesh=make_mesh(1)), jax.random.key(0), 2)
     assert np.isfinite(history["explore_return"]).all()
     assert np.isfinite(history["critic_loss"]).all()
+
+
+#: CEM-RL's and ERL's own tiny settings, for their runs with SAC actors.
+TINY_HYBRID_SAC = {
+    "cemrl": dict(num_elites=2, num_rl_actors=2, updates_per_actor=2),
+    "erl": dict(num_elites=1, updates_per_generation=2),
+}
+
+
+def _hybrid_sac_args(tmp_path, algorithm) -> list[str]:
+    sac = dict(batch_size=8, actor_hidden_sizes=[8], critic_hidden_sizes=[8])
+    settings = dict(
+        task="gym:Pendulum-v1",
+        learner="sac",
+        sac=sac,
+        population_size=4,
+        episode_length=10,
+        eval_episodes=1,
+        learning_starts=10,
+        buffer_capacity=64,
+        **TINY_HYBRID_SAC[algorithm],
+    )
+    config = tmp_path / "config.yaml"
+    data = {"algorithm": algorithm, "seed": 2, "algorithm_config": settings}
+    config.write_text(yaml.safe_dump(data))
+    return ["train", "--config", str(config), "--chunk", "1", "-q", "--no-figure"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["cemrl", "erl"])
+def test_cemrl_and_erl_with_sac_train_resume_and_split_on_a_gymnasium_task(algorithm, tmp_path):
+    """SAC's actors, evaluated (and ERL's explored with sampled actions) on the host: a
+    resumed run equals the uninterrupted one, and 2 devices run as 1."""
+    args = _hybrid_sac_args(tmp_path, algorithm)
+    run = tmp_path / "run"
+    assert cli.main([*args, "--devices", "1", "-g", "2", "--out", str(run)]) == 0
+    assert cli.main(["resume", str(run), "--more", "2", "-q", "--no-figure"]) == 0
+    runs = {}
+    for devices in (1, 2):
+        runs[devices] = tmp_path / f"whole{devices}"
+        out = ["--devices", str(devices), "-g", "4", "--out", str(runs[devices])]
+        assert cli.main([*args, *out]) == 0
+    resumed = _rows(run)
+    whole = _rows(runs[1])
+    assert list(resumed) == list(whole)
+    assert np.isfinite(whole["critic_loss"][1:]).all()
+    assert np.isfinite(whole["alpha_loss"][1:]).all()
+    for column, values in whole.items():
+        np.testing.assert_array_equal(resumed[column], values, err_msg=column)
+    split = _rows(runs[2])
+    for column, values in whole.items():
+        np.testing.assert_allclose(split[column], values, rtol=1e-5, atol=1e-6, err_msg=column)

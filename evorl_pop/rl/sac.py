@@ -57,8 +57,9 @@ from evorl_pop.rl.td3 import (
     with_actor_part,
     with_critic_part,
 )
+from evorl_pop.rl.vec_env import make_envs
 from evorl_pop.tasks.control import ControlTask
-from evorl_pop.tasks.envs import make_env
+from evorl_pop.tasks.envs import env_family, make_env
 from evorl_pop.tasks.policies import ACTIVATIONS, MLP, Critic, gaussian_policy
 from evorl_pop.tasks.rollout import Episode, Transition, rollout
 
@@ -461,7 +462,13 @@ def actor_task(config: HybridConfig, settings: SACConfig) -> ControlTask:
     """The control task of a population of SAC actors on ``config.task``: SAC's
     tanh-Gaussian actor, acting with its squashed mean
     (:class:`~evorl_pop.tasks.policies.GaussianPolicy`); its episodes keep their
-    transitions for the learner."""
+    transitions for the learner (a Gymnasium task's stepped on the host)."""
+    family = env_family(config.task)
+    if family is not None and not family.steps_in_jax:
+        spec = make_envs(config.task, config.episode_length).spec
+        policy = gaussian_policy(spec, settings.actor_hidden_sizes, settings.activation)
+        length = config.episode_length
+        return family.make_task(config.task, policy=policy, episode_length=length, transitions=True)
     env = make_env(config.task, episode_length=config.episode_length)
     policy = gaussian_policy(env.spec, settings.actor_hidden_sizes, settings.activation)
     return ControlTask(env, policy=policy, episode_length=config.episode_length, transitions=True)
@@ -516,8 +523,7 @@ class SACHybridLearner(ReplayLearner):
 
         def local(state, buffer, key):
             hp = self.hyperparameters
-            axis = dist.DP_AXIS_NAME
-            return self.sac.train(state, buffer, hp, key, num_updates, c.batch_size, axis)
+            return self.sac.train(state, buffer, hp, key, num_updates, c.batch_size, self.axis)
 
         #: ``learn(sac_state, buffer, key) -> (sac_state, losses)``, replicated in and out.
         self.learn = self.data_parallel(local)
@@ -548,6 +554,8 @@ class SACHybridLearner(ReplayLearner):
         """An episode of actions drawn from the actor's tanh-Gaussian policy, its
         transitions collected (``noise_std``, TD3's action noise, is not used)."""
         del noise_std
+        if self.host:  # a Gymnasium task's episode, stepped on the host
+            return self._explore_on_host(params, key)
         length = self.config.episode_length
         return rollout(
             self.task.env,
@@ -559,3 +567,17 @@ class SACHybridLearner(ReplayLearner):
             collect=True,
             sample=True,
         )
+
+    def _explore_on_host(self, params: Any, key: jax.Array) -> Episode:
+        """:meth:`explore` on a Gymnasium task: one episode on the task's host lanes, step
+        ``t``'s action drawn from ``fold_in(act_key, t)``."""
+        from evorl_pop.tasks.host_lanes import collect_episodes
+
+        def act(obs, key):
+            keys = jax.random.split(key, obs.shape[0])
+            return jax.vmap(self.sampling_policy, (None, 0, 0))(params, obs, keys)
+
+        reset_key, act_key = jax.random.split(key)
+        envs = self.task.host_envs()
+        episodes = collect_episodes(envs, act, reset_key, 1, act_key=act_key)
+        return jax.tree.map(lambda x: x[0], episodes)

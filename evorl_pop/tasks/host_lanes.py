@@ -361,6 +361,7 @@ def collect_episodes(
     obs_norm=None,
     noise_std: float | None = None,
     noise_key: jax.Array | None = None,
+    act_key: jax.Array | None = None,
 ):
     """A policy's episodes on the host with every step's transition (a Gymnasium task's
     collecting evaluation: CEM-RL's population feeding its learner's replay buffer).
@@ -379,6 +380,8 @@ def collect_episodes(
       noise_std: Gaussian action noise in half action ranges (ERL's exploration), or
         ``None``; step ``t`` draws it from ``fold_in(noise_key, t)``.
       noise_key: the noise's key.
+      act_key: for a stochastic policy (SAC's exploration), ``None`` otherwise: ``act`` is
+        then ``act(obs, key)``, step ``t``'s key ``fold_in(act_key, t)``.
 
     Returns:
       An :class:`~evorl_pop.tasks.rollout.Episode`, leaves leading with the episodes.
@@ -396,7 +399,10 @@ def collect_episodes(
     def one_step(carry, t):
         batch, alive = carry
         seen = batch.obs if obs_norm is None else obs_norm.normalize(batch.obs)
-        action = act(seen)
+        if act_key is None:
+            action = act(seen)
+        else:
+            action = act(seen, jax.random.fold_in(act_key, t))
         if noise_std is not None:
             noise = jax.random.fold_in(noise_key, t)
             action = add_exploration_noise(envs, action, noise, noise_std)
