@@ -28,6 +28,11 @@ buffer), and keeps those episodes and that buffer when it copies a donor. PBT
 builds each member from its learner's spec (:class:`~evorl_pop.registry.MemberPart`):
 what it searches and reports come from there.
 
+On a Gymnasium task (``gym:ID``, DM Control's too) the members' environments are
+stepped on the host (:mod:`~evorl_pop.algorithms.pbt_members`): a PPO or SAC
+member's lanes are its own, rebuilt from their seeds and actions after a
+resume, and TD3's episodes and the evaluations run on lanes leased for the call.
+
 Every draw of member ``i`` comes from ``fold_in(key, i)`` with its global
 index, so 1, 2 or 4 devices give the same run. Padded members (a population
 the device count does not divide) repeat member 0, are never ranked, never
@@ -138,6 +143,8 @@ class Config(HybridConfig):
     exploration_noise: float = 0.1
 
     ROLE = "member"
+    #: Gymnasium's tasks: the members' lanes (PPO, SAC) and episodes (TD3) on the host.
+    HOST_LEARNERS = ("td3", "ppo", "sac")
 
     def __post_init__(self):
         # A config file gives the searched hyperparameters as mappings.

@@ -20,6 +20,17 @@ member is split in two parts::
 member's searched hyperparameters set in the algorithm's traced
 ``Hyperparameters`` (changing them never recompiles), then evaluates its
 deterministic policy.
+
+On a task stepped on the host (Gymnasium's), a member's lanes are host lanes
+(:mod:`~evorl_pop.tasks.host_lanes`) whose running episodes its own part keeps
+(each lane's seed and actions so far). The host names a lane by its stream and
+index; each interval a member's lanes take a stream drawn from the member's own
+key (``fold_in(key, i)``, ``i`` its global index, a padded member's too), so no
+two members, nor a padded copy of member 0, step the same environments; the
+first unroll rebuilds them from the seeds and actions (a resumed run's
+too), and the interval gives them back at its end. TD3's episodes and every
+member's evaluation run on lanes leased for the call
+(:func:`~evorl_pop.tasks.host_lanes.collect_episodes`).
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ import jax.numpy as jnp
 
 from evorl_pop.base import ConfigError
 from evorl_pop.core.interfaces import Acting
+from evorl_pop.tasks.envs import env_family
 
 
 @runtime_checkable
@@ -74,7 +86,9 @@ class AlgorithmMember:
 
     Args:
       algorithm_class: ``algorithm_class(settings)``, with ``env``, ``fresh(key)``,
-        ``local_step(state, key, axis)`` and ``evaluate(state, key, episodes)``.
+        ``local_step(state, key, axis)``, ``evaluate(state, key, episodes)`` and
+        ``acting(state)``; on a task stepped on the host, ``envs`` too (its
+        :class:`~evorl_pop.tasks.host_lanes.HostEnvs`).
       split: ``split(state) -> (learner part, own part)``.
       join: ``join(learner part, own part, hyperparameters) -> state``.
       settings: the algorithm's config (with ``num_envs``, ``unroll_length`` and
@@ -93,6 +107,9 @@ class AlgorithmMember:
         self.join = join
         self.algorithm = algorithm_class(settings)
         self.env = self.algorithm.env
+        family = env_family(settings.task)
+        #: Whether the task steps on the host (Gymnasium's): the lanes are the host's.
+        self.host = family is not None and not family.steps_in_jax
         per = settings.num_envs * settings.unroll_length
         interval = config.interval
         if interval < per or interval % per:
@@ -117,12 +134,16 @@ class AlgorithmMember:
     def train(self, learner: Any, own: Any, values: dict, key: jax.Array):
         """:meth:`Member.train`: the interval's iterations of the algorithm."""
         state = self.join(learner, own, self.hyperparameters(values))
+        if self.host:
+            state = _with_stream(state, jax.random.bits(key, (), jnp.uint32))
 
         def step(state, key):
             return self.algorithm.local_step(state, key, None)
 
         keys = jax.random.split(key, self.iterations)
         state, metrics = jax.lax.scan(step, state, keys)
+        if self.host:
+            _give_back(self.algorithm.envs, state)
         learner, own = self.split(state)
         steps = jnp.int32(self.iterations * self.steps_per_iteration)
         return learner, own, steps, jnp.sum(metrics["episodes"]), metrics
@@ -130,6 +151,16 @@ class AlgorithmMember:
     def evaluate(self, learner: Any, own: Any, key: jax.Array, episodes: int) -> jax.Array:
         """:meth:`Member.evaluate`."""
         state = self.join(learner, own, self.settings.hyperparameters())
+        if self.host:  # episodes on the host's lanes, leased for the evaluation
+            from evorl_pop.tasks.host_lanes import collect_episodes
+
+            acting = self.algorithm.acting(state)
+
+            def act(obs):
+                return jax.vmap(acting.policy, (None, 0))(acting.params, obs)
+
+            ran = collect_episodes(self.algorithm.envs, act, key, episodes, acting.obs_norm)
+            return jnp.mean(ran.episode_return)
         return self.algorithm.evaluate(state, key, episodes)
 
     def acting(self, learner: Any, own: Any) -> Acting:
@@ -147,3 +178,34 @@ def algorithm_member(algorithm_class: type, split: Callable, join: Callable) -> 
       join: ``(learner part, own part, hyperparameters) -> state``.
     """
     return functools.partial(AlgorithmMember, algorithm_class, split, join)
+
+
+def _is_host_batch(x: Any) -> bool:
+    from evorl_pop.tasks.host_lanes import HostBatch
+
+    return isinstance(x, HostBatch)
+
+
+def _with_stream(state: Any, stream: jax.Array) -> Any:
+    """``state`` with every batch of host lanes in it under the host stream ``stream``."""
+
+    def rename(x):
+        if _is_host_batch(x):
+            return x.replace(stream=jnp.full_like(x.stream, stream))
+        return x
+
+    return jax.tree.map(rename, state, is_leaf=_is_host_batch)
+
+
+def _give_back(envs: Any, state: Any) -> None:
+    """Gives the environments of the host lanes in ``state`` back to ``envs`` (their
+    lanes are rebuilt under another stream next interval)."""
+    from jax.experimental import io_callback
+
+    batches = [x for x in jax.tree.leaves(state, is_leaf=_is_host_batch) if _is_host_batch(x)]
+    for batch in batches:
+        n = batch.stream.shape[0]
+        # the returns so far come from the steps' results: the release follows them
+        after = jax.lax.bitcast_convert_type(batch.episode_return, jnp.uint32)
+        ids = jnp.stack([jnp.arange(n, dtype=jnp.uint32), batch.stream, after], axis=1)
+        io_callback(envs._release, jax.ShapeDtypeStruct((), jnp.int32), ids)

@@ -278,3 +278,55 @@ def test_cemrl_and_erl_with_sac_train_resume_and_split_on_a_gymnasium_task(algor
     split = _rows(runs[2])
     for column, values in whole.items():
         np.testing.assert_allclose(split[column], values, rtol=1e-5, atol=1e-6, err_msg=column)
+
+
+#: PBT's tiny members on the host: SAC's episodes (15 steps) cross its 20-step intervals.
+TINY_PBT = {
+    "td3": dict(episode_length=10, td3=dict(batch_size=8)),
+    "sac": dict(
+        episode_length=15,
+        sac=dict(batch_size=8, num_envs=2, unroll_length=10, learning_starts=10),
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("learner", ["td3", "sac"])
+def test_pbt_trains_resumes_and_splits_on_a_gymnasium_task(learner, tmp_path):
+    """Two PBT members on the host: each member's lanes are its own, rebuilt from their
+    seeds and actions where a resumed run starts; 2 devices run as 1."""
+    settings = dict(
+        task="gym:Pendulum-v1",
+        learner=learner,
+        population_size=2,
+        eval_episodes=1,
+        learning_starts=10,
+        buffer_capacity=64,
+        interval=20,
+        **TINY_PBT[learner],
+    )
+    sizes = dict(actor_hidden_sizes=[8], critic_hidden_sizes=[8])
+    settings[learner] = {**settings[learner], **sizes}
+    config = tmp_path / "config.yaml"
+    data = {"algorithm": "pbt", "seed": 3, "algorithm_config": settings}
+    config.write_text(yaml.safe_dump(data))
+    args = ["train", "--config", str(config), "--chunk", "1", "-q", "--no-figure"]
+    run = tmp_path / "run"
+    assert cli.main([*args, "--devices", "1", "-g", "2", "--out", str(run)]) == 0
+    assert cli.main(["resume", str(run), "--more", "2", "-q", "--no-figure"]) == 0
+    runs = {}
+    for devices in (1, 2):
+        runs[devices] = tmp_path / f"whole{devices}"
+        out = ["--devices", str(devices), "-g", "4", "--out", str(runs[devices])]
+        assert cli.main([*args, *out]) == 0
+    resumed = _rows(run)
+    whole = _rows(runs[1])
+    assert list(resumed) == list(whole)
+    assert whole["env_steps"].tolist() == [40, 80, 120, 160]
+    assert np.isfinite(whole["critic_loss"][1:]).all()
+    assert np.isfinite(whole["fitness_mean"]).all()
+    for column, values in whole.items():
+        np.testing.assert_array_equal(resumed[column], values, err_msg=column)
+    split = _rows(runs[2])
+    for column, values in whole.items():
+        np.testing.assert_allclose(split[column], values, rtol=1e-5, atol=1e-6, err_msg=column)

@@ -36,7 +36,6 @@ ALGORITHMS = [spec.name for spec in config_lib.specs()]
 #: Gymnasium's host environments (the others step those on the host).
 LEARNING = ("cemrl", "erl", "pbt", "ppo", "sac")
 REFUSED = {(a, f) for a in LEARNING for f in ("black-box",)}
-REFUSED |= {("pbt", f) for f in ("gym", "dm_control")}
 #: MAP-Elites needs a task with behaviour descriptors (qd/arm, ...), which no family has.
 REFUSED |= {("mapelites", f) for f in TASKS}
 

@@ -145,7 +145,8 @@ class HybridConfig:
     #: (:class:`~evorl_pop.registry.LearnerSpec`): ``'hybrid'`` or ``'member'``.
     ROLE = "hybrid"
     #: The learners with which the algorithm takes tasks stepped on the host (Gymnasium's):
-    #: its population's collecting evaluations run there (CEM-RL with TD3).
+    #: its population's collecting evaluations run there (CEM-RL's and ERL's), or its
+    #: members' lanes and episodes (PBT's).
     HOST_LEARNERS = ()
 
     def validate(self) -> None:
@@ -406,8 +407,12 @@ class ReplayMember:
         algorithm: str,
     ):
         self.config = config
+        self.task = task
         self.env = task.env
         self.policy = task.policy
+        family = env_family(config.task)
+        #: Whether the task steps on the host (Gymnasium's): its episodes run there.
+        self.host = family is not None and not family.steps_in_jax
         self.make_learner = make_learner
         self.actor = actor
         self.losses = losses
@@ -440,16 +445,7 @@ class ReplayMember:
             learner, buffer = carry
             collect_key, train_key = jax.random.split(key)
             params = self.actor(learner)
-            ep = rollout(
-                self.env,
-                self.policy,
-                params,
-                collect_key,
-                None,
-                self.episode_length,
-                noise,
-                collect=True,
-            )
+            ep = self._episode(params, collect_key, noise)
             buffer = buffer.add(ep.transitions, ep.valid)
             learner, losses = when_ready(
                 buffer.size >= self.start,
@@ -463,9 +459,25 @@ class ReplayMember:
         (learner, buffer), (steps, losses) = jax.lax.scan(episode, (learner, buffer), keys)
         return learner, buffer, jnp.sum(steps), jnp.int32(self.episodes), losses
 
+    def _episode(self, params: Any, key: jax.Array, noise: Any) -> Episode:
+        """An episode of the actor ``params`` with Gaussian action noise, collected (on the
+        host's lanes, leased for the episode, for a Gymnasium task)."""
+        if self.host:
+            return self.task.explore(params, key, noise)
+        length = self.episode_length
+        return rollout(self.env, self.policy, params, key, None, length, noise, collect=True)
+
     def evaluate(self, learner: Any, buffer: ReplayBuffer, key: jax.Array, episodes: int):
         """The mean return of the member's actor without noise."""
         acting = self.acting(learner, buffer)
+        if self.host:  # episodes on the host's lanes, leased for the evaluation
+            from evorl_pop.tasks.host_lanes import collect_episodes
+
+            def act(obs):
+                return jax.vmap(self.policy, (None, 0))(acting.params, obs)
+
+            ran = collect_episodes(self.task.host_envs(), act, key, episodes)
+            return jnp.mean(ran.episode_return)
         stats = evaluate_episodes(
             acting.env, acting.policy, acting.params, key, episodes, None, self.episode_length
         )
