@@ -1,9 +1,11 @@
 """Eight simulated CPU devices for every test; a test picks the first n."""
 
 import atexit
+import fcntl
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 # Must happen before JAX initialises its backend.
 _flags = os.environ.get("XLA_FLAGS", "")
@@ -35,17 +37,51 @@ def num_devices():
     return jax.device_count()
 
 
+@pytest.fixture(scope="session")
+def built_once(tmp_path_factory):
+    """``built_once(name, build) -> folder``: the folder ``build(folder)`` fills, once per
+    test session. The worker processes share it: the first to ask builds it while the
+    others wait, then read it (a documentation site takes a minute to build)."""
+
+    def get(name: str, build) -> Path:
+        if "PYTEST_XDIST_WORKER" not in os.environ:
+            folder = tmp_path_factory.mktemp(name)
+            build(folder)
+            return folder
+        shared = tmp_path_factory.getbasetemp().parent  # one per session, every worker's
+        folder = shared / name
+        with open(shared / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (shared / f"{name}.built").exists():
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir()
+                build(folder)  # a failure leaves it unmarked: the next worker tries again
+                (shared / f"{name}.built").touch()
+        return folder
+
+    return get
+
+
 def pytest_report_header(config):
     return f"jax {jax.__version__}, {jax.device_count()} {jax.default_backend()} devices"
 
 
-# Two tiers. `python -m pytest` runs the default one (about 22 minutes on 2 cores):
-# every feature against its reference, one task of each environment family. The
-# tests marked `slow` (learning to a target, every listed environment and example
-# trained) run with `--full`, or alone with `-m slow`; CI runs both tiers.
+# Three tiers. `python -m pytest` runs the default one (about 18 minutes on 2 cores):
+# every feature against its reference, one task of each environment family. The tests
+# marked `slow` (learning to a target, every algorithm on every family, every example)
+# run alone with `-m slow`; CI runs these two tiers. The tests marked `exhaustive` train
+# every listed environment of the families whose tasks each compile for a minute on a
+# CPU (Playground's, brax's) and every algorithm on Playground's quick task: run them
+# alone with `-m exhaustive` before a release, or every tier at once with `--full`.
+TIERS = ("slow", "exhaustive")
+
+
 def pytest_addoption(parser):
-    parser.addoption("--full", action="store_true",
-                     help="also run the tests marked slow (CI runs them: .ci/run)")  # fmt: skip
+    parser.addoption(
+        "--full",
+        action="store_true",
+        help="run every tier: the tests marked slow and exhaustive too",
+    )
 
 
 def _named(config):
@@ -70,7 +106,8 @@ def pytest_collection_modifyitems(config, items):
 
     def left_out(item):
         name = item.nodeid.partition("::")[2]
-        return item.get_closest_marker("slow") and not any(
+        tier = any(item.get_closest_marker(marker) for marker in TIERS)
+        return tier and not any(
             item.path == path and (name == n or name.startswith((n + "[", n + "::")))
             for path, n in named
         )
@@ -98,5 +135,7 @@ def pytest_terminal_summary(terminalreporter, config):
         for line in sorted(_MATRIX):
             terminalreporter.write_line(line)
     if _default_tier(config):
-        terminalreporter.write_line("the default tier: the tests marked slow were left out "
-                                    "(`--full` runs them too, `-m slow` alone)")  # fmt: skip
+        terminalreporter.write_line(
+            "the default tier: the tests marked slow or exhaustive were left out "
+            "(`-m slow` runs the slow ones, `--full` all)"
+        )

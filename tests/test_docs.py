@@ -92,19 +92,21 @@ def _gen_ref():
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    """The site, built once with ``mkdocs build --strict``."""
-    out = tmp_path_factory.mktemp("site")
-    built = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(out)],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-5000:]
-    return out
+def site(built_once) -> Path:
+    """The site, built once per test session with ``mkdocs build --strict``."""
+
+    def build(out: Path) -> None:
+        built = subprocess.run(
+            [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(out)],
+            cwd=ROOT,
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-5000:]
+
+    return built_once("site", build)
 
 
 # --- code blocks ------------------------------------------------------------------------

@@ -37,10 +37,10 @@ def _train(config, n=1, generations=2):
 
 
 # Every gymnax task in the default tier; of brax's, each with its own physics to compile
-# (15-25 s on a CPU), one there and the rest in the long tier (--full; hopper trains in
-# test_brax_and_minatar_are_device_count_invariant)
+# (15-25 s on a CPU), one there and the rest in the exhaustive tier (hopper trains in
+# test_brax_and_minatar_are_device_count_invariant, ant and walker2d in the QD tests)
 SWEEP = GYMNAX + [
-    pytest.param(name, marks=[] if name == "brax/inverted_pendulum" else pytest.mark.slow)
+    pytest.param(name, marks=[] if name == "brax/inverted_pendulum" else pytest.mark.exhaustive)
     for name in BRAX
 ]
 

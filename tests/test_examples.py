@@ -166,7 +166,7 @@ def test_every_example_is_tested():
 
 
 # In the default tier, the quick ones; the rest (brax, Playground, the learners: a minute or
-# more each) in the long tier (--full)
+# more each) in the long tier (-m slow)
 QUICK = {"openes_cartpole.py", "cmaes_blackbox.py", "openes_gymnasium.py"}
 
 

@@ -101,8 +101,16 @@ def _restore_xla_flags(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("family", list(TASKS))
+#: Playground's column in the exhaustive tier: its tasks compile MJX for a minute on a
+#: CPU, and the long tier trains Playground's tasks with ES, CEM-RL and on 2 devices
+#: (tests/test_playground.py). The other columns in the long tier.
+FAMILIES = [
+    pytest.param(f, marks=pytest.mark.exhaustive if f == "playground" else pytest.mark.slow)
+    for f in TASKS
+]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_every_algorithm_on_every_family(algorithm, family, tmp_path, capsys, record_property):
     task = TASKS[family]

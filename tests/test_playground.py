@@ -89,8 +89,15 @@ SCORED = ("playground/BallInCup", "playground/FingerSpin", "playground/FishSwim"
           "playground/HopperHop")  # fmt: skip
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", PLAYGROUND)
+# The scored tasks in the long tier, the others (a minute each to compile) in the
+# exhaustive one: Playground's quick task trains with every algorithm in tests/test_matrix.py.
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.slow if n in SCORED else pytest.mark.exhaustive)
+        for n in PLAYGROUND
+    ],
+)
 def test_every_listed_playground_task_trains(name):
     es, state, history = _train(ESConfig(task=name, **TINY))
     # fixed-length episodes: every candidate ran its 2 steps
