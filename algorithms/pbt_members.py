@@ -135,7 +135,8 @@ class AlgorithmMember:
         """:meth:`Member.train`: the interval's iterations of the algorithm."""
         state = self.join(learner, own, self.hyperparameters(values))
         if self.host:
-            state = _with_stream(state, jax.random.bits(key, (), jnp.uint32))
+            # below 2**31: never a stream the host leases to a collection
+            state = _with_stream(state, jax.random.bits(key, (), jnp.uint32) >> 1)
 
         def step(state, key):
             return self.algorithm.local_step(state, key, None)

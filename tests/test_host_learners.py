@@ -330,3 +330,16 @@ def test_pbt_trains_resumes_and_splits_on_a_gymnasium_task(learner, tmp_path):
     split = _rows(runs[2])
     for column, values in whole.items():
         np.testing.assert_allclose(split[column], values, rtol=1e-5, atol=1e-6, err_msg=column)
+
+
+def test_a_learner_without_host_lanes_is_refused_in_one_line_naming_those_with():
+    """A plug-in learner steps in JAX: PBT and CEM-RL refuse it on a host task and name
+    the built-in learners that take one."""
+    from _plugins import run_cli
+
+    for algorithm, learners in (("pbt", "td3, ppo or sac"), ("cemrl", "td3 or sac")):
+        args = ["train", "-a", algorithm, "--plugin", "toy_learner", "--task", "gym:Pendulum-v1"]
+        out = run_cli(*args, "--set", "learner=toy", "-g", "1", "-q")
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+        assert "config error: task:" in lines[0] and f"learner {learners} takes it" in lines[0]

@@ -153,8 +153,18 @@ class HybridConfig:
         """Raises a ConfigError naming a setting that cannot run."""
         family = env_family(self.task)
         host = family is not None and not family.steps_in_jax
+        algorithm = type(self).__module__.rpartition(".")[2]
+        if host and self.HOST_LEARNERS and self.learner not in self.HOST_LEARNERS:
+            *others, last = self.HOST_LEARNERS
+            learners = f"{', '.join(others)} or {last}" if others else last
+            raise ConfigError(
+                f"task: {algorithm} with learner {self.learner!r} steps its environments in JAX, "
+                f"and {self.task!r} is stepped on the host; learner "
+                f"{learners} takes it, or choose an environment of "
+                "evorl-pop list."
+            )
         if not (host and self.learner in self.HOST_LEARNERS):
-            check_environment(self.task, type(self).__module__.rpartition(".")[2])
+            check_environment(self.task, algorithm)
         part = self.learner_part()
         settings = self.learner_config()
         settings.validate()
