@@ -32,8 +32,7 @@ TASKS = {
 }
 ALGORITHMS = [spec.name for spec in config_lib.specs()]
 #: The project's own pairs that must be refused: the learners and the hybrids take no
-#: black-box functions, and PBT steps its members' environments in JAX, so not
-#: Gymnasium's host environments (the others step those on the host).
+#: black-box functions.
 LEARNING = ("cemrl", "erl", "pbt", "ppo", "sac")
 REFUSED = {(a, f) for a in LEARNING for f in ("black-box",)}
 #: MAP-Elites needs a task with behaviour descriptors (qd/arm, ...), which no family has.

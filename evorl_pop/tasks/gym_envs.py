@@ -329,7 +329,7 @@ class GymFamily:
     host (an :class:`~evorl_pop.core.interfaces.EnvFamily` without JAX environments)."""
 
     description = (
-        "any Gymnasium environment, stepped on the host (every algorithm but PBT): gym:ID for "
+        "any Gymnasium environment, stepped on the host (every algorithm): gym:ID for "
         "any id of gymnasium.registry, e.g. gym:CartPole-v1, gym:LunarLander-v3"
     )
     pattern = GYM_PREFIX + "<Gymnasium id>"
