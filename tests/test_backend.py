@@ -163,7 +163,7 @@ def test_a_rerun_loads_its_programs_from_the_cache_and_repeats_the_run(tmp_path)
         processes.CACHE_ENV: str(cache),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # keep every program
     }
-    job = ["--task", "CartPole-v1", "--pop", "16", "-g", "4", "--chunk", "2", "--devices", "1"]
+    job = ["--task", "sphere", "--pop", "16", "-g", "4", "--chunk", "2", "--devices", "1"]
 
     def train(name):
         out = subprocess.run(

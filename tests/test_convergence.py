@@ -68,6 +68,7 @@ def _first_generation_reaching(config, seeds, generations, threshold):
     return firsts
 
 
+@pytest.mark.slow
 def test_openes_solves_cartpole_within_50_generations():
     config = ESConfig(
         strategy="Open_ES",
@@ -82,6 +83,7 @@ def test_openes_solves_cartpole_within_50_generations():
     assert sum(f is not None for f in firsts) >= 4, firsts
 
 
+@pytest.mark.slow
 def test_openes_reaches_minus_400_on_pendulum_within_100_generations():
     """Budget: 100 generations x 256 candidates x 2 episodes x 200 steps = 10.24 M steps."""
     config = ESConfig(

@@ -93,7 +93,8 @@ def _gen_ref():
 
 @pytest.fixture(scope="module")
 def site(built_once) -> Path:
-    """The site, built once per test session with ``mkdocs build --strict``."""
+    """The site, built once per test session with ``mkdocs build --strict`` (a minute:
+    the notebooks run), so the tests of the built site are in the long tier."""
 
     def build(out: Path) -> None:
         built = subprocess.run(
@@ -122,6 +123,7 @@ def test_every_code_block_runs_or_says_why_not():
         assert not block.title.lower().startswith("not run"), f"{block}: mark it, not title it"
 
 
+@pytest.mark.slow
 def test_no_page_shows_a_test_marker(site):
     """The markers of blocks not run are HTML comments: no page shows one to its readers."""
     pages = sorted(site.rglob("*.html"))
@@ -202,6 +204,7 @@ def _sections(markdown: str) -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2], strict=True))
 
 
+@pytest.mark.slow
 def test_cli_reference_lists_exactly_the_parsers_options(site):
     from evorl_pop.cli import build_parser
 
@@ -218,6 +221,7 @@ def test_cli_reference_lists_exactly_the_parsers_options(site):
     assert "cli-reference" not in page
 
 
+@pytest.mark.slow
 def test_config_reference_lists_exactly_every_configs_fields(site):
     from evorl_pop.run import config
 
@@ -407,6 +411,7 @@ def parsed(site) -> dict[Path, _Html]:
     return {p: _Html(p.read_text()) for p in site.rglob("*.html") if p.name != "404.html"}
 
 
+@pytest.mark.slow
 def test_no_page_shows_raw_markup(parsed):
     """No Sphinx role or reST literal-block marker left in the prose of a page, and the CLI
     reference's run-folder default shown as written."""
@@ -416,6 +421,7 @@ def test_no_page_shows_raw_markup(parsed):
             assert raw not in prose, f"{page}: {raw!r} near {prose[prose.find(raw) - 80 :][:160]!r}"
 
 
+@pytest.mark.slow
 def test_every_internal_link_and_anchor_resolves(parsed, site):
     for page, html in parsed.items():
         for href in html.links:
@@ -459,6 +465,7 @@ def test_the_notebooks_are_kept_without_outputs_and_each_is_in_the_nav():
         assert f"notebooks/{path.name}" in nav.values(), path
 
 
+@pytest.mark.slow
 def test_the_notebooks_pages_show_the_outputs_of_their_run(site):
     """Each notebook's page: its printed lines and a figure, from the build's execution."""
     printed = {
@@ -474,6 +481,7 @@ def test_the_notebooks_pages_show_the_outputs_of_their_run(site):
         assert "Traceback" not in page, name
 
 
+@pytest.mark.slow
 def test_the_python_api_has_a_page_per_layer_and_every_module_once(parsed, site):
     """Each module is on exactly one API page, under its evorl_pop. name; the names the guides
     cite have an entry."""
@@ -602,6 +610,7 @@ def browser(site, tmp_path_factory):
             server.shutdown()
 
 
+@pytest.mark.slow
 def test_the_site_renders_in_chromium_and_search_finds_a_guide(browser):
     browser, base = browser
     nav = (
@@ -664,6 +673,7 @@ def test_the_site_renders_in_chromium_and_search_finds_a_guide(browser):
         assert json.loads(broken) == [], f"{page}: {broken}"
 
 
+@pytest.mark.slow
 def test_every_image_is_at_least_600_px_wide(browser, parsed, site):
     """Every image a page shows (files and the notebooks' inline figures), loaded by the
     browser: each has a natural width of at least 600 px (readable, not a thumbnail)."""

@@ -496,7 +496,8 @@ def test_unknown_brax_backend():
         ESConfig(task="brax/hopper", backend="springy").make_task()
 
 
-@pytest.mark.parametrize("algorithm", ["cemrl", pytest.param("erl", marks=pytest.mark.slow)])
+# ERL's in the exhaustive tier, beside the matrix's brax column
+@pytest.mark.parametrize("algorithm", ["cemrl", pytest.param("erl", marks=pytest.mark.exhaustive)])
 def test_hybrid_algorithms_run_on_a_brax_task(algorithm):
     from evorl_pop.algorithms import cemrl, erl
     from evorl_pop.rl import TD3Config

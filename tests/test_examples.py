@@ -165,14 +165,19 @@ def test_every_example_is_tested():
     assert {p.name for p in EXAMPLES.glob("[!_]*.py")} == set(TRAINING) | others
 
 
-# In the default tier, the quick ones; the rest (brax, Playground, the learners: a minute or
-# more each) in the long tier (-m slow)
-QUICK = {"openes_cartpole.py", "cmaes_blackbox.py", "openes_gymnasium.py"}
+# In the long tier (-m slow); those on brax and Playground and the longest trainings (a
+# minute or more each) in the exhaustive one (-m exhaustive)
+EXHAUSTIVE = {
+    "cemrl_brax.py", "mapelites_walker2d.py", "nsga2_halfcheetah.py", "openes_brax.py",
+    "openes_playground.py", "pbt_pendulum.py", "pbt_ppo_brax.py", "ppo_brax.py", "sac_pendulum.py",
+}  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=[] if n in QUICK else pytest.mark.slow) for n in TRAINING]
-)
+def _tier(name: str):
+    return pytest.mark.exhaustive if name in EXHAUSTIVE else pytest.mark.slow
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_tier(n)) for n in TRAINING])
 def test_example_learns_and_draws_its_figure(name, tmp_path):
     example = TRAINING[name]
     runs = tmp_path / "runs"

@@ -97,6 +97,7 @@ def test_returns_equal_a_plain_gymnasium_loop(env_id, vector, normalize):
     task.pool.close()
 
 
+@pytest.mark.slow
 def test_cartpole_reaches_500_with_the_same_history_on_1_and_2_devices():
     config = ESConfig(**CARTPOLE)
     histories = [_train(config, n, 6)[2] for n in (1, 2)]

@@ -290,8 +290,15 @@ TINY_PBT = {
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("learner", ["td3", "sac"])
+# SAC members' in the exhaustive tier: TD3's cover the host lanes PBT leases and the
+# matrix trains PBT's default members on gym and dm_control
+@pytest.mark.parametrize(
+    "learner",
+    [
+        pytest.param("td3", marks=pytest.mark.slow),
+        pytest.param("sac", marks=pytest.mark.exhaustive),
+    ],
+)
 def test_pbt_trains_resumes_and_splits_on_a_gymnasium_task(learner, tmp_path):
     """Two PBT members on the host: each member's lanes are its own, rebuilt from their
     seeds and actions where a resumed run starts; 2 devices run as 1."""

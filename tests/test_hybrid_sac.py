@@ -164,6 +164,7 @@ def test_cemrl_actor_updates_equal_standalone_sac():
     np.testing.assert_array_equal(member, greedy)
 
 
+@pytest.mark.slow
 def test_erl_learner_learns_and_explores_as_sac():
     """ERL's SAC learner takes the standalone learner's updates on 2 devices, and
     explores with samples of its policy, not its deterministic action."""

@@ -100,11 +100,12 @@ def _restore_xla_flags(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
 
 
-#: Playground's column in the exhaustive tier: its tasks compile MJX for a minute on a
-#: CPU, and the long tier trains Playground's tasks with ES, CEM-RL and on 2 devices
-#: (tests/test_playground.py). The other columns in the long tier.
+#: The columns whose every row compiles a physics simulator for a minute on a CPU
+#: (Playground's MJX, brax's) and Gymnasium's own (its code is the DM Control column's,
+#: Gymnasium's tasks through shimmy) in the exhaustive tier; the others in the long tier.
+EXHAUSTIVE = ("playground", "brax", "gym")
 FAMILIES = [
-    pytest.param(f, marks=pytest.mark.exhaustive if f == "playground" else pytest.mark.slow)
+    pytest.param(f, marks=pytest.mark.exhaustive if f in EXHAUSTIVE else pytest.mark.slow)
     for f in TASKS
 ]
 

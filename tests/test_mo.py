@@ -484,7 +484,7 @@ def _brax_nsga2(n):
     return jax.device_get(state), history
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 def test_nsga2_on_mo_halfcheetah_same_run_on_1_and_2_devices():
     (state1, history1), (state2, history2) = _brax_nsga2(1), _brax_nsga2(2)
     s1, s2 = state1.strategy_state, state2.strategy_state

@@ -129,6 +129,7 @@ def test_bad_learner_settings_say_what_to_change():
         pbt.PBT(pbt.Config(task="CartPole-v1", learner="ppo", interval=100, ppo=PPO_MEMBERS.ppo))
 
 
+@pytest.mark.slow
 def test_cli_trains_pbt_over_ppo_and_resumes_exactly(tmp_path):
     """``-a pbt --set learner=ppo`` runs from the command line; a resumed run equals
     the uninterrupted one."""

@@ -137,7 +137,7 @@ def _rows(run):
     return {k: v for k, v in store.read_metrics(run).items() if "time" not in k}
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 def test_pgame_resume_equals_uninterrupted_run(tmp_path):
     args = ["-a", "mapelites", "--task", "qd/hopper_uni", "--chunk", "1", "-q", "--no-figure"]
     for name, value in TINY.items():
@@ -160,7 +160,7 @@ def test_pgame_resume_equals_uninterrupted_run(tmp_path):
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 def test_pgame_same_archive_on_1_and_2_devices():
     config = MapElitesConfig(**TINY)
     results = []

@@ -89,15 +89,10 @@ SCORED = ("playground/BallInCup", "playground/FingerSpin", "playground/FishSwim"
           "playground/HopperHop")  # fmt: skip
 
 
-# The scored tasks in the long tier, the others (a minute each to compile) in the
-# exhaustive one: Playground's quick task trains with every algorithm in tests/test_matrix.py.
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=pytest.mark.slow if n in SCORED else pytest.mark.exhaustive)
-        for n in PLAYGROUND
-    ],
-)
+# A minute each to compile MJX on a CPU: the exhaustive tier. Playground's quick task
+# trains with ES and CEM-RL and on 2 devices in the long tier (below).
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("name", PLAYGROUND)
 def test_every_listed_playground_task_trains(name):
     es, state, history = _train(ESConfig(task=name, **TINY))
     # fixed-length episodes: every candidate ran its 2 steps
@@ -118,6 +113,7 @@ def test_scored_tasks_are_listed():
     assert set(SCORED) <= set(PLAYGROUND)
 
 
+@pytest.mark.slow
 def test_returns_equal_playgrounds_own_stepping():
     """The rollout of a PlaygroundEnv is Playground's reset and step, its rewards summed."""
     env = make_env("playground/CartpoleSwingup", episode_length=30)

@@ -115,7 +115,7 @@ def test_render_brax_html_viewer_with_a_frame_per_step(tmp_path, capsys):
     assert len(system["states"]["x"]) == length
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 def test_render_playground_in_braxs_viewer_with_a_frame_per_step(tmp_path, capsys):
     pytest.importorskip("mujoco_playground")
     run = tmp_path / "cheetah"
@@ -183,7 +183,7 @@ def test_render_a_black_box_front_says_front_csv_holds_it(tmp_path, capsys):
     assert _files(run) == before
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 def test_render_a_front_member_of_mo_halfcheetah(tmp_path, capsys):
     pytest.importorskip("brax")
     import csv
@@ -216,7 +216,7 @@ def test_render_a_front_member_of_mo_halfcheetah(tmp_path, capsys):
     np.testing.assert_allclose(drawn, np.asarray(expected), rtol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 def test_render_an_elite_of_qd_hopper_uni_by_cell_and_descriptor(tmp_path, capsys):
     pytest.importorskip("brax")
     run = tmp_path / "qd"

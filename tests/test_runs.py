@@ -414,6 +414,7 @@ def _example(name, tmp_path, *args):
     return [sys.executable, path, *args, "--devices", "1", "--quiet", *folders]
 
 
+@pytest.mark.slow
 def test_minatar_example_restarts_and_continues_the_best(tmp_path):
     """examples/openes_minatar.py --restarts: every restart trains, the best by its
     mean policy's last 10 generations is continued to the total, and the figure is drawn."""
