@@ -19,7 +19,9 @@ the shape of every other algorithm's::
 
 The archive (:mod:`evorl_pop.core.archive`) is sharded across the devices by cell,
 so memory per device is proportional to cells / devices, and a run gives the same
-archive on any device count. Its metrics per generation: ``qd_score`` (the sum over
+archive on any device count (bit for bit where the evaluations are: a physics
+simulator's episodes may round differently on a slice of another size, and a brax
+task's archives then part). Its metrics per generation: ``qd_score`` (the sum over
 filled cells of fitness plus the task's ``qd_offset``, QDax's convention, so that
 each term is non-negative), ``coverage``, ``archive_size``, ``archive_fitness_max``
 and ``archive_fitness_mean``, beside the evaluated batch's ``fitness_*``. At the end
