@@ -66,7 +66,7 @@ def pytest_report_header(config):
     return f"jax {jax.__version__}, {jax.device_count()} {jax.default_backend()} devices"
 
 
-# Three tiers. `python -m pytest` runs the default one (about 18 minutes on 2 cores):
+# Three tiers. `python -m pytest` runs the default one (about 16 minutes on 2 cores):
 # every feature against its reference, one task of each environment family. The tests
 # marked `slow` (learning to a target, every algorithm on every family, every example)
 # run alone with `-m slow`; CI runs these two tiers. The tests marked `exhaustive` train
