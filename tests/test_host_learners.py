@@ -228,6 +228,35 @@ def test_erl_explores_a_dm_control_task_on_the_host():
     assert np.isfinite(history["critic_loss"]).all()
 
 
+def _resumed_equals_whole_and_2_devices_as_1(tmp_path, config: dict) -> dict:
+    """Trains ``config`` 2 generations and resumes 2 more, then 4 uninterrupted on 1 and
+    on 2 devices: the resumed run equals the uninterrupted one, and 2 devices run as 1.
+
+    Returns:
+      The uninterrupted run's metrics on 1 device.
+    """
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    args = ["train", "--config", str(path), "--chunk", "1", "-q", "--no-figure"]
+    run = tmp_path / "run"
+    assert cli.main([*args, "--devices", "1", "-g", "2", "--out", str(run)]) == 0
+    assert cli.main(["resume", str(run), "--more", "2", "-q", "--no-figure"]) == 0
+    runs = {}
+    for devices in (1, 2):
+        runs[devices] = tmp_path / f"whole{devices}"
+        out = ["--devices", str(devices), "-g", "4", "--out", str(runs[devices])]
+        assert cli.main([*args, *out]) == 0
+    resumed = _rows(run)
+    whole = _rows(runs[1])
+    assert list(resumed) == list(whole)
+    for column, values in whole.items():
+        np.testing.assert_array_equal(resumed[column], values, err_msg=column)
+    split = _rows(runs[2])
+    for column, values in whole.items():
+        np.testing.assert_allclose(split[column], values, rtol=1e-5, atol=1e-6, err_msg=column)
+    return whole
+
+
 #: CEM-RL's and ERL's own tiny settings, for their runs with SAC actors.
 TINY_HYBRID_SAC = {
     "cemrl": dict(num_elites=2, num_rl_actors=2, updates_per_actor=2),
@@ -235,7 +264,7 @@ TINY_HYBRID_SAC = {
 }
 
 
-def _hybrid_sac_args(tmp_path, algorithm) -> list[str]:
+def _hybrid_sac_config(algorithm) -> dict:
     sac = dict(batch_size=8, actor_hidden_sizes=[8], critic_hidden_sizes=[8])
     settings = dict(
         task="gym:Pendulum-v1",
@@ -248,10 +277,7 @@ def _hybrid_sac_args(tmp_path, algorithm) -> list[str]:
         buffer_capacity=64,
         **TINY_HYBRID_SAC[algorithm],
     )
-    config = tmp_path / "config.yaml"
-    data = {"algorithm": algorithm, "seed": 2, "algorithm_config": settings}
-    config.write_text(yaml.safe_dump(data))
-    return ["train", "--config", str(config), "--chunk", "1", "-q", "--no-figure"]
+    return {"algorithm": algorithm, "seed": 2, "algorithm_config": settings}
 
 
 @pytest.mark.slow
@@ -259,25 +285,9 @@ def _hybrid_sac_args(tmp_path, algorithm) -> list[str]:
 def test_cemrl_and_erl_with_sac_train_resume_and_split_on_a_gymnasium_task(algorithm, tmp_path):
     """SAC's actors, evaluated (and ERL's explored with sampled actions) on the host: a
     resumed run equals the uninterrupted one, and 2 devices run as 1."""
-    args = _hybrid_sac_args(tmp_path, algorithm)
-    run = tmp_path / "run"
-    assert cli.main([*args, "--devices", "1", "-g", "2", "--out", str(run)]) == 0
-    assert cli.main(["resume", str(run), "--more", "2", "-q", "--no-figure"]) == 0
-    runs = {}
-    for devices in (1, 2):
-        runs[devices] = tmp_path / f"whole{devices}"
-        out = ["--devices", str(devices), "-g", "4", "--out", str(runs[devices])]
-        assert cli.main([*args, *out]) == 0
-    resumed = _rows(run)
-    whole = _rows(runs[1])
-    assert list(resumed) == list(whole)
+    whole = _resumed_equals_whole_and_2_devices_as_1(tmp_path, _hybrid_sac_config(algorithm))
     assert np.isfinite(whole["critic_loss"][1:]).all()
     assert np.isfinite(whole["alpha_loss"][1:]).all()
-    for column, values in whole.items():
-        np.testing.assert_array_equal(resumed[column], values, err_msg=column)
-    split = _rows(runs[2])
-    for column, values in whole.items():
-        np.testing.assert_allclose(split[column], values, rtol=1e-5, atol=1e-6, err_msg=column)
 
 
 #: PBT's tiny members on the host: SAC's episodes (15 steps) cross its 20-step intervals.
@@ -314,29 +324,11 @@ def test_pbt_trains_resumes_and_splits_on_a_gymnasium_task(learner, tmp_path):
     )
     sizes = dict(actor_hidden_sizes=[8], critic_hidden_sizes=[8])
     settings[learner] = {**settings[learner], **sizes}
-    config = tmp_path / "config.yaml"
-    data = {"algorithm": "pbt", "seed": 3, "algorithm_config": settings}
-    config.write_text(yaml.safe_dump(data))
-    args = ["train", "--config", str(config), "--chunk", "1", "-q", "--no-figure"]
-    run = tmp_path / "run"
-    assert cli.main([*args, "--devices", "1", "-g", "2", "--out", str(run)]) == 0
-    assert cli.main(["resume", str(run), "--more", "2", "-q", "--no-figure"]) == 0
-    runs = {}
-    for devices in (1, 2):
-        runs[devices] = tmp_path / f"whole{devices}"
-        out = ["--devices", str(devices), "-g", "4", "--out", str(runs[devices])]
-        assert cli.main([*args, *out]) == 0
-    resumed = _rows(run)
-    whole = _rows(runs[1])
-    assert list(resumed) == list(whole)
+    config = {"algorithm": "pbt", "seed": 3, "algorithm_config": settings}
+    whole = _resumed_equals_whole_and_2_devices_as_1(tmp_path, config)
     assert whole["env_steps"].tolist() == [40, 80, 120, 160]
     assert np.isfinite(whole["critic_loss"][1:]).all()
     assert np.isfinite(whole["fitness_mean"]).all()
-    for column, values in whole.items():
-        np.testing.assert_array_equal(resumed[column], values, err_msg=column)
-    split = _rows(runs[2])
-    for column, values in whole.items():
-        np.testing.assert_allclose(split[column], values, rtol=1e-5, atol=1e-6, err_msg=column)
 
 
 def test_a_learner_without_host_lanes_is_refused_in_one_line_naming_those_with():
