@@ -44,7 +44,7 @@ import jax.numpy as jnp
 
 from evorl_pop.base import ConfigError
 from evorl_pop.core.interfaces import Acting
-from evorl_pop.tasks.envs import env_family
+from evorl_pop.tasks.envs import steps_on_host
 
 
 @runtime_checkable
@@ -107,9 +107,8 @@ class AlgorithmMember:
         self.join = join
         self.algorithm = algorithm_class(settings)
         self.env = self.algorithm.env
-        family = env_family(settings.task)
         #: Whether the task steps on the host (Gymnasium's): the lanes are the host's.
-        self.host = family is not None and not family.steps_in_jax
+        self.host = steps_on_host(settings.task)
         per = settings.num_envs * settings.unroll_length
         interval = config.interval
         if interval < per or interval % per:

@@ -36,7 +36,7 @@ from evorl_pop.base import ConfigError, EnvSpec, check_config, did_you_mean
 from evorl_pop.core.interfaces import Acting
 from evorl_pop.rl import data_parallel
 from evorl_pop.rl.replay import ReplayBuffer
-from evorl_pop.tasks.envs import check_environment, env_family
+from evorl_pop.tasks.envs import check_environment, steps_on_host
 from evorl_pop.tasks.rollout import Episode, Transition, evaluate_episodes, rollout
 
 #: gymnax environments with continuous actions (those an actor-critic learner can learn).
@@ -151,8 +151,7 @@ class HybridConfig:
 
     def validate(self) -> None:
         """Raises a ConfigError naming a setting that cannot run."""
-        family = env_family(self.task)
-        host = family is not None and not family.steps_in_jax
+        host = steps_on_host(self.task)
         algorithm = type(self).__module__.rpartition(".")[2]
         if host and self.HOST_LEARNERS and self.learner not in self.HOST_LEARNERS:
             *others, last = self.HOST_LEARNERS
@@ -308,10 +307,9 @@ class ReplayLearner:
         self.task = task
         self.config = config
         self.batch_size = batch_size
-        family = env_family(config.task)
         # A program with host callbacks (a task stepped on the host) takes one mesh: the
         # population's, whose axis then splits the minibatches too.
-        self.host = family is not None and not family.steps_in_jax
+        self.host = steps_on_host(config.task)
         self.dp_mesh = mesh if self.host else data_parallel.dp_mesh(mesh)
         #: The axis the minibatches split over (``'DP'``, or the population's).
         self.axis = self.dp_mesh.axis_names[0]
@@ -420,9 +418,8 @@ class ReplayMember:
         self.task = task
         self.env = task.env
         self.policy = task.policy
-        family = env_family(config.task)
         #: Whether the task steps on the host (Gymnasium's): its episodes run there.
-        self.host = family is not None and not family.steps_in_jax
+        self.host = steps_on_host(config.task)
         self.make_learner = make_learner
         self.actor = actor
         self.losses = losses

@@ -121,8 +121,7 @@ def make_envs(task: str, episode_length: int | None = None, backend: str | None 
     Raises:
       ConfigError: a backend for a task whose family has none.
     """
-    family = envs.env_family(task)
-    if family is not None and not family.steps_in_jax:
+    if envs.steps_on_host(task):
         from evorl_pop.tasks.host_lanes import HostEnvs  # imports Gymnasium's helpers
 
         return HostEnvs(task, episode_length, backend)

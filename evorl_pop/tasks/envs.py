@@ -64,6 +64,13 @@ def env_family(name: str) -> EnvFamily | None:
     return owner
 
 
+def steps_on_host(name: str) -> bool:
+    """Whether the task ``name`` steps its environments on the host (a family with
+    ``steps_in_jax`` false, Gymnasium's); ``False`` for JAX families and black-box tasks."""
+    family = env_family(name)
+    return family is not None and not family.steps_in_jax
+
+
 def _find_family(name: str) -> EnvFamily | None:
     # The family a name's prefix names (brax/..., gym:...; a bare name: gymnax) first,
     # so that only the module of the family that owns it is asked.
