@@ -9,6 +9,7 @@ a run resumed equals the uninterrupted one; the arm's coverage after a fixed bud
 from __future__ import annotations
 
 import shutil
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -332,6 +333,39 @@ def test_brax_feet_task_scores_as_the_control_task_and_describes_feet():
     assert np.all((descriptor >= 0) & (descriptor <= 1)) and descriptor.max() > 0
     steps = np.asarray(info.steps)[:, None]
     np.testing.assert_allclose(descriptor * steps, np.round(descriptor * steps), atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "name", ["qd/hopper_uni", "qd/walker2d_uni", "qd/halfcheetah_uni", "qd/ant_uni"]
+)
+def test_feet_contacts_equal_brax_contacts(name):
+    """Each foot's contact for 256 poses around the initial one (shifted up and down,
+    turned at random) equals brax's own: ``brax.contact.get``, MJX's collision of every
+    pair, a contact of the foot at a distance of at most 0."""
+    pytest.importorskip("brax")
+    from brax import contact
+
+    task = make_qd_task(name, hidden_sizes=(8,), episode_length=5)
+    system = task.env.env.sys
+    x0 = task.env.env.reset(jax.random.key(0)).pipeline_state.x
+    k1, k2, k3 = jax.random.split(jax.random.key(1), 3)
+    n = 256
+    height = jax.random.uniform(k2, (n, 1, 1), minval=-0.4, maxval=0.2) * jnp.array([0, 0, 1.0])
+    pos = x0.pos + 0.05 * jax.random.normal(k1, (n, *x0.pos.shape)) + height
+    rot = x0.rot + 0.3 * jax.random.normal(k3, (n, *x0.rot.shape))
+    poses = x0.replace(pos=pos, rot=rot / jnp.linalg.norm(rot, axis=-1, keepdims=True))
+
+    def reference(x):
+        c = contact.get(system, x)
+        feet = jnp.asarray(task.feet)[:, None]
+        on = (c.link_idx[0][None] == feet) | (c.link_idx[1][None] == feet)
+        return jnp.any(on & (c.dist <= 0)[None], axis=-1).astype(jnp.float32)
+
+    feature = jax.vmap(lambda x: task._feature(SimpleNamespace(x=x)))  # a pipeline state's x
+    ours = np.asarray(jax.jit(feature)(poses))
+    expected = np.asarray(jax.jit(jax.vmap(reference))(poses))
+    np.testing.assert_array_equal(ours, expected)
+    assert np.all((expected.mean(0) > 0.1) & (expected.mean(0) < 0.9))  # both cases, each foot
 
 
 def test_render_of_a_run_says_its_archive_holds_the_result(tmp_path, capsys):

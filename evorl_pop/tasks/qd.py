@@ -155,6 +155,92 @@ def link_indices(links: list[str], names) -> np.ndarray:
     return np.asarray(found, np.int32)
 
 
+#: MuJoCo's geometry types that feet and ground are made of here.
+PLANE, SPHERE, CAPSULE = 0, 2, 3
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FootGeoms:
+    """The geometries of a brax system's feet that collide with a ground plane, and
+    whether each foot touches the ground for given body positions.
+
+    MuJoCo's plane-sphere and plane-capsule contacts (what ``brax.contact.get`` computes
+    through MJX's collision of every pair) have the distance from the plane of the
+    sphere's centre, or of each end of the capsule's segment, less the radius: this
+    computes those distances for the feet's geometries alone, a few dot products per
+    step instead of the whole system's collision.
+    """
+
+    feet: int
+    foot: np.ndarray  # (G,) the foot each colliding geometry belongs to
+    link: np.ndarray  # (G,) its link
+    pos: np.ndarray  # (G, 3) its centre in its link's frame
+    axis: np.ndarray  # (G, 3) its capsule's axis in its link's frame
+    half: np.ndarray  # (G,) the half-length of its capsule's segment (0: a sphere)
+    radius: np.ndarray  # (G,)
+    normal: np.ndarray  # (P, 3) the ground planes' normals
+    offset: np.ndarray  # (P,) their distances from the origin along the normal
+
+    @classmethod
+    def of(cls, sys, feet: np.ndarray) -> FootGeoms:
+        """The colliding geometries of the links ``feet`` (indices into
+        ``sys.link_names``) and the world's planes.
+
+        Raises:
+          ValueError: a foot with a colliding geometry other than a sphere or a capsule.
+        """
+        from brax import math
+
+        kind = np.asarray(sys.geom_type)
+        link = np.asarray(sys.geom_bodyid) - 1  # -1: the world
+        contype, conaffinity = np.asarray(sys.geom_contype), np.asarray(sys.geom_conaffinity)
+        planes = np.flatnonzero((kind == PLANE) & (link == -1))
+        geoms, foot = [], []
+        for i, f in enumerate(feet):
+            for g in np.flatnonzero(link == f):
+                if not any(
+                    contype[g] & conaffinity[p] or contype[p] & conaffinity[g] for p in planes
+                ):
+                    continue
+                if kind[g] not in (SPHERE, CAPSULE):
+                    raise ValueError(
+                        f"foot {sys.link_names[f]!r} has a geometry of MuJoCo type {kind[g]}: "
+                        "feet contacts are computed for spheres and capsules on a plane."
+                    )
+                geoms.append(g)
+                foot.append(i)
+        geoms = np.asarray(geoms, np.int32)
+        up = jnp.array([0.0, 0.0, 1.0])
+        quat = jnp.asarray(sys.geom_quat)
+        normal = np.asarray(jax.vmap(math.rotate, (None, 0))(up, quat[planes]))
+        size = np.asarray(sys.geom_size)
+        return cls(
+            feet=len(feet),
+            foot=np.asarray(foot, np.int32),
+            link=link[geoms],
+            pos=np.asarray(sys.geom_pos)[geoms],
+            axis=np.asarray(jax.vmap(math.rotate, (None, 0))(up, quat[geoms])),
+            half=np.where(kind[geoms] == CAPSULE, size[geoms, 1], 0.0),
+            radius=size[geoms, 0],
+            normal=normal,
+            offset=np.einsum("pi,pi->p", np.asarray(sys.geom_pos)[planes], normal),
+        )
+
+    def touching(self, x) -> jax.Array:
+        """``(feet,)`` float32: 1 where a foot touches a plane, for the links' transforms
+        ``x`` (a brax pipeline state's ``x``)."""
+        from brax import math
+
+        rot = x.rot[self.link]
+        centre = x.pos[self.link] + jax.vmap(math.rotate)(jnp.asarray(self.pos), rot)
+        segment = jax.vmap(math.rotate)(jnp.asarray(self.axis), rot) * self.half[:, None]
+        ends = jnp.stack([centre + segment, centre - segment], axis=1)  # (G, 2, 3)
+        height = ends @ self.normal.T - self.offset  # (G, 2, P)
+        dist = jnp.min(height, axis=(1, 2)) - self.radius
+        on = jnp.zeros(self.feet, bool).at[self.foot].max(dist <= 0)
+        return on.astype(jnp.float32)
+
+
 class BraxQDTask(ControlTask):
     """A brax locomotion task with a behaviour descriptor, one episode per candidate.
 
@@ -222,45 +308,26 @@ class BraxFeetTask(BraxQDTask):
       **kwargs: :class:`~evorl_pop.tasks.control.ControlTask`'s (``hidden_sizes``,
         ``activation``, ``episode_length``, ``backend``); one episode per candidate.
 
-    A foot touches the ground on a step when one of brax's contacts (``brax.contact.get``
-    on the bodies' positions after the step) between it and another geometry has a
-    distance of at most 0; the descriptor is the mean over the episode's steps.
+    A foot touches the ground on a step when one of its geometries is at a distance of at
+    most 0 from a ground plane after the step (:class:`FootGeoms`: the contacts
+    ``brax.contact.get`` finds, computed for the feet alone); the descriptor is the mean
+    over the episode's steps.
     """
 
     def __init__(self, name: str, **kwargs):
         env, feet, offset = BRAX_FEET[name]
         super().__init__(f"brax/{env}", episodes=1, **kwargs)
-        self.feet = link_indices(list(self.env.env.sys.link_names), feet)
+        sys = self.env.env.sys
+        self.feet = link_indices(list(sys.link_names), feet)
         self.descriptor_size = len(feet)
         self.descriptor_bounds = ((0.0,) * len(feet), (1.0,) * len(feet))
         self.qd_offset = offset * self.spec.max_steps
         self.name = f"{QD_PREFIX}{name}"
-        # brax.contact.get makes its MJX template on a named device, which shard_map
-        # refuses: the template is made here, outside any trace, and reused
-        from mujoco import mjx
-
-        self._template = mjx.make_data(self.env.env.sys)
+        self._contacts = FootGeoms.of(sys, self.feet)
 
     def _feature(self, pipeline_state):
-        """Whether each foot touches: the contacts brax.contact.get gives for the
-        bodies' positions ``pipeline_state.x``, from the template made once."""
-        from brax import math
-        from brax.base import Transform
-        from mujoco import mjx
-
-        sys = self.env.env.sys
-        x = pipeline_state.x.concatenate(Transform.zero((1,)))  # the world: index -1
-        pos = x.pos[sys.geom_bodyid - 1]
-        rot = x.rot[sys.geom_bodyid - 1]
-        geom_xpos = pos + jax.vmap(math.rotate)(sys.geom_pos, rot)
-        geom_xmat = jax.vmap(math.quat_to_3x3)(jax.vmap(math.quat_mul)(rot, sys.geom_quat))
-        data = self._template.replace(geom_xpos=geom_xpos, geom_xmat=geom_xmat)
-        c = mjx.collision(sys, data).contact
-        link = jnp.asarray(sys.geom_bodyid) - 1
-        touching = c.dist <= 0
-        feet = jnp.asarray(self.feet)[:, None]
-        on = ((link[c.geom1][None] == feet) | (link[c.geom2][None] == feet)) & touching[None]
-        return jnp.any(on, axis=-1).astype(jnp.float32)
+        """Whether each foot touches the ground (see :class:`FootGeoms`)."""
+        return self._contacts.touching(pipeline_state.x)
 
     def _describe(self, total, last, steps):
         return total / jnp.maximum(steps, 1).astype(jnp.float32)
