@@ -71,8 +71,10 @@ def pytest_report_header(config):
 # marked `slow` (learning to a target, every algorithm on every family, every example)
 # run alone with `-m slow`; CI runs these two tiers. The tests marked `exhaustive` train
 # every listed environment of the families whose tasks each compile for a minute on a
-# CPU (Playground's, brax's) and every algorithm on Playground's quick task: run them
-# alone with `-m exhaustive` before a release, or every tier at once with `--full`.
+# CPU (Playground's, brax's), every algorithm on Playground's quick task, and variants
+# whose code the long tier runs through a sibling (a fourth device count, a second
+# learner, a DM Control cell a Gymnasium task covers): run them alone with
+# `-m exhaustive` before a release, or every tier at once with `--full`.
 TIERS = ("slow", "exhaustive")
 
 

@@ -72,8 +72,14 @@ def _assert_same_state(a, b, rtol=1e-3, atol=1e-3):
             np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=name)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("job", [OPENES, CMAES], ids=["openes-cartpole", "cmaes-sphere"])
+@pytest.mark.parametrize(
+    "job",
+    # CMA-ES's: the exhaustive tier (OpenES's runs the same two-process path)
+    [
+        pytest.param(OPENES, id="openes-cartpole", marks=pytest.mark.slow),
+        pytest.param(CMAES, id="cmaes-sphere", marks=pytest.mark.exhaustive),
+    ],
+)
 def test_two_processes_equal_one_process_and_one_device(tmp_path, job):
     common = [*job, "--generations", "6", "--chunk", "3", "--checkpoint-every", "3", "-q"]
     multi = tmp_path / "2x2"

@@ -97,8 +97,10 @@ def test_cemrl_same_on_any_device_count(cem_reference, n):
     assert [int(m["episodes"]) for m in metrics] == [6, 6]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("n", [2, 4])
+# 4 devices: the exhaustive tier (2 already split every batch)
+@pytest.mark.parametrize(
+    "n", [pytest.param(2, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.exhaustive)]
+)
 def test_erl_same_on_any_device_count(erl_reference, n):
     _check_invariance(erl_reference, lambda n: erl.ERL(ERL_CONFIG, make_mesh(n)), n)
     _, _, metrics, _ = erl_reference

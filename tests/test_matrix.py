@@ -104,14 +104,30 @@ def _restore_xla_flags(monkeypatch):
 #: (Playground's MJX, brax's) and Gymnasium's own (its code is the DM Control column's,
 #: Gymnasium's tasks through shimmy) in the exhaustive tier; the others in the long tier.
 EXHAUSTIVE = ("playground", "brax", "gym")
-FAMILIES = [
-    pytest.param(f, marks=pytest.mark.exhaustive if f in EXHAUSTIVE else pytest.mark.slow)
+#: DM Control cells whose code the long tier runs elsewhere on a Gymnasium task
+#: (tests/test_host_learners.py: PBT, ERL and SAC on the host, resumed and on 1 and 2
+#: devices) or through a sibling (NSGA-II's cell for NSGA-III's), in the exhaustive tier.
+EXHAUSTIVE_CELLS = {
+    ("pbt", "dm_control"),
+    ("erl", "dm_control"),
+    ("sac", "dm_control"),
+    ("nsga3", "dm_control"),
+}
+CELLS = [
+    pytest.param(
+        a,
+        f,
+        id=f"{a}-{f}",
+        marks=pytest.mark.exhaustive
+        if f in EXHAUSTIVE or (a, f) in EXHAUSTIVE_CELLS
+        else pytest.mark.slow,
+    )
+    for a in ALGORITHMS
     for f in TASKS
 ]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize(("algorithm", "family"), CELLS)
 def test_every_algorithm_on_every_family(algorithm, family, tmp_path, capsys, record_property):
     task = TASKS[family]
     config = _config_file(tmp_path, algorithm, task)
@@ -153,8 +169,14 @@ def test_every_algorithm_on_every_family(algorithm, family, tmp_path, capsys, re
 SEEDS_TASKS = {"mapelites": "qd/arm", "nsga2": "mo/zdt1", "nsga3": "mo/dtlz2"}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize(
+    "algorithm",
+    # ERL's many-seed program is CEM-RL's with another hybrid step: exhaustive tier
+    [
+        pytest.param(a, marks=pytest.mark.exhaustive if a == "erl" else pytest.mark.slow)
+        for a in ALGORITHMS
+    ],
+)
 def test_every_algorithm_runs_many_seeds_in_one_program(algorithm, tmp_path, record_property):
     task = SEEDS_TASKS.get(algorithm, TASKS["gymnax"])
     config = _config_file(tmp_path, algorithm, task)

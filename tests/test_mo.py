@@ -445,8 +445,12 @@ def _brax_reference(task, solution, key):
     return sums
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["mo/halfcheetah", "mo/hopper3", "mo/ant"])
+@pytest.mark.parametrize(
+    "name",
+    # the same summing for every task: one in the long tier, the others exhaustive
+    [pytest.param("mo/halfcheetah", marks=pytest.mark.slow)]
+    + [pytest.param(n, marks=pytest.mark.exhaustive) for n in ("mo/hopper3", "mo/ant")],
+)
 def test_mo_brax_objectives_equal_brax_metrics_summed_by_hand(name):
     task = make_task(name, episode_length=15, hidden_sizes=(4,))
     solution = task.init_solution(jax.random.key(3)) * 3.0  # large weights: falls, big actions

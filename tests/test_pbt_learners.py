@@ -69,8 +69,14 @@ def _run(config, n, generations=2):
     return jax.device_get(state), history
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("config", [PPO_MEMBERS, SAC_MEMBERS], ids=["ppo", "sac"])
+@pytest.mark.parametrize(
+    "config",
+    # SAC's members: the exhaustive tier (PBT's split is the same code for every learner)
+    [
+        pytest.param(PPO_MEMBERS, id="ppo", marks=pytest.mark.slow),
+        pytest.param(SAC_MEMBERS, id="sac", marks=pytest.mark.exhaustive),
+    ],
+)
 def test_same_members_and_history_on_1_and_2_devices(config):
     one, history_one = _run(config, 1)
     two, history_two = _run(config, 2)

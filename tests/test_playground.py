@@ -113,7 +113,7 @@ def test_scored_tasks_are_listed():
     assert set(SCORED) <= set(PLAYGROUND)
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 def test_returns_equal_playgrounds_own_stepping():
     """The rollout of a PlaygroundEnv is Playground's reset and step, its rewards summed."""
     env = make_env("playground/CartpoleSwingup", episode_length=30)
@@ -154,7 +154,7 @@ def test_the_same_history_on_1_and_2_devices():
         np.testing.assert_allclose(two[name], one[name], rtol=1e-5, atol=1e-5, err_msg=name)
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 def test_cemrl_reports_the_return_playgrounds_stepping_gives_its_solution():
     from evorl_pop.algorithms import cemrl
     from evorl_pop.rl.td3 import TD3Config

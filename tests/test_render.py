@@ -102,7 +102,8 @@ def test_render_a_gymnasium_task_replays_its_evaluation_on_the_host(tmp_path, ca
         assert gif.n_frames == int(sum(episodes))
 
 
-@pytest.mark.slow
+# compiles brax's step for a minute: the exhaustive tier, with Playground's HTML viewer
+@pytest.mark.exhaustive
 def test_render_brax_html_viewer_with_a_frame_per_step(tmp_path, capsys):
     pytest.importorskip("brax")
     run = tmp_path / "reacher"

@@ -62,9 +62,15 @@ def _assert_seed_is_its_run(many: dict, seed: int, one: dict) -> None:
         np.testing.assert_allclose(many[column][rows], values, rtol=2e-5, atol=1e-6, err_msg=column)
 
 
-@pytest.mark.parametrize(
-    "case", [c if c == "cmaes" else pytest.param(c, marks=pytest.mark.slow) for c in CASES]
-)
+def _seeds_tier(case: str):
+    """CMA-ES in the default tier; PPO's in the exhaustive one (a learner's seed axis:
+    CEM-RL's TD3 in the long tier has one too); the others in the long tier."""
+    if case == "cmaes":
+        return ()
+    return pytest.mark.exhaustive if case == "ppo" else pytest.mark.slow
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=_seeds_tier(c)) for c in CASES])
 def test_each_seed_of_a_4_seed_run_is_its_single_run_on_1_and_2_devices(case, tmp_path):
     config = _config(tmp_path, case)
     many = {
