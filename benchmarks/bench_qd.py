@@ -1,7 +1,8 @@
 """MAP-Elites: the archive's memory per device, and evaluations per second.
 
     python benchmarks/bench_qd.py [--cells 65536] [--no-arm]
-        [--walker2d --seeds 5 --generations 100 [--qdax-python PATH]]
+        [--walker2d --seeds 5 --generations 100 [--qdax-python PATH]
+         [--fusion-emitters-off]]
 
 Memory: an empty archive of ``--cells`` cells for the genotype of QDax's walker2d
 policy (an MLP 64 x 64 on walker2d's 17 observations and 6 actions: 5,702 weights),
@@ -29,15 +30,19 @@ lives in a virtual environment of its own::
     /work/qdax-venv/bin/pip install qdax==0.5.0 jax==0.5.3 brax==0.12.3 \
         flax==0.10.6 tensorflow-probability==0.25
 
-then ``--qdax-python /work/qdax-venv/bin/python``. QDax starts every episode from one
-fixed initial state (its ``deterministic`` default); evorl_pop resets each
-candidate's episode from its own key.
+then ``--qdax-python /work/qdax-venv/bin/python``. Each side's seed runs in a process
+of its own. ``--fusion-emitters-off``: every side also runs with
+``XLA_FLAGS=--xla_cpu_use_fusion_emitters=false``, seed by seed beside the default.
+
+QDax starts every episode from one fixed initial state (its ``deterministic``
+default); evorl_pop resets each candidate's episode from its own key.
 """
 
 import argparse
 import json
 import os
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -52,6 +57,10 @@ import jax  # noqa: E402
 from evorl_pop import make_mesh  # noqa: E402
 from evorl_pop.algorithms.mapelites import MapElites, MapElitesConfig  # noqa: E402
 from evorl_pop.core.archive import ShardedArchive  # noqa: E402
+
+#: XLA's CPU code generation without its fusion emitters (docs/benchmarks/bench-qd.md
+#: measures what it changes for brax's spring step).
+NO_FUSION_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 
 WALKER_WEIGHTS = 17 * 64 + 64 + 64 * 64 + 64 + 64 * 6 + 6
 
@@ -147,11 +156,11 @@ print(json.dumps({
 """
 
 
-def run_qdax(python: str, seed: int, generations: int, chunk: int = 10) -> dict:
+def run_qdax(python: str, seed: int, generations: int, chunk: int = 10, flags: str = "") -> dict:
     """QDax's MAP-Elites on walker2d_uni (:data:`QDAX_SCRIPT`) in a subprocess of
-    ``python``: its last QD-score, coverage (a fraction) and evaluations/s."""
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)  # one device, as evorl_pop's run here
+    ``python`` with the XLA flags ``flags`` (one device, as evorl_pop's run here): its
+    last QD-score, coverage (a fraction) and evaluations/s."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags}
     args = [seed, generations, 100, 100, 1024, 50_000, chunk]
     out = subprocess.run(
         [python, "-c", QDAX_SCRIPT, *map(str, args)],
@@ -178,7 +187,18 @@ def main() -> None:
     parser.add_argument("--generations", type=int, default=100)
     parser.add_argument("--qdax-python", help="a Python with QDax 0.5.0 (see the docstring)")
     parser.add_argument("--no-arm", action="store_true", help="skip the arm's speed")
+    parser.add_argument(
+        "--fusion-emitters-off",
+        action="store_true",
+        help=f"also run every side with XLA_FLAGS={NO_FUSION_EMITTERS}",
+    )
+    parser.add_argument("--one-walker2d-seed", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one_walker2d_seed is not None:
+        seconds, metrics = run(walker2d_config(), 1, args.generations, seed=args.one_walker2d_seed)
+        result = {"qd_score": metrics["qd_score"], "coverage": metrics["coverage"]}
+        print(json.dumps({**result, "evaluations_per_s": 100 / seconds}))
+        return
     memory(args.cells)
     arm = MapElitesConfig(task="qd/arm", population_size=1024, cells_per_dim=32)
     if not args.no_arm:
@@ -191,7 +211,40 @@ def main() -> None:
         )
     if not args.walker2d:
         return
-    walker = MapElitesConfig(
+    flag_sets = [""]
+    if args.fusion_emitters_off:
+        flag_sets.append(NO_FUSION_EMITTERS)
+    evaluations = 100 * (1 + args.generations)
+    print(f"walker2d_uni, {args.generations} generations ({evaluations:,} evaluations):")
+    sides = {}
+    for seed in range(args.seeds):
+        for flags in flag_sets:
+            label = " (fusion emitters off)" if flags else ""
+            runs = {f"evorl_pop{label}": run_walker2d_seed(sys.executable, seed, args, flags)}
+            if args.qdax_python:
+                runs[f"QDax 0.5.0{label}"] = run_qdax(
+                    args.qdax_python, seed, args.generations, flags=flags
+                )
+            for side, result in runs.items():
+                row = (result["qd_score"], result["coverage"], result["evaluations_per_s"])
+                sides.setdefault(side, []).append(row)
+                print(
+                    f"  {side:34s} seed {seed}: QD-score {row[0]:,.0f}, coverage {row[1]:.1%}, "
+                    f"{row[2]:,.0f} evaluations/s",
+                    flush=True,
+                )
+    for side, rows in sides.items():
+        score, coverage, speed = (list(column) for column in zip(*rows, strict=True))
+        print(
+            f"{side}: {_summary('QD-score', score, ',.0f')}; "
+            f"{_summary('coverage', coverage, '.1%')}; "
+            f"{_summary('evaluations/s', speed, ',.0f')}"
+        )
+
+
+def walker2d_config() -> MapElitesConfig:
+    """QDax's notebook settings for walker2d_uni (the module docstring)."""
+    return MapElitesConfig(
         task="qd/walker2d_uni",
         population_size=100,
         episode_length=100,
@@ -202,30 +255,19 @@ def main() -> None:
         line_sigma=0.05,
         hidden_sizes=(64, 64),
     )
-    evaluations = 100 * (1 + args.generations)
-    print(f"walker2d_uni, {args.generations} generations ({evaluations:,} evaluations):")
-    sides = {"evorl_pop": []}
-    if args.qdax_python:
-        sides["QDax 0.5.0"] = []
-    for seed in range(args.seeds):
-        seconds, metrics = run(walker, 1, args.generations, seed=seed)
-        sides["evorl_pop"].append((metrics["qd_score"], metrics["coverage"], 100 / seconds))
-        if args.qdax_python:
-            q = run_qdax(args.qdax_python, seed, args.generations)
-            sides["QDax 0.5.0"].append((q["qd_score"], q["coverage"], q["evaluations_per_s"]))
-        for side, rows in sides.items():
-            score, coverage, speed = rows[-1]
-            print(
-                f"  {side:10s} seed {seed}: QD-score {score:,.0f}, coverage {coverage:.1%}, "
-                f"{speed:,.0f} evaluations/s"
-            )
-    for side, rows in sides.items():
-        score, coverage, speed = (list(column) for column in zip(*rows, strict=True))
-        print(
-            f"{side}: {_summary('QD-score', score, ',.0f')}; "
-            f"{_summary('coverage', coverage, '.1%')}; "
-            f"{_summary('evaluations/s', speed, ',.0f')}"
-        )
+
+
+def run_walker2d_seed(python: str, seed: int, args, flags: str) -> dict:
+    """evorl_pop's MAP-Elites on walker2d_uni for one seed, on one device, in a process
+    of its own with the XLA flags ``flags``: its last QD-score, coverage and
+    evaluations/s."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags}
+    command = [python, __file__, "--one-walker2d-seed", str(seed)]
+    command += ["--generations", str(args.generations)]
+    out = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"evorl_pop's run failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":
