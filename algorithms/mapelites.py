@@ -381,12 +381,12 @@ class MapElites:
         with open(run_dir / ARCHIVE_FILENAME, "wb") as f:
             np.savez(f, **data)
         figures = {}
+        title = f"MAP-Elites ({self.config.emitter}) on {self.task.name}"
         if len(metrics.get("generation", ())):
             figures["qd"] = run_dir / PROGRESS_FILENAME
-            plot_progress(metrics, figures["qd"], f"MAP-Elites on {self.task.name}")
+            plot_progress(metrics, figures["qd"], title)
         if self.task.descriptor_size == 2:
             figures["archive"] = run_dir / FIGURE_FILENAME
-            title = f"MAP-Elites on {self.task.name}"
             plot_archive(data, self.archive, figures["archive"], title=title)
         return figures
 

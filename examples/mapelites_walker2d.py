@@ -21,10 +21,8 @@ from evorl_pop.run import script
 
 args = script.start(__doc__, generations=30)
 
-import matplotlib.image  # noqa: E402
-import numpy as np  # noqa: E402
-
 from evorl_pop.algorithms.mapelites import MapElitesConfig  # noqa: E402
+from evorl_pop.run import plotting  # noqa: E402
 
 config = MapElitesConfig(
     task="qd/walker2d_uni",
@@ -47,34 +45,9 @@ result = script.train(
 )["mapelites-walker2d"]
 
 
-def _rgb(path):
-    """A PNG's pixels as 8-bit RGB."""
-    image = matplotlib.image.imread(path)[..., :3]
-    return (image * 255).round().astype(np.uint8)
-
-
-def _pad(image, height, width):
-    """The image at the top of a white ``height`` x ``width`` canvas, centred across it."""
-    rows = height - image.shape[0]
-    left = (width - image.shape[1]) // 2
-    right = width - image.shape[1] - left
-    return np.pad(image, ((0, rows), (left, right), (0, 0)), constant_values=255)
-
-
-def _side_by_side(images):
-    """The images in a row on white, top-aligned (copied pixel for pixel: no resampling)."""
-    height = max(i.shape[0] for i in images)
-    padded = [_pad(i, height, i.shape[1]) for i in images]
-    return np.concatenate(padded, axis=1)
-
-
 # The run folder's heat map and QD curves (MapElites.export) and the batches' fitness
 # (script.train's figure), drawn by the project's plotting and joined into one figure.
-top = _side_by_side([_rgb(result.run_dir / "archive.png"), _rgb(out)])
-bottom = _rgb(result.run_dir / "qd.png")
-width = max(top.shape[1], bottom.shape[1])
-rows = [_pad(row, row.shape[0], width) for row in (top, bottom)]
-matplotlib.image.imsave(out, np.concatenate(rows, axis=0))
+plotting.join_images([[result.run_dir / "archive.png", out], [result.run_dir / "qd.png"]], out)
 
 history = result.history
 print(

@@ -222,3 +222,35 @@ def member_hyperparameters(metrics: dict[str, np.ndarray]) -> dict[str, np.ndarr
         if match and match[2] != "return":
             found.setdefault(match[2], {})[int(match[1])] = values
     return {n: np.stack([m[i] for i in sorted(m)], 1) for n, m in found.items()}
+
+
+def join_images(rows: Sequence[Sequence[str | os.PathLike]], out: str | os.PathLike) -> Path:
+    """PNG figures joined into one: each row's images side by side, top-aligned, the rows
+    one above the other, each centred on a white canvas (pixels copied, not resampled).
+
+    Args:
+      rows: the PNG files of each row, left to right.
+      out: the PNG written (it may be one of the inputs).
+
+    Returns:
+      ``out``.
+    """
+    import matplotlib.image
+
+    def rgb(path):
+        image = matplotlib.image.imread(path)[..., :3]
+        return (image * 255).round().astype(np.uint8)
+
+    def pad(image, height, width):
+        left = (width - image.shape[1]) // 2
+        widths = ((0, height - image.shape[0]), (left, width - image.shape[1] - left), (0, 0))
+        return np.pad(image, widths, constant_values=255)
+
+    joined = []
+    for paths in rows:
+        images = [rgb(p) for p in paths]
+        height = max(i.shape[0] for i in images)
+        joined.append(np.concatenate([pad(i, height, i.shape[1]) for i in images], axis=1))
+    width = max(row.shape[1] for row in joined)
+    matplotlib.image.imsave(out, np.concatenate([pad(r, r.shape[0], width) for r in joined]))
+    return Path(out)
