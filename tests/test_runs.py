@@ -487,3 +487,25 @@ def test_a_learner_before_its_first_episode_ends_is_no_alarm(tmp_path, capsys):
     assert cli.main([*argv, str(tmp_path / "sac"), *overrides]) == 0
     assert np.isnan(store.read_metrics(tmp_path / "sac")["fitness_mean"][0])
     assert "no finite fitness" not in capsys.readouterr().err
+
+
+def test_join_images_places_each_figure_pixel_for_pixel(tmp_path):
+    import matplotlib.image
+
+    from evorl_pop.run import plotting
+
+    rng = np.random.default_rng(0)
+    sizes = {"a": (30, 40), "b": (50, 20), "c": (10, 90)}
+    images = {}
+    for name, (h, w) in sizes.items():
+        images[name] = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        matplotlib.image.imsave(tmp_path / f"{name}.png", images[name])
+    rows = [[tmp_path / "a.png", tmp_path / "b.png"], [tmp_path / "c.png"]]
+    out = plotting.join_images(rows, tmp_path / "joined.png")
+    joined = (matplotlib.image.imread(out)[..., :3] * 255).round().astype(np.uint8)
+    # row 1: a and b side by side, top-aligned (height 50, width 60), centred in width 90
+    assert joined.shape == (60, 90, 3)
+    np.testing.assert_array_equal(joined[:30, 15:55], images["a"])
+    np.testing.assert_array_equal(joined[:50, 55:75], images["b"])
+    assert np.all(joined[30:50, 15:55] == 255) and np.all(joined[:50, :15] == 255)
+    np.testing.assert_array_equal(joined[50:], images["c"])
