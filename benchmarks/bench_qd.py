@@ -2,7 +2,7 @@
 
     python benchmarks/bench_qd.py [--cells 65536] [--no-arm]
         [--walker2d --seeds 5 --generations 100 [--qdax-python PATH]
-         [--fusion-emitters-off]]
+         [--fusion-emitters-off] [--ceiling]]
 
 Memory: an empty archive of ``--cells`` cells for the genotype of QDax's walker2d
 policy (an MLP 64 x 64 on walker2d's 17 observations and 6 actions: 5,702 weights),
@@ -33,6 +33,9 @@ lives in a virtual environment of its own::
 then ``--qdax-python /work/qdax-venv/bin/python``. Each side's seed runs in a process
 of its own. ``--fusion-emitters-off``: every side also runs with
 ``XLA_FLAGS=--xla_cpu_use_fusion_emitters=false``, seed by seed beside the default.
+``--ceiling``: beside each seed, brax's walker2d step alone (:data:`CEILING_SCRIPT`, a
+batch of 100 episodes of 100 steps, no policy or archive) in this project's Python and
+QDax's: the evaluations per second neither MAP-Elites can pass on that stack.
 
 QDax starts every episode from one fixed initial state (its ``deterministic``
 default); evorl_pop resets each candidate's episode from its own key.
@@ -156,6 +159,53 @@ print(json.dumps({
 """
 
 
+#: The physics alone, run by ``--ceiling`` in each side's Python: brax's walker2d (spring)
+#: reset and stepped 100 times for a batch of 100 with a fixed open-loop action, no
+#: policy, archive or descriptor; prints the environment steps per second, after
+#: compiling, over 5 batches.
+CEILING_SCRIPT = """
+import json, time
+import jax
+import jax.numpy as jnp
+from brax import envs
+
+env = envs.get_environment("walker2d", backend="spring")
+batch, steps = 100, 100
+
+
+def episodes(keys):
+    state = jax.vmap(env.reset)(keys)
+
+    def body(state, t):
+        action = jnp.broadcast_to(0.5 * jnp.tanh(jnp.sin(t + jnp.arange(6.0))), (batch, 6))
+        state = jax.vmap(env.step)(state, action)
+        return state, state.reward
+
+    return jax.lax.scan(body, state, jnp.arange(float(steps)))[1].sum()
+
+
+run = jax.jit(episodes)
+keys = jax.random.split(jax.random.PRNGKey(0), batch)
+jax.block_until_ready(run(keys))
+start = time.perf_counter()
+for _ in range(5):
+    jax.block_until_ready(run(keys))
+print(json.dumps({"steps_per_s": 5 * batch * steps / (time.perf_counter() - start)}))
+"""
+
+
+def run_ceiling(python: str, flags: str = "") -> float:
+    """:data:`CEILING_SCRIPT`'s environment steps per second in a subprocess of ``python``
+    with the XLA flags ``flags``."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags}
+    out = subprocess.run(
+        [python, "-c", CEILING_SCRIPT], capture_output=True, text=True, env=env, check=False
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"the physics-only run failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])["steps_per_s"]
+
+
 def run_qdax(python: str, seed: int, generations: int, chunk: int = 10, flags: str = "") -> dict:
     """QDax's MAP-Elites on walker2d_uni (:data:`QDAX_SCRIPT`) in a subprocess of
     ``python`` with the XLA flags ``flags`` (one device, as evorl_pop's run here): its
@@ -192,6 +242,11 @@ def main() -> None:
         action="store_true",
         help=f"also run every side with XLA_FLAGS={NO_FUSION_EMITTERS}",
     )
+    parser.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="also time brax's walker2d step alone in each side's Python, seed by seed",
+    )
     parser.add_argument("--one-walker2d-seed", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one_walker2d_seed is not None:
@@ -217,6 +272,7 @@ def main() -> None:
     evaluations = 100 * (1 + args.generations)
     print(f"walker2d_uni, {args.generations} generations ({evaluations:,} evaluations):")
     sides = {}
+    ceilings = {}
     for seed in range(args.seeds):
         for flags in flag_sets:
             label = " (fusion emitters off)" if flags else ""
@@ -225,6 +281,14 @@ def main() -> None:
                 runs[f"QDax 0.5.0{label}"] = run_qdax(
                     args.qdax_python, seed, args.generations, flags=flags
                 )
+            if args.ceiling:
+                pythons = {"this project's JAX": sys.executable, "QDax's JAX": args.qdax_python}
+                for stack, python in pythons.items():
+                    if python:
+                        rate = run_ceiling(python, flags)
+                        ceilings.setdefault(f"{stack}{label}", []).append(rate)
+                        text = f"{rate:,.0f} steps/s ({rate / 100:,.0f} episodes/s)"
+                        print(f"  physics alone, {stack}{label}: {text}", flush=True)
             for side, result in runs.items():
                 row = (result["qd_score"], result["coverage"], result["evaluations_per_s"])
                 sides.setdefault(side, []).append(row)
@@ -233,6 +297,8 @@ def main() -> None:
                     f"{row[2]:,.0f} evaluations/s",
                     flush=True,
                 )
+    for stack, rates in ceilings.items():
+        print(f"physics alone, {stack}: {_summary('steps/s', rates, ',.0f')}")
     for side, rows in sides.items():
         score, coverage, speed = (list(column) for column in zip(*rows, strict=True))
         print(
