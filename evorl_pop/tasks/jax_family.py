@@ -32,7 +32,6 @@ from pathlib import Path
 from evorl_pop.core.interfaces import Env
 from evorl_pop.tasks.control import ControlTask
 from evorl_pop.tasks.drawing import Trajectory, write_gif
-from evorl_pop.tasks.envs import make_env
 
 
 class JaxEnvFamily:
@@ -71,7 +70,9 @@ class JaxEnvFamily:
         """A :class:`~evorl_pop.tasks.control.ControlTask` on environment ``name``:
         ``kwargs`` are its arguments and the family's own :attr:`settings`."""
         settings = {key: kwargs.pop(key) for key in self.settings if key in kwargs}
-        env = make_env(name, episode_length=kwargs.get("episode_length"), **settings)
+        settings["episode_length"] = kwargs.get("episode_length")
+        # this family owns the name: it builds the environment itself (None: the default)
+        env = self.make_env(name, **{k: v for k, v in settings.items() if v is not None})
         return ControlTask(env, **kwargs)
 
     def draw(self, env: Env, episodes: Sequence[Trajectory], out: Path) -> int:
