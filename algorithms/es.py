@@ -31,7 +31,7 @@ from evosax.core.fitness_shaping import weights_fitness_shaping_fn
 from evorl_pop import registry
 from evorl_pop.algorithms.open_es import LowCommunication, NoiseTableOpen_ES
 from evorl_pop.base import ConfigError, check_config, float_dtype
-from evorl_pop.core.engine import Engine, State
+from evorl_pop.core.engine import Engine
 from evorl_pop.tasks import make_task
 from evorl_pop.tasks.blackbox import BLACKBOX_FUNCTIONS, BLACKBOX_TASKS
 from evorl_pop.tasks.envs import env_family, env_names, env_settings
@@ -39,11 +39,10 @@ from evorl_pop.tasks.multiobjective import MO_PREFIX
 
 # --- strategies by name -----------------------------------------------------------
 
-#: Every strategy by name: evosax's, pycma's CMA-ES (:mod:`~evorl_pop.algorithms.cma_es`)
-#: and any plug-in's (:func:`evorl_pop.registry.register_strategy`).
+#: Every strategy by name: evosax's (registered at the end of this module), pycma's
+#: CMA-ES (:mod:`~evorl_pop.algorithms.cma_es`) and any plug-in's
+#: (:func:`evorl_pop.registry.register_strategy`).
 STRATEGIES = registry.STRATEGIES
-for _name, _cls in evosax.algorithms.algorithms.items():
-    registry.register_strategy(_name, _cls)
 
 
 def strategy_class(name: str) -> type:
@@ -357,16 +356,18 @@ class ESConfig:
             "episode_length": self.episode_length,
             "policy": self.policy,
         }
-        family = env_family(self.task)  # None: make_task names the valid tasks
-        if family is not None:
-            fields = {field.name for field in dataclasses.fields(self)}
-            for name in family.settings:  # the family's own (brax's backend, ...)
-                if name in fields:
-                    kwargs[name] = getattr(self, name)
-            if family.steps_in_jax:
-                kwargs["lanes"] = self.rollout_lanes
-                kwargs["virtual_batch_norm"] = self.virtual_batch_norm
-        return make_task(self.task, **kwargs)
+        fields = {field.name for field in dataclasses.fields(self)}
+        family = env_family(self.task)
+        if family is None or self.task.startswith(MO_PREFIX):
+            # several objectives, or a name no family owns (make_task names the valid ones)
+            return make_task(self.task, **kwargs)
+        for name in family.settings:  # the family's own (brax's backend, ...)
+            if name in fields:
+                kwargs[name] = getattr(self, name)
+        if family.steps_in_jax:
+            kwargs["lanes"] = self.rollout_lanes
+            kwargs["virtual_batch_norm"] = self.virtual_batch_norm
+        return family.make_task(self.task, **kwargs)
 
 
 class ES(Engine):
@@ -406,15 +407,17 @@ class ES(Engine):
             eval_mode=config.eval_mode,
             eval_episodes=config.eval_episodes,
         )
-        self.low_communication = LowCommunication(self) if config.low_communication else None
-
-    def generation(self, state: State, key):
-        """:meth:`Engine.generation`, or OpenES's low-communication one when configured."""
-        if self.low_communication is None:
-            return super().generation(state, key)
-        return self.low_communication.generation(state, key)
+        self.low_communication = None
+        if config.low_communication:
+            self.low_communication = LowCommunication(self)
+            # OpenES's low-communication generation replaces Engine.generation
+            self.generation = self.low_communication.generation
 
 
+# --- what this module registers ---------------------------------------------------
+
+for _name, _cls in evosax.algorithms.algorithms.items():
+    registry.register_strategy(_name, _cls)
 registry.register_algorithm(
     "es", ESConfig, ES, "any evosax evolution strategy on a black-box function or an environment"
 )
