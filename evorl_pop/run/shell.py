@@ -185,9 +185,9 @@ def build(config: RunConfig):
       shapes checked, then run; its state is replicated where it was not placed;
       ``yaml`` is the config as ``config.yaml`` holds it.
     """
-    algorithm_class = config_lib.get(config.algorithm).algorithm_class
     text = config_lib.dumps(config)
     config_lib.validate(config, algorithm=False)  # the algorithm checks its own config
+    algorithm_class = config_lib.get(config.algorithm).algorithm_class
     devices = processes.mesh_devices(config)
     if jax.process_count() > 1 and devices not in (None, jax.device_count()):
         # A mesh over part of the devices would leave processes out of what they all run.
