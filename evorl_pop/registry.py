@@ -318,10 +318,8 @@ class HybridPart:
     actor_task: Callable[..., Any]
     learner: Callable[..., Any]
 
-    @property
-    def replay(self) -> bool:
-        """Always: a hybrid's learner learns from the buffer its population fills."""
-        return True
+    #: Always: a hybrid's learner learns from the buffer its population fills.
+    replay = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -164,8 +164,8 @@ class HybridConfig:
             )
         if not (host and self.learner in self.HOST_LEARNERS):
             check_environment(self.task, algorithm)
-        part = self.learner_part()
         settings = self.learner_config()
+        part = self.learner_part()
         settings.validate()
         least = {"population_size": 2, "eval_episodes": 1, "learning_starts": 0}
         check_config(self, least={**least, "episode_length": 1})
@@ -214,9 +214,9 @@ class HybridConfig:
           ConfigError: ``learner_settings`` given for a learner with a field of its own,
             or naming settings the learner does not have.
         """
-        part = self.learner_part()
         if not self._has_section():
-            return changed_settings(part.defaults, self.learner_settings, "learner_settings.")
+            defaults = self.learner_part().defaults
+            return changed_settings(defaults, self.learner_settings, "learner_settings.")
         if self.learner_settings:
             example = next(iter(self.learner_settings))
             raise ConfigError(
@@ -239,7 +239,8 @@ class EvoRLConfig(HybridConfig):
     def actor_task(self) -> Any:
         """The control task of the actors: the learner's actor network on ``task``; its
         episodes keep their transitions for the learner."""
-        return self.learner_part().actor_task(self, self.learner_config())
+        settings = self.learner_config()
+        return self.learner_part().actor_task(self, settings)
 
     def rl_learner(self, task: Any, mesh: Mesh, num_updates: int, algorithm: str) -> Any:
         """The learner beside the population.
@@ -253,8 +254,9 @@ class EvoRLConfig(HybridConfig):
         Returns:
           A :class:`~evorl_pop.core.interfaces.ReplayLearner`.
         """
+        settings = self.learner_config()
         part = self.learner_part()
-        return part.learner(task, self, self.learner_config(), mesh, num_updates, algorithm)
+        return part.learner(task, self, settings, mesh, num_updates, algorithm)
 
 
 def example_transition(spec: EnvSpec) -> Transition:
@@ -307,6 +309,7 @@ class ReplayLearner:
         self.task = task
         self.config = config
         self.batch_size = batch_size
+        name = config.setting_name("batch_size")
         # A program with host callbacks (a task stepped on the host) takes one mesh: the
         # population's, whose axis then splits the minibatches too.
         self.host = steps_on_host(config.task)
@@ -314,7 +317,6 @@ class ReplayLearner:
         #: The axis the minibatches split over (``'DP'``, or the population's).
         self.axis = self.dp_mesh.axis_names[0]
         what = f"A {learner} minibatch's samples"
-        name = config.setting_name("batch_size")
         data_parallel.check_split(name, batch_size, self.dp_mesh.size, what)
 
     def data_parallel(self, local: Callable) -> Callable:

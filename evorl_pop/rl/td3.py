@@ -171,8 +171,8 @@ class TD3:
     def __init__(
         self, spec: EnvSpec, config: TD3Config = TD3Config(), policy: Policy | None = None
     ):
-        check_continuous(spec, "TD3")
         config.validate()
+        check_continuous(spec, "TD3")
         self.spec = spec
         self.config = config
         if policy is None:
