@@ -24,7 +24,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from evorl_pop.base import EvalInfo
-from evorl_pop.tasks.envs import Env, make_env, random_observations
+from evorl_pop.tasks.envs import Env, check_episode_length, make_env, random_observations
 from evorl_pop.tasks.obs_norm import ObsNorm
 from evorl_pop.tasks.policies import Policy, make_policy
 from evorl_pop.tasks.rollout import (
@@ -97,8 +97,7 @@ class ControlTask:
         """
         if episodes < 1:
             raise ValueError(f"episodes must be at least 1, got {episodes}.")
-        if episode_length is not None and episode_length < 1:
-            raise ValueError(f"episode_length must be at least 1, got {episode_length}.")
+        check_episode_length(episode_length)
         if lanes is not None and lanes < 1:
             raise ValueError(f"lanes must be at least 1 (or None for the default), got {lanes}.")
         if isinstance(env, str):

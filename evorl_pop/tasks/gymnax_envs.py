@@ -28,6 +28,7 @@ import numpy as np
 from evorl_pop import registry
 from evorl_pop.base import EnvSpec
 from evorl_pop.tasks.drawing import EpisodePictures, StateDrawer, Trajectory, write_gif
+from evorl_pop.tasks.envs import check_episode_length
 from evorl_pop.tasks.jax_family import JaxEnvFamily
 
 #: gymnax environments whose episodes only end at their time limit.
@@ -61,8 +62,7 @@ class GymnaxEnv:
     def __init__(self, name: str, episode_length: int | None = None, **env_kwargs):
         import gymnax  # starts JAX's backend when imported: only once an environment is built
 
-        if episode_length is not None and episode_length < 1:
-            raise ValueError(f"episode_length must be at least 1, got {episode_length}.")
+        check_episode_length(episode_length)
         self.env, self.params = gymnax.make(name, **env_kwargs)
         if episode_length is not None:
             # gymnax environments end an episode at params.max_steps_in_episode
