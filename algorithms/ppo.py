@@ -172,31 +172,23 @@ class State:
 
 
 class PPO(data_parallel.DataParallel):
-    """PPO with its environments and minibatches split over the devices of ``mesh``.
+    """PPO with its environments and minibatches split over the devices of ``mesh``:
+    ``PPO(config, mesh)`` with a :class:`Config`, as
+    :class:`~evorl_pop.rl.data_parallel.DataParallel` takes them.
 
-    Args:
-      config: a :class:`Config`.
-      mesh: a mesh with the axis ``'DP'`` or ``'POP'`` (``evorl_pop.make_mesh(n)``),
-        or ``None`` for one device.
-
-    Raises:
-      ConfigError: a setting that cannot run, or environments or minibatches
-        that the device count does not divide.
+    A :meth:`step` is one PPO iteration: ``num_envs x unroll_length`` steps, then the
+    epochs; its metrics' losses are ``loss``, ``policy_loss``, ``value_loss``,
+    ``entropy`` and ``approx_kl``.
     """
 
     def __init__(self, config: Config = Config(), mesh: Mesh | None = None):
-        config.validate()
-        self.config = config
-        self.envs = vec_env.make_envs(config.task, config.episode_length, config.backend)
-        self.env = self.envs.env
+        super().__init__(config, mesh)
         if config.network == "cnn" and len(self.env.spec.obs_shape) != 3:
             raise ConfigError(
                 f"network='cnn' needs image observations (height, width, channels), but "
                 f"{config.task} observes shape {self.env.spec.obs_shape}; use 'mlp' or 'auto'."
             )
-        self.mesh = data_parallel.dp_mesh(mesh)
         n = self.mesh.size
-        data_parallel.check_split("num_envs", config.num_envs, n, "The environments")
         if config.advantages == "minibatch":
             size = config.num_envs // config.num_minibatches
             data_parallel.check_split("num_minibatches", size, n, "A minibatch's environments")
@@ -294,22 +286,6 @@ class PPO(data_parallel.DataParallel):
         metrics = {**vec_env.metrics(state.envs, envs, axis), **losses}
         new = state.replace(params=params, opt_state=opt_state, obs_norm=obs_norm, envs=envs)
         return new, metrics
-
-    def step(self, state: State, key: jax.Array) -> tuple[State, dict[str, jax.Array]]:
-        """One PPO iteration: collect ``num_envs x unroll_length`` steps, then the epochs.
-
-        Args:
-          state: the current :class:`State`.
-          key: PRNG key of this iteration.
-
-        Returns:
-          ``(state, metrics)``: ``fitness_*`` over the returns of the
-          environments' last finished episodes (NaN before any has finished
-          one), ``episodes`` finished and ``env_steps`` taken
-          this iteration, and the mean losses (``loss``, ``policy_loss``,
-          ``value_loss``, ``entropy``, ``approx_kl``).
-        """
-        return super().step(state, key)
 
     def acting(self, state: State) -> Acting:
         """The deterministic policy (the distribution's mode) with its observation

@@ -113,27 +113,20 @@ class State:
 
 
 class SAC(data_parallel.DataParallel):
-    """SAC with its environments and minibatches split over the devices of ``mesh``.
+    """SAC with its environments and minibatches split over the devices of ``mesh``:
+    ``SAC(config, mesh)`` with a :class:`Config`, as
+    :class:`~evorl_pop.rl.data_parallel.DataParallel` takes them; a discrete-action
+    task is a ``ConfigError``.
 
-    Args:
-      config: a :class:`Config`.
-      mesh: a mesh with the axis ``'DP'`` or ``'POP'`` (``evorl_pop.make_mesh(n)``),
-        or ``None`` for one device.
-
-    Raises:
-      ConfigError: a setting that cannot run, a discrete-action task, or
-        environments or minibatches that the device count does not divide.
+    A :meth:`step` collects ``num_envs x unroll_length`` steps into the buffer, then
+    the updates; its metrics' losses are ``critic_loss``, ``actor_loss`` and
+    ``alpha_loss`` (NaN before learning starts), with the temperature ``alpha``.
     """
 
     def __init__(self, config: Config = Config(), mesh: Mesh | None = None):
-        config.validate()
-        self.config = config
-        self.envs = vec_env.make_envs(config.task, config.episode_length, config.backend)
-        self.env = self.envs.env
+        super().__init__(config, mesh)
         self.learner = config.make_learner(self.env.spec)
-        self.mesh = data_parallel.dp_mesh(mesh)
         n = self.mesh.size
-        data_parallel.check_split("num_envs", config.num_envs, n, "The environments")
         data_parallel.check_split("batch_size", config.batch_size, n, "A minibatch's samples")
         steps = config.num_envs * config.unroll_length
         self.num_updates = round(config.updates_per_step * steps)
@@ -200,22 +193,6 @@ class SAC(data_parallel.DataParallel):
         learner, losses = jax.lax.cond(learn & (self.num_updates > 0), train, skip, state.learner)
         metrics = {**vec_env.metrics(state.envs, envs, axis), **losses}
         return state.replace(learner=learner, buffer=buffer, envs=envs), metrics
-
-    def step(self, state: State, key: jax.Array) -> tuple[State, dict[str, jax.Array]]:
-        """Collect ``num_envs x unroll_length`` steps into the buffer, then the updates.
-
-        Args:
-          state: the current :class:`State`.
-          key: PRNG key of this step.
-
-        Returns:
-          ``(state, metrics)``: ``fitness_*`` over the returns of the
-          environments' last finished episodes (NaN before any has finished
-          one), ``episodes`` finished and ``env_steps`` taken
-          this step, the mean losses (NaN before learning starts) and the
-          temperature ``alpha``.
-        """
-        return super().step(state, key)
 
     def acting(self, state: State) -> Acting:
         """The deterministic policy (the squashed Gaussian mean) (``evorl-pop render``)."""

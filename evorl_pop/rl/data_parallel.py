@@ -21,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 from evorl_pop import distributed as dist
 from evorl_pop.base import ConfigError, check_config
 from evorl_pop.core.engine import make_mesh
+from evorl_pop.rl import vec_env
 from evorl_pop.tasks.envs import check_environment
 from evorl_pop.tasks.rollout import evaluate_episodes
 
@@ -159,14 +160,32 @@ def traced_settings(cls: type, config: Any) -> Any:
 
 
 class DataParallel:
-    """What the learners on a ``DP`` mesh share (PPO, SAC): :meth:`init` and :meth:`step`.
+    """What the learners on a ``DP`` mesh share (PPO, SAC): their environments and
+    mesh, :meth:`init` and :meth:`step`.
 
-    A subclass has ``config`` (``num_envs``, ``unroll_length``) and ``mesh`` (the
-    ``DP`` mesh), defines ``fresh(key) -> state`` (one member's state, where it
-    was computed), ``local_step(state, key, axis) -> (state, metrics)`` (a
-    step on this device's lanes) and ``acting(state)`` (its deterministic policy,
-    :class:`~evorl_pop.core.interfaces.Acting`), and calls :meth:`shard_steps` once built.
+    A subclass calls this constructor, defines ``fresh(key) -> state`` (one
+    member's state, where it was computed), ``local_step(state, key, axis) ->
+    (state, metrics)`` (a step on this device's lanes) and ``acting(state)`` (its
+    deterministic policy, :class:`~evorl_pop.core.interfaces.Acting`), and calls
+    :meth:`shard_steps` once built.
+
+    Args:
+      config: the learner's config (a :class:`LearnerConfig`).
+      mesh: a mesh with the axis ``'DP'`` or ``'POP'`` (``evorl_pop.make_mesh(n)``),
+        or ``None`` for one device.
+
+    Raises:
+      ConfigError: a setting that cannot run, or environments or minibatches
+        that the device count does not divide.
     """
+
+    def __init__(self, config: LearnerConfig, mesh: Mesh | None = None):
+        config.validate()
+        self.config = config
+        self.envs = vec_env.make_envs(config.task, config.episode_length, config.backend)
+        self.env = self.envs.env
+        self.mesh = dp_mesh(mesh)
+        check_split("num_envs", config.num_envs, self.mesh.size, "The environments")
 
     def shard_steps(self, state_class: type) -> None:
         """Makes :meth:`step` run ``local_step`` on every device's lanes, in ``shard_map``."""
@@ -189,7 +208,19 @@ class DataParallel:
         return place_state(self.fresh(key), self.mesh)
 
     def step(self, state: Any, key: jax.Array) -> tuple[Any, dict[str, jax.Array]]:
-        """One step of every device on its lanes; ``(state, metrics)``, as :func:`advance`."""
+        """One step of the learner, every device on its lanes: ``num_envs x
+        unroll_length`` environment steps, then its updates.
+
+        Args:
+          state: the learner's state.
+          key: PRNG key of this step.
+
+        Returns:
+          ``(state, metrics)``, as :func:`advance`: ``fitness_*`` over the returns of
+          the environments' last finished episodes (NaN before any has finished
+          one), ``episodes`` finished and ``env_steps`` taken this step, and the
+          learner's mean losses (its class docstring names them).
+        """
         state, metrics = self._sharded_step(state, key)
         steps = self.config.num_envs * self.config.unroll_length
         return advance(state, metrics, steps, self.mesh)

@@ -14,6 +14,7 @@ framework, and are why it is written here rather than taken from flashbax:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import flax.struct
@@ -160,3 +161,41 @@ def sample(
     indices = jax.random.randint(key, (batch_size,), 0, jnp.maximum(buffer.size, 1))
     local = dp_slice(indices, dp_axis_name)
     return buffer.take(local), global_batch_index(local.shape[0], dp_axis_name)
+
+
+def updates(
+    update: Callable[[Any, Any, jax.Array, jax.Array], tuple[Any, dict]],
+    state: Any,
+    buffer: ReplayBuffer,
+    key: jax.Array,
+    num_updates: int,
+    batch_size: int,
+    dp_axis_name: str | None = None,
+) -> tuple[Any, dict]:
+    """``num_updates`` steps of a learner on minibatches drawn from ``buffer``, in a scan.
+
+    Each step's global minibatch indices come from one key; with ``dp_axis_name``
+    each device takes its contiguous slice of them (:func:`sample`).
+
+    Args:
+      update: ``update(state, batch, index, key) -> (state, metrics)``, one step on
+        this device's slice ``batch`` of the minibatch; ``index`` holds its positions
+        in the global minibatch and ``key`` is the step's own key.
+      state: the learner (replicated).
+      buffer: the replay buffer (replicated).
+      key: PRNG key, the same on every device.
+      num_updates: steps to run (static).
+      batch_size: the global minibatch size (static).
+      dp_axis_name: the data-parallel axis, or ``None``.
+
+    Returns:
+      ``(state, metrics)``: the state after the last step and every step's metrics,
+      stacked along a leading axis.
+    """
+
+    def body(state, key):
+        sample_key, update_key = jax.random.split(key)
+        batch, index = sample(buffer, sample_key, batch_size, dp_axis_name)
+        return update(state, batch, index, update_key)
+
+    return jax.lax.scan(body, state, jax.random.split(key, num_updates))

@@ -417,30 +417,17 @@ class SACLearner:
         batch_size: int,
         dp_axis_name: str | None = None,
     ) -> tuple[SACState, dict[str, jax.Array]]:
-        """``num_updates`` updates on minibatches drawn from ``buffer``.
+        """``num_updates`` updates (:meth:`update`, with the hyperparameters ``hp``) on
+        minibatches of ``batch_size`` from ``buffer``, as
+        :func:`~evorl_pop.rl.replay.updates` runs them; ``(state, metrics)``, the
+        metrics averaged."""
 
-        Each update's global minibatch indices come from one key; with
-        ``dp_axis_name`` each device takes its contiguous slice of them.
+        def update(state, batch, index, key):
+            return self.update(state, batch, hp, key, dp_axis_name)
 
-        Args:
-          state: the learner (replicated).
-          buffer: the replay buffer (replicated).
-          hp: the hyperparameters.
-          key: PRNG key, the same on every device.
-          num_updates: updates to run (static).
-          batch_size: the global minibatch size (static).
-          dp_axis_name: the data-parallel axis, or ``None``.
-
-        Returns:
-          ``(state, metrics)``: the metrics of :meth:`update`, averaged.
-        """
-
-        def body(state, key):
-            sample_key, update_key = jax.random.split(key)
-            batch, _ = replay.sample(buffer, sample_key, batch_size, dp_axis_name)
-            return self.update(state, batch, hp, update_key, dp_axis_name)
-
-        state, metrics = jax.lax.scan(body, state, jax.random.split(key, num_updates))
+        state, metrics = replay.updates(
+            update, state, buffer, key, num_updates, batch_size, dp_axis_name
+        )
         return state, jax.tree.map(jnp.mean, metrics)
 
 

@@ -390,28 +390,16 @@ class TD3:
         num_updates: int,
         dp_axis_name: str | None = None,
     ) -> tuple[TD3State, dict[str, jax.Array]]:
-        """``num_updates`` TD3 iterations on minibatches from ``buffer``.
+        """``num_updates`` TD3 iterations (:meth:`update`) on minibatches from
+        ``buffer``, as :func:`~evorl_pop.rl.replay.updates` runs them;
+        ``(state, metrics)``: the mean critic loss and the mean actor loss."""
 
-        Each iteration's global minibatch indices come from one key; with
-        ``dp_axis_name`` each device takes its contiguous slice of them.
+        def update(state, batch, index, key):
+            return self.update(state, batch, key, dp_axis_name, index)
 
-        Args:
-          state: the learner (replicated).
-          buffer: the replay buffer (replicated).
-          key: PRNG key, the same on every device.
-          num_updates: iterations to run (static).
-          dp_axis_name: the data-parallel axis, or ``None``.
-
-        Returns:
-          ``(state, metrics)``: mean critic loss and mean actor loss.
-        """
-
-        def body(state, key):
-            sample_key, noise_key = jax.random.split(key)
-            batch, index = replay.sample(buffer, sample_key, self.config.batch_size, dp_axis_name)
-            return self.update(state, batch, noise_key, dp_axis_name, index)
-
-        state, metrics = jax.lax.scan(body, state, jax.random.split(key, num_updates))
+        state, metrics = replay.updates(
+            update, state, buffer, key, num_updates, self.config.batch_size, dp_axis_name
+        )
         return state, {
             "critic_loss": jnp.mean(metrics["critic_loss"]),
             "actor_loss": jnp.nanmean(metrics["actor_loss"]),
