@@ -41,7 +41,7 @@ from evorl_pop import registry
 from evorl_pop.algorithms.pbt_members import algorithm_member
 from evorl_pop.base import ConfigError, check_config
 from evorl_pop.core.interfaces import Acting
-from evorl_pop.rl import data_parallel, replay, vec_env
+from evorl_pop.rl import data_parallel, vec_env
 from evorl_pop.rl.ppo import Hyperparameters, Params, PPOLearner, Rollout, Samples, Segments
 from evorl_pop.tasks.obs_norm import ObsMoments, ObsNorm
 
@@ -231,18 +231,8 @@ class PPO(data_parallel.DataParallel):
         return state.obs_norm if self.config.normalize_observations else None
 
     def collect(self, state: State, key: jax.Array, dp_axis_name: str | None = None):
-        """``unroll_length`` steps of this device's environments with the sampling policy.
-
-        Args:
-          state: the learner; ``state.envs`` holds this device's lanes.
-          key: the iteration's collection key, the same on every device.
-          dp_axis_name: the axis the lanes are split over, or ``None``.
-
-        Returns:
-          ``(envs, rollout)``: the lanes after the unroll and what it recorded,
-          leaves ``(unroll_length, local_envs, ...)``.
-        """
-        index = replay.global_batch_index(state.envs.steps.shape[0], dp_axis_name)
+        """:meth:`unroll` of this device's lanes with the sampling policy: ``(envs,
+        rollout)``, the lanes after it and a :class:`Rollout` of what it recorded."""
         obs_norm = self._obs_norm(state)
         policy = jax.vmap(self.learner.act, in_axes=(None, None, 0, 0))
 
@@ -250,8 +240,7 @@ class PPO(data_parallel.DataParallel):
             raw, action, log_prob = policy(state.params, obs_norm, obs, keys)
             return action, (raw, log_prob)
 
-        length = self.config.unroll_length
-        envs, (obs, (raw, log_prob), out) = self.envs.unroll(state.envs, act, key, length, index)
+        envs, (obs, (raw, log_prob), out) = self.unroll(state.envs, act, key, dp_axis_name)
         return envs, Rollout(obs, raw, log_prob, out.reward, out.terminal, out.truncated)
 
     def local_step(self, state: State, key: jax.Array, axis: str | None = DP):

@@ -40,7 +40,7 @@ from evorl_pop import registry
 from evorl_pop.algorithms.pbt_members import algorithm_member
 from evorl_pop.base import ConfigError, check_config
 from evorl_pop.core.interfaces import Acting
-from evorl_pop.rl import data_parallel, replay, vec_env
+from evorl_pop.rl import data_parallel, vec_env
 from evorl_pop.rl.hybrid import example_transition
 from evorl_pop.rl.replay import ReplayBuffer
 from evorl_pop.rl.sac import (
@@ -148,26 +148,15 @@ class SAC(data_parallel.DataParallel):
         )
 
     def collect(self, state: State, key: jax.Array, dp_axis_name: str | None = None):
-        """``unroll_length`` steps of this device's environments with the sampling policy.
-
-        Args:
-          state: the learner; ``state.envs`` holds this device's lanes.
-          key: the step's collection key, the same on every device.
-          dp_axis_name: the axis the lanes are split over, or ``None``.
-
-        Returns:
-          ``(envs, transitions)``: the lanes after the unroll and their
-          transitions, leaves ``(unroll_length, local_envs, ...)``.
-        """
-        index = replay.global_batch_index(state.envs.steps.shape[0], dp_axis_name)
+        """:meth:`unroll` of this device's lanes with the sampling policy: ``(envs,
+        transitions)``, the lanes after it and their :class:`Transition`'s."""
         sample = jax.vmap(self.learner.sample, in_axes=(None, 0, 0))
 
         def act(obs, keys):
             action, _ = sample(state.learner.actor.params, obs, keys)
             return action, action
 
-        length = self.config.unroll_length
-        envs, (obs, action, out) = self.envs.unroll(state.envs, act, key, length, index)
+        envs, (obs, action, out) = self.unroll(state.envs, act, key, dp_axis_name)
         return envs, Transition(obs, action, out.reward, out.next_obs, out.terminal)
 
     def local_step(self, state: State, key: jax.Array, axis: str | None = DP):

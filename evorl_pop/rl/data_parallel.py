@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -21,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 from evorl_pop import distributed as dist
 from evorl_pop.base import ConfigError, check_config
 from evorl_pop.core.engine import make_mesh
-from evorl_pop.rl import vec_env
+from evorl_pop.rl import replay, vec_env
 from evorl_pop.tasks.envs import check_environment
 from evorl_pop.tasks.rollout import evaluate_episodes
 
@@ -186,6 +187,26 @@ class DataParallel:
         self.env = self.envs.env
         self.mesh = dp_mesh(mesh)
         check_split("num_envs", config.num_envs, self.mesh.size, "The environments")
+
+    def unroll(
+        self, envs: Any, act: Callable, key: jax.Array, dp_axis_name: str | None = None
+    ) -> tuple[Any, tuple[jax.Array, Any, Any]]:
+        """``unroll_length`` steps of this device's environments under a policy.
+
+        Args:
+          envs: this device's lanes (a learner state's ``envs``).
+          act: ``act(obs, keys) -> (actions, recorded)``, one key per lane.
+          key: the step's collection key, the same on every device.
+          dp_axis_name: the axis the lanes are split over, or ``None``.
+
+        Returns:
+          ``(envs, (obs, recorded, result))``: the lanes after the unroll, and their
+          observations, what ``act`` recorded and the environments' step results
+          (:class:`~evorl_pop.tasks.rollout.StepResult`), leaves ``(unroll_length,
+          local_envs, ...)``.
+        """
+        index = replay.global_batch_index(envs.steps.shape[0], dp_axis_name)
+        return self.envs.unroll(envs, act, key, self.config.unroll_length, index)
 
     def shard_steps(self, state_class: type) -> None:
         """Makes :meth:`step` run ``local_step`` on every device's lanes, in ``shard_map``."""
