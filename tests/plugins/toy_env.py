@@ -25,7 +25,7 @@ import numpy as np
 from evorl_pop import registry
 from evorl_pop.base import EnvSpec
 from evorl_pop.tasks.drawing import write_gif
-from evorl_pop.tasks.jax_family import JaxEnvFamily
+from evorl_pop.tasks.envs import JaxEnvFamily
 
 PREFIX = "toy/"
 #: The tasks, each with the dimension of its plane (or line).
