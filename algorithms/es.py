@@ -184,14 +184,6 @@ def make_strategy(
     return strategy, params
 
 
-def _strategy_error(name: str) -> str:
-    try:
-        strategy_class(name)
-    except registry.PluginError as err:
-        return str(err)
-    return ""
-
-
 @dataclasses.dataclass(frozen=True)
 class ESConfig:
     """Configuration of an ES run. Every field can be overridden.
@@ -279,8 +271,7 @@ class ESConfig:
     def validate(self) -> None:
         """Raises a :class:`~evorl_pop.base.ConfigError` naming a value that cannot run."""
         # a family's own settings (brax's backend, ...) are checked whatever the task
-        fields = {field.name for field in dataclasses.fields(self)}
-        settings = {name: valid for name, valid in env_settings().items() if name in fields}
+        settings = env_settings({field.name for field in dataclasses.fields(self)})
         family = env_family(self.task)  # None: a black-box task, or an unknown name
         if self.task.startswith(MO_PREFIX):
             raise ConfigError(
@@ -307,8 +298,10 @@ class ESConfig:
                 "episode_length": 1,
             },
         )
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(f"strategy: {_strategy_error(self.strategy)}")
+        try:
+            STRATEGIES.get(self.strategy)
+        except registry.PluginError as err:
+            raise ConfigError(f"strategy: {err}") from None
         if self.noise == "table" and self.strategy != "Open_ES":
             raise ConfigError(
                 f"noise='table' is an Open_ES sampler; {self.strategy} draws its own."

@@ -51,7 +51,7 @@ that act in the environments are :mod:`evorl_pop.tasks.policies`'s.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import jax
@@ -142,12 +142,18 @@ def env_names() -> tuple[str, ...]:
     return tuple(name for _, f in families if f.steps_in_jax for name in f.names())
 
 
-def env_settings() -> dict[str, tuple[str, ...]]:
-    """Every family's own settings (brax's ``backend``, ...), each to its valid values."""
+def env_settings(fields: Collection[str] | None = None) -> dict[str, tuple[str, ...]]:
+    """Every family's own settings (brax's ``backend``, ...), each to its valid values.
+
+    Args:
+      fields: only the settings of these names (a config's fields); ``None``: all.
+    """
     settings = {}
     for _, family in registry.ENV_FAMILIES.items():
         settings.update(family.settings)
-    return settings
+    if fields is None:
+        return settings
+    return {name: valid for name, valid in settings.items() if name in fields}
 
 
 def check_episode_length(episode_length: int | None) -> None:
