@@ -368,7 +368,7 @@ class EnvFamily(Protocol):
     configs' checks, ``evorl-pop list`` and ``evorl-pop render`` ask, family by
     family, which one :meth:`owns` a name, and then only that one. Its module
     imports its simulator only once an environment is built, so that listing and
-    checking names stay cheap. :class:`evorl_pop.tasks.envs.JaxEnvFamily`
+    checking names stay cheap. :class:`evorl_pop.tasks.control.JaxEnvFamily`
     is the part every family stepped in JAX shares.
     """
 

@@ -19,7 +19,7 @@ objectives), :mod:`~evorl_pop.tasks.envs` (environments by name, through the
 environment families: :mod:`~evorl_pop.tasks.gymnax_envs`,
 :mod:`~evorl_pop.tasks.brax_envs` and :mod:`~evorl_pop.tasks.playground_envs`
 in JAX, :mod:`~evorl_pop.tasks.gym_envs` for Gymnasium environments stepped on
-the host, :class:`~evorl_pop.tasks.envs.JaxEnvFamily` for a family of your own),
+the host, :class:`~evorl_pop.tasks.control.JaxEnvFamily` for a family of your own),
 :mod:`~evorl_pop.tasks.control` (the control task),
 :mod:`~evorl_pop.tasks.policies` (the networks),
 :mod:`~evorl_pop.tasks.rollout` (every episode), :mod:`~evorl_pop.tasks.obs_norm`

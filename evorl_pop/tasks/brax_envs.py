@@ -34,8 +34,9 @@ import jax.numpy as jnp
 
 from evorl_pop import registry
 from evorl_pop.base import ConfigError, EnvSpec
+from evorl_pop.tasks.control import JaxEnvFamily
 from evorl_pop.tasks.drawing import Trajectory
-from evorl_pop.tasks.envs import JaxEnvFamily, check_episode_length
+from evorl_pop.tasks.envs import check_episode_length
 
 BRAX_PREFIX = "brax/"
 #: brax environments offered as tasks (``brax/<name>``).

@@ -12,11 +12,37 @@ return (maximised)::
 The policies are :mod:`evorl_pop.tasks.policies`'s, virtual batch normalisation
 :mod:`evorl_pop.tasks.vbn`'s, the running observation statistics
 :mod:`evorl_pop.tasks.obs_norm`'s.
+
+The families of environments stepped in JAX have control tasks: each
+subclasses :class:`JaxEnvFamily` (a plug-in,
+:class:`~evorl_pop.core.interfaces.EnvFamily`), says which names it owns and
+how it builds one, and registers itself in its own file::
+
+    from evorl_pop import registry
+    from evorl_pop.tasks.control import JaxEnvFamily
+
+    class PointMasses(JaxEnvFamily):
+        description = "point masses in JAX (toy/reach, ...)"
+        pattern = "toy/<task>"
+
+        def names(self):
+            return ("toy/reach",)
+
+        def make_env(self, name, episode_length=None):
+            return PointMass(name, episode_length)  # reset / step in JAX
+
+    registry.register_env_family("toy", PointMasses())
+
+Its tasks are then :class:`ControlTask`'s, for ES and the hybrid algorithms;
+its environments serve every learner (PPO, SAC); ``evorl-pop render`` draws
+their episodes as a GIF of the observations unless the family draws its
+states itself (:meth:`JaxEnvFamily.draw`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +50,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from evorl_pop.base import EvalInfo
+from evorl_pop.tasks.drawing import Trajectory, write_gif
 from evorl_pop.tasks.envs import Env, check_episode_length, make_env, random_observations
 from evorl_pop.tasks.obs_norm import ObsNorm
 from evorl_pop.tasks.policies import Policy, make_policy
@@ -212,3 +239,49 @@ class ControlTask:
         if not self.normalize_obs:
             return task_state
         return task_state.merge(info_total.moments)
+
+
+class JaxEnvFamily:
+    """An :class:`~evorl_pop.core.interfaces.EnvFamily` of environments stepped in JAX.
+
+    A subclass sets :attr:`description` and :attr:`pattern` and defines :meth:`names`
+    and :meth:`make_env` (and :attr:`settings`, :meth:`owns`, :meth:`draw` where it
+    differs); the protocol documents each member.
+    """
+
+    description: str = ""
+    pattern: str = ""
+    settings: dict[str, tuple[str, ...]] = {}
+    steps_in_jax: bool = True
+    drawing: str | None = "gif"
+    example: str | None = None
+    #: A family whose names are ``prefix + <id>`` may set these instead of defining
+    #: :meth:`names` and :meth:`make_env`: the prefix (``'brax/'``), the ids it lists,
+    #: and the class built as ``env_class(<id>, **settings)``.
+    prefix: str = ""
+    ids: tuple[str, ...] = ()
+    env_class: type | None = None
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.prefix + name for name in self.ids)
+
+    def owns(self, name: str) -> bool:
+        return name in self.names()
+
+    def make_env(self, name: str, **settings) -> Env:
+        if self.env_class is None:
+            raise NotImplementedError(f"{type(self).__name__} defines no make_env")
+        return self.env_class(name.removeprefix(self.prefix), **settings)
+
+    def make_task(self, name: str, **kwargs) -> ControlTask:
+        """A :class:`ControlTask` on environment ``name``: ``kwargs`` are its arguments
+        and the family's own :attr:`settings`."""
+        settings = {key: kwargs.pop(key) for key in self.settings if key in kwargs}
+        settings["episode_length"] = kwargs.get("episode_length")
+        # this family owns the name: it builds the environment itself (None: the default)
+        env = self.make_env(name, **{k: v for k, v in settings.items() if v is not None})
+        return ControlTask(env, **kwargs)
+
+    def draw(self, env: Env, episodes: Sequence[Trajectory], out: Path) -> int:
+        """A GIF of the observations (:func:`~evorl_pop.tasks.drawing.write_gif`)."""
+        return write_gif(env, episodes, out)

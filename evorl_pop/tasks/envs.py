@@ -22,37 +22,16 @@ every other family in turn::
     playground   playground/CheetahRun, ...           :mod:`evorl_pop.tasks.playground_envs`
     gym          gym:<id>, stepped on the host        :mod:`evorl_pop.tasks.gym_envs`
 
-A family of your own registers itself in its own module; a family of
-environments stepped in JAX subclasses :class:`JaxEnvFamily`, the part those
-families share: it says which names it owns and how it builds one::
-
-    from evorl_pop import registry
-    from evorl_pop.tasks.envs import JaxEnvFamily
-
-    class PointMasses(JaxEnvFamily):
-        description = "point masses in JAX (toy/reach, ...)"
-        pattern = "toy/<task>"
-
-        def names(self):
-            return ("toy/reach",)
-
-        def make_env(self, name, episode_length=None):
-            return PointMass(name, episode_length)  # reset / step in JAX
-
-    registry.register_env_family("toy", PointMasses())
-
-Its tasks are then :class:`~evorl_pop.tasks.control.ControlTask`'s, for ES
-and the hybrid algorithms; its environments serve every learner (PPO, SAC);
-``evorl-pop render`` draws their episodes as a GIF of the observations unless
-the family draws its states itself (:meth:`JaxEnvFamily.draw`). The policies
-that act in the environments are :mod:`evorl_pop.tasks.policies`'s.
+A family of your own registers itself in its own module
+(:class:`~evorl_pop.tasks.control.JaxEnvFamily` is the part every family
+stepped in JAX shares); the policies that act in the environments are
+:mod:`evorl_pop.tasks.policies`'s.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Sequence
-from pathlib import Path
+from collections.abc import Collection
 
 import jax
 import jax.numpy as jnp
@@ -61,7 +40,6 @@ import numpy as np
 from evorl_pop import registry
 from evorl_pop.base import ConfigError, did_you_mean
 from evorl_pop.core.interfaces import Env, EnvFamily
-from evorl_pop.tasks.drawing import Trajectory, write_gif
 
 #: The family of a name without a ``family/`` or ``family:`` prefix (``CartPole-v1``).
 DEFAULT_FAMILY = "gymnax"
@@ -191,54 +169,6 @@ def make_env(name: str, **env_kwargs) -> Env:
         )
     settings = {key: value for key, value in env_kwargs.items() if value is not None}
     return family.make_env(name, **settings)
-
-
-class JaxEnvFamily:
-    """An :class:`~evorl_pop.core.interfaces.EnvFamily` of environments stepped in JAX.
-
-    A subclass sets :attr:`description` and :attr:`pattern` and defines :meth:`names`
-    and :meth:`make_env` (and :attr:`settings`, :meth:`owns`, :meth:`draw` where it
-    differs); the protocol documents each member.
-    """
-
-    description: str = ""
-    pattern: str = ""
-    settings: dict[str, tuple[str, ...]] = {}
-    steps_in_jax: bool = True
-    drawing: str | None = "gif"
-    example: str | None = None
-    #: A family whose names are ``prefix + <id>`` may set these instead of defining
-    #: :meth:`names` and :meth:`make_env`: the prefix (``'brax/'``), the ids it lists,
-    #: and the class built as ``env_class(<id>, **settings)``.
-    prefix: str = ""
-    ids: tuple[str, ...] = ()
-    env_class: type | None = None
-
-    def names(self) -> tuple[str, ...]:
-        return tuple(self.prefix + name for name in self.ids)
-
-    def owns(self, name: str) -> bool:
-        return name in self.names()
-
-    def make_env(self, name: str, **settings) -> Env:
-        if self.env_class is None:
-            raise NotImplementedError(f"{type(self).__name__} defines no make_env")
-        return self.env_class(name.removeprefix(self.prefix), **settings)
-
-    def make_task(self, name: str, **kwargs):
-        """A :class:`~evorl_pop.tasks.control.ControlTask` on environment ``name``:
-        ``kwargs`` are its arguments and the family's own :attr:`settings`."""
-        from evorl_pop.tasks.control import ControlTask  # it builds on this module
-
-        settings = {key: kwargs.pop(key) for key in self.settings if key in kwargs}
-        settings["episode_length"] = kwargs.get("episode_length")
-        # this family owns the name: it builds the environment itself (None: the default)
-        env = self.make_env(name, **{k: v for k, v in settings.items() if v is not None})
-        return ControlTask(env, **kwargs)
-
-    def draw(self, env: Env, episodes: Sequence[Trajectory], out: Path) -> int:
-        """A GIF of the observations (:func:`~evorl_pop.tasks.drawing.write_gif`)."""
-        return write_gif(env, episodes, out)
 
 
 def random_observations(env: Env, key: jax.Array, count: int, every: int = 8) -> jax.Array:

@@ -27,8 +27,9 @@ import numpy as np
 
 from evorl_pop import registry
 from evorl_pop.base import EnvSpec
+from evorl_pop.tasks.control import JaxEnvFamily
 from evorl_pop.tasks.drawing import EpisodePictures, StateDrawer, Trajectory, write_gif
-from evorl_pop.tasks.envs import JaxEnvFamily, check_episode_length
+from evorl_pop.tasks.envs import check_episode_length
 
 #: gymnax environments whose episodes only end at their time limit.
 FIXED_LENGTH_GYMNAX = frozenset({"Pendulum-v1"})

@@ -41,8 +41,9 @@ from pathlib import Path
 from evorl_pop import registry
 from evorl_pop.base import ConfigError
 from evorl_pop.tasks.brax_envs import BraxEnv, check_choice, quiet_brax, write_html
+from evorl_pop.tasks.control import JaxEnvFamily
 from evorl_pop.tasks.drawing import Trajectory
-from evorl_pop.tasks.envs import JaxEnvFamily, check_episode_length
+from evorl_pop.tasks.envs import check_episode_length
 
 PLAYGROUND_PREFIX = "playground/"
 #: MuJoCo Playground's DM Control Suite tasks offered (``playground/<name>``):

@@ -24,8 +24,8 @@ import numpy as np
 
 from evorl_pop import registry
 from evorl_pop.base import EnvSpec
+from evorl_pop.tasks.control import JaxEnvFamily
 from evorl_pop.tasks.drawing import write_gif
-from evorl_pop.tasks.envs import JaxEnvFamily
 
 PREFIX = "toy/"
 #: The tasks, each with the dimension of its plane (or line).
