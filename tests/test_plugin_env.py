@@ -3,13 +3,16 @@ masses in JAX), found by ``--plugin`` and as an installed entry point: ES learns
 task through the command line, ``evorl-pop list`` shows it, its names are checked as
 the built-in ones, and ``evorl-pop render`` draws its episodes."""
 
+import importlib
 import re
 
 import numpy as np
+import pytest
 from _plugins import install_entry_points, plugin_env, run_cli
 from PIL import Image
 
 from evorl_pop.run import config, store
+from evorl_pop.tasks.control import JaxEnvFamily
 
 # OpenES on toy/reach: 16 linear policies, 4 episodes of 20 steps each, the mean policy
 # evaluated on 16 episodes
@@ -74,3 +77,11 @@ def test_an_installed_entry_point_brings_the_family(tmp_path):
     _learned(metrics)
     again = _train(tmp_path / "again", "--plugin", "toy_env", *REACH)
     np.testing.assert_array_equal(metrics["eval_return"], again["eval_return"])
+
+
+def test_the_deprecated_import_path_gives_the_family_base_with_a_warning():
+    module = importlib.import_module("evorl_pop.tasks.jax_family")
+    with pytest.warns(DeprecationWarning, match="from evorl_pop.tasks.control import"):
+        assert module.JaxEnvFamily is JaxEnvFamily
+    with pytest.raises(AttributeError, match="no attribute 'Other'"):
+        _ = module.Other
