@@ -18,6 +18,7 @@ in the README and the docs show.
 from __future__ import annotations
 
 import argparse
+import shlex
 import shutil
 import subprocess
 import sys
@@ -33,24 +34,24 @@ class Recipe:
 
     Attributes:
       group: the group that regenerates it (``--group``; ``es`` runs by default).
-      commands: the commands, in order; each a script under the repository (``.py``)
-        or ``evorl-pop``, then its arguments.
+      commands: the commands, in order, as a shell would split them: each a script
+        under the repository (``.py``) or ``evorl-pop``, then its arguments.
       seeds: the first command is an example that takes ``--seeds``.
     """
 
     group: str
-    commands: tuple[tuple[str, ...], ...]
+    commands: tuple[str, ...]
     seeds: bool = False
 
 
-def example(group: str, name: str, *args: str, seeds: bool = False) -> Recipe:
-    """The recipe of a figure an example draws (``examples/<name>``, quietly)."""
-    return Recipe(group, (("examples/" + name, *args, "--quiet"),), seeds)
+def example(group: str, command: str, seeds: bool = False) -> Recipe:
+    """The recipe of a figure an example draws (``examples/<command>``, quietly)."""
+    return Recipe(group, (f"examples/{command} --quiet",), seeds)
 
 
-def benchmark(name: str, *args: str) -> Recipe:
-    """The recipe of a figure a benchmark draws (``benchmarks/<name>``)."""
-    return Recipe("benchmarks", (("benchmarks/" + name, *args),))
+def benchmark(command: str) -> Recipe:
+    """The recipe of a figure a benchmark draws (``benchmarks/<command>``)."""
+    return Recipe("benchmarks", (f"benchmarks/{command}",))
 
 
 EIGHT_SEEDS = "runs/examples/openes-cartpole-8-seeds"  # under the root, where commands run
@@ -63,32 +64,10 @@ FIGURES: dict[str, Recipe] = {
     "openes_cartpole_8_seeds.png": Recipe(
         "es",
         (
-            (
-                "evorl-pop",
-                "train",
-                "--seeds",
-                "8",
-                "--pop",
-                "64",
-                "-q",
-                "--no-figure",
-                "--overwrite",
-                "--out",
-                EIGHT_SEEDS,
-            ),
-            (
-                "evorl-pop",
-                "plot",
-                EIGHT_SEEDS,
-                "--metrics",
-                "mean",
-                "--band",
-                "std",
-                "--title",
-                "OpenES on CartPole-v1: 8 seeds in one program (band: ±1 std)",
-                "--out",
-                "figures/openes_cartpole_8_seeds.png",
-            ),
+            f"evorl-pop train --seeds 8 --pop 64 -q --no-figure --overwrite --out {EIGHT_SEEDS}",
+            f"evorl-pop plot {EIGHT_SEEDS} --metrics mean --band std --title 'OpenES on "
+            "CartPole-v1: 8 seeds in one program (band: ±1 std)' "
+            "--out figures/openes_cartpole_8_seeds.png",
         ),
     ),
     "cemrl_pendulum.png": example("hybrid", "cemrl_pendulum.py", seeds=True),
@@ -99,19 +78,8 @@ FIGURES: dict[str, Recipe] = {
     "openes_breakout.png": example("long", "openes_minatar.py"),
     "openes_breakout_keypoints.png": example(
         "long",
-        "openes_minatar.py",
-        "--policy",
-        "keypoints",
-        "--elite",
-        "0.1",
-        "--pop",
-        "256",
-        "--restarts",
-        "48",
-        "--restart-generations",
-        "100",
-        "--generations",
-        "300",
+        "openes_minatar.py --policy keypoints --elite 0.1 --pop 256 --restarts 48 "
+        "--restart-generations 100 --generations 300",
     ),
     "openes_playground.png": example("long", "openes_playground.py"),
     "openes_gymnasium.png": example("long", "openes_gymnasium.py"),
@@ -126,18 +94,16 @@ FIGURES: dict[str, Recipe] = {
     "nsga2_halfcheetah.png": example("mo", "nsga2_halfcheetah.py"),
     "hybrid_pendulum.png": benchmark("bench_hybrid.py"),
     "pbt_vs_fixed.png": benchmark("bench_pbt.py"),
-    "pbt_ppo_vs_fixed.png": benchmark(
-        "bench_pbt.py", "--learner", "ppo", "--steps", "40960", "--interval", "2048"
-    ),
+    "pbt_ppo_vs_fixed.png": benchmark("bench_pbt.py --learner ppo --steps 40960 --interval 2048"),
 }
 
 GROUPS = ("es", "hybrid", "long", "learners", "qd", "mo", "benchmarks")
 
 
-def argv(command: tuple[str, ...]) -> list[str]:
+def argv(command: str) -> list[str]:
     """A recipe's command as the process to start: a script under this Python, ``evorl-pop``
     from this Python's environment."""
-    program, *args = command
+    program, *args = shlex.split(command)
     if program == "evorl-pop":
         beside = Path(sys.executable).with_name("evorl-pop")
         return [str(beside) if beside.exists() else shutil.which("evorl-pop") or program, *args]
@@ -175,7 +141,7 @@ def main(argv_: list[str] | None = None) -> None:
     args = parse(argv_)
     if args.list:
         for name, recipe in FIGURES.items():
-            lines = " && ".join(" ".join(command) for command in recipe.commands)
+            lines = " && ".join(recipe.commands)
             print(f"{name:32} {recipe.group:11} {lines}")
         return
     for name in chosen(args):
@@ -184,7 +150,7 @@ def main(argv_: list[str] | None = None) -> None:
         for i, command in enumerate(recipe.commands):
             extra = ["--seeds", str(args.seeds)] if recipe.seeds and i == 0 else []
             if subprocess.run([*argv(command), *extra], cwd=ROOT).returncode != 0:
-                sys.exit(f"{name}: {' '.join(command)} failed")
+                sys.exit(f"{name}: {command} failed")
 
 
 if __name__ == "__main__":
