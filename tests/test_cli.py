@@ -54,6 +54,8 @@ def _rows(path):
         return list(csv.DictReader(f))
 
 
+# long tier: test_faults' resume after a signal stays in the default tier
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     killed, whole = tmp_path / "killed", tmp_path / "whole"
     ckpt_path = killed / store.CHECKPOINT_FILENAME

@@ -84,6 +84,7 @@ def _tell(me, state, quality, descriptors, key):
     return population, asked, after, new, metrics
 
 
+@pytest.mark.slow  # CMA-ME's resume and the emitters' other tests stay in the default tier
 def test_cma_me_restarts_from_an_elite_when_nothing_improves():
     me = MapElites(_config("cma_me", population_size=8), mesh=make_mesh(1))
     state = me.init(jax.random.key(0))

@@ -141,6 +141,7 @@ def test_runs_started_at_once_get_their_own_folders(tmp_path):
 # --- Ctrl-C while the first chunk compiles ----------------------------------------------
 
 
+@pytest.mark.slow  # the Ctrl-C just after the folder is taken stays in the default tier
 def test_ctrl_c_during_the_first_compile_stops_cleanly_and_tells_the_truth(tmp_path):
     delays = (0.0, 0.7, 2.0)  # after the run folder appears: tracing, compiling, maybe running
     procs = []

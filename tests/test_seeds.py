@@ -185,6 +185,7 @@ SWEEP_RUN = ["--strategy", "Open_ES", "--pop", "16", "-g", "4", "--chunk", "2", 
              "--no-figure", "--devices", "1"]  # fmt: skip
 
 
+@pytest.mark.slow  # a shape-changing sweep's programs stay in the default tier
 def test_a_sweeps_settings_share_one_program_and_each_is_its_single_run(tmp_path, monkeypatch):
     from evorl_pop.run import shell
 

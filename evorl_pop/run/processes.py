@@ -375,7 +375,8 @@ def is_key(x) -> bool:
     return isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
-def _key_data(x):
+def key_data(x):
+    """A typed key array's raw data (what a checkpoint holds); other leaves as they are."""
     return jax.random.key_data(x) if is_key(x) else x
 
 
@@ -388,10 +389,10 @@ def to_host(x) -> np.ndarray:
     if not isinstance(x, jax.Array):
         return np.asarray(x)
     if x.is_fully_addressable:
-        return np.asarray(jax.device_get(_key_data(x)))
+        return np.asarray(jax.device_get(key_data(x)))
     if x.sharding.is_fully_replicated:
-        return np.asarray(jax.device_get(_key_data(x.addressable_data(0))))
-    return np.asarray(multihost_utils.process_allgather(_key_data(x), tiled=True))
+        return np.asarray(jax.device_get(key_data(x.addressable_data(0))))
+    return np.asarray(multihost_utils.process_allgather(key_data(x), tiled=True))
 
 
 def share(fn):
@@ -433,7 +434,7 @@ def put(x, sharding):
     """
     if jax.process_count() == 1 or (isinstance(x, jax.Array) and not x.is_fully_addressable):
         return jax.device_put(x, sharding)
-    host = np.asarray(_key_data(x))
+    host = np.asarray(key_data(x))
     out = jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
     return jax.random.wrap_key_data(out, impl=jax.random.key_impl(x)) if is_key(x) else out
 

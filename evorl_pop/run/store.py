@@ -248,13 +248,6 @@ def precision(state) -> str:
     return "float64" if wide else "float32"
 
 
-def _key_data(x):
-    """A typed key array's raw data (what a checkpoint holds); other leaves as they are."""
-    if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
-        return jax.random.key_data(x)
-    return x
-
-
 def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> None:
     """Writes a checkpoint, its state already on the host, atomically to ``path``."""
     payload = {f.name: getattr(ckpt, f.name) for f in dataclasses.fields(ckpt)}
@@ -562,7 +555,7 @@ class Checkpoints(Recorder):
             logger.info("no checkpoint at generation %d (interrupted)", run.generation)
             return
         if jax.process_count() == 1:  # every shard is here: one transfer
-            host, key = jax.device_get(jax.tree.map(_key_data, (state, run.key)))
+            host, key = jax.device_get(jax.tree.map(processes.key_data, (state, run.key)))
             host, key = jax.tree.map(np.asarray, host), np.asarray(key)
         else:  # a gather across processes
             host, key = jax.tree.map(processes.to_host, state), processes.to_host(run.key)
