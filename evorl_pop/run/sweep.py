@@ -35,6 +35,26 @@ from evorl_pop.run.config import RunConfig
 
 #: The summary files of a sweep.
 TABLE, FIGURE = "sweep.csv", "sweep.png"
+#: A sweep of several programs: its top folder's record of the whole run config and of
+#: its programs' folders, in the order they run (``evorl-pop resume RUN`` reads it).
+PLAN = "sweep.yaml"
+
+
+def program_dirs(path: str | os.PathLike) -> list[Path]:
+    """The program folders of a sweep of several programs, from its top folder ``path``
+    (``RUN/population_size=32/``, ...: those that exist, in the order they run); empty for
+    any other folder (a run folder, a one-program sweep's)."""
+    path = Path(path)
+    if (path / "config.yaml").exists() or not path.is_dir():
+        return []
+    plan = path / PLAN
+    if plan.exists():
+        names = (config_lib.read_mapping(plan).get("programs")) or []
+        return [path / name for name in names if (path / name / "config.yaml").exists()]
+    if not (path / TABLE).exists():
+        return []
+    found = [p for p in path.iterdir() if (p / "config.yaml").exists()]
+    return sorted(found, key=lambda p: (p / "config.yaml").stat().st_mtime)
 
 
 def groups(config: RunConfig) -> list[tuple[dict, RunConfig]]:
