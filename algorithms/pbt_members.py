@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from evorl_pop.base import ConfigError
-from evorl_pop.core.interfaces import Acting
+from evorl_pop.core.interfaces import Acting, replica_index
 from evorl_pop.tasks.envs import steps_on_host
 
 
@@ -134,8 +134,10 @@ class AlgorithmMember:
         """:meth:`Member.train`: the interval's iterations of the algorithm."""
         state = self.join(learner, own, self.hyperparameters(values))
         if self.host:
-            # below 2**31: never a stream the host leases to a collection
-            state = _with_stream(state, jax.random.bits(key, (), jnp.uint32) >> 1)
+            # below 2**31: never a stream the host leases to a collection; a sweep's
+            # settings share their keys, and their replica indices tell them apart
+            stream = (jax.random.bits(key, (), jnp.uint32) >> 1) ^ jnp.uint32(replica_index())
+            state = _with_stream(state, stream)
 
         def step(state, key):
             return self.algorithm.local_step(state, key, None)

@@ -342,3 +342,25 @@ def test_a_learner_without_host_lanes_is_refused_in_one_line_naming_those_with()
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
         assert "config error: task:" in lines[0] and f"learner {learners} takes it" in lines[0]
+
+
+def test_a_sweeps_settings_on_host_lanes_each_equal_their_single_run(tmp_path):
+    # the settings share their seed's keys; each steps host environments of its own
+    sac = ["-a", "sac", "-t", "gym:Pendulum-v1", "-g", "3", "--chunk", "1", "--devices", "2"]
+    sac += ["-q", "--no-figure"]
+    small = "num_envs=2 unroll_length=10 episode_length=20 batch_size=16 buffer_capacity=128"
+    small += " learning_starts=10 actor_hidden_sizes=[8] critic_hidden_sizes=[8]"
+    for setting in small.split():
+        sac += ["--set", setting]
+    sweep = tmp_path / "sweep"
+    assert cli.main(["train", *sac, "--sweep", "actor_lr=0.001,0.01", "--out", str(sweep)]) == 0
+    many = store.read_metrics(sweep)
+    for lr in (0.001, 0.01):
+        one = tmp_path / f"lr{lr}"
+        assert cli.main(["train", *sac, "--set", f"actor_lr={lr}", "--out", str(one)]) == 0
+        single, rows = store.read_metrics(one), many["actor_lr"] == lr
+        assert np.isfinite(single["fitness_mean"][-1])  # episodes of 20 steps ended
+        for column in ("fitness_mean", "actor_loss", "critic_loss"):
+            np.testing.assert_allclose(
+                many[column][rows], single[column], rtol=1e-5, err_msg=column
+            )

@@ -33,6 +33,21 @@ from evorl_pop.base import EnvSpec, EvalInfo
 #: ``fold_in(key, LEARNER_STREAM)``: the learner's key, at ``init`` and in every generation.
 LEARNER_STREAM = 4
 
+#: The ``vmap`` axis of a run's replicas (seeds and a sweep's settings in one program,
+#: :mod:`evorl_pop.run.replicas`). The settings of a sweep share their seeds' keys, so
+#: what must tell replicas apart beyond their keys (the host's environments of each) reads
+#: :func:`replica_index`.
+REPLICA_AXIS = "REPLICA"
+
+
+def replica_index() -> jax.Array | int:
+    """This replica's index on :data:`REPLICA_AXIS` where a run's replicas are mapped, else
+    0 (a single run)."""
+    try:
+        return jax.lax.axis_index(REPLICA_AXIS)
+    except NameError:  # the axis is bound only inside the replicas' vmap
+        return 0
+
 
 # --- strategies ------------------------------------------------------------------------
 

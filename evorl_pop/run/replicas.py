@@ -41,7 +41,7 @@ import numpy as np
 import yaml
 
 from evorl_pop.base import ConfigError
-from evorl_pop.core.interfaces import Exports
+from evorl_pop.core.interfaces import REPLICA_AXIS, Exports
 
 #: The label column of a replica's seed in ``metrics.csv``.
 SEED = "seed"
@@ -187,15 +187,15 @@ class Replicas:
 
     def init(self, keys: jax.Array) -> ReplicasState:
         """Every replica's first state from its init key (``keys``: shape ``(replicas,)``)."""
-        states = jax.vmap(lambda v, k: self._traced(v).init(k))(self.values, keys)
+        init = jax.vmap(lambda v, k: self._traced(v).init(k), axis_name=REPLICA_AXIS)
+        states = init(self.values, keys)
         return ReplicasState(generation=jnp.int32(0), replicas=states)
 
     def step(self, state: ReplicasState, keys: jax.Array) -> tuple[ReplicasState, dict]:
         """One generation of every replica, replica ``r`` with ``keys[r]``; each metric
         has one value per replica."""
-        inner, metrics = jax.vmap(lambda v, s, k: self._traced(v).step(s, k))(
-            self.values, state.replicas, keys
-        )
+        step = jax.vmap(lambda v, s, k: self._traced(v).step(s, k), axis_name=REPLICA_AXIS)
+        inner, metrics = step(self.values, state.replicas, keys)
         return ReplicasState(generation=state.generation + 1, replicas=inner), metrics
 
     def export(self, state: ReplicasState, run_dir: Path, metrics: dict) -> dict[str, Path]:

@@ -18,9 +18,10 @@ Lane ``i`` resets with the seed :func:`~evorl_pop.tasks.gym_make.start_seed`
 of its key ``fold_in(key, i)``, ``i`` its *global* index, and each device's
 callbacks step only its own lanes: a batch split over the devices of a ``DP``
 axis steps as the whole batch on one device. The host keeps a lane's
-environment under a stream number drawn from the lane's first key, so that
-the batches of several seeds in one program (a ``vmap``, whose callbacks run
-one batch after the other) each step environments of their own.
+environment under a stream number drawn from the lane's first key and its
+replica's index (:func:`~evorl_pop.core.interfaces.replica_index`), so that the
+batches of several seeds or settings in one program (a ``vmap``, whose callbacks
+run one batch after the other) each step environments of their own.
 
 Exact resume: a checkpoint cannot hold a Gymnasium environment, so the
 device state holds what rebuilds it, each lane's seed and its episode's
@@ -52,6 +53,7 @@ import numpy as np
 from jax.experimental import io_callback
 
 from evorl_pop.base import ConfigError
+from evorl_pop.core.interfaces import replica_index
 from evorl_pop.tasks import gym_make
 from evorl_pop.tasks.rollout import StepResult, lane_keys
 
@@ -73,7 +75,7 @@ class HostBatch:
     start_seed: jax.Array  # uint32: the reset seed of the lane's next episode
     total: jax.Array  # int32: steps the lane has taken since the run began
     actions: jax.Array  # (num_envs, max_steps, action size): the episode's actions so far
-    stream: jax.Array  # uint32: which host environment is the lane's (drawn from its key)
+    stream: jax.Array  # uint32: which host environment is the lane's (its key, its replica)
 
 
 def _lane_ids(stream, index) -> list[tuple[int, int]]:
@@ -283,7 +285,8 @@ class HostEnvs:
             actions=jnp.zeros((n, self.spec.max_steps, self._action_size), self._action_dtype),
             stream=jax.vmap(lambda k: jax.random.bits(jax.random.fold_in(k, 1), (), jnp.uint32))(
                 keys
-            ),
+            )
+            + jnp.uint32(replica_index()),  # a sweep's settings share their keys
         )
 
     def sync(self, batch: HostBatch, start: jax.Array, index: jax.Array) -> jax.Array:
