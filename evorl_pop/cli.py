@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ from evorl_pop import registry, tasks
 from evorl_pop.base import CheckpointError, ConfigError, RunError, __version__
 from evorl_pop.run import config as config_lib
 from evorl_pop.run import launcher, processes, replicas, restore, shell, stop, store
+from evorl_pop.run import sweep as sweep_lib
 
 # (summary, more description, examples) of each command.
 COMMANDS = {
@@ -303,11 +305,35 @@ def _overrides(args) -> list[str]:
     return given + args.overrides
 
 
+def _sweep_top(run: str) -> bool:
+    """Whether ``run`` is the top folder of a sweep of several programs; RunError for one
+    that holds no plan to resume from."""
+    if os.path.exists(os.path.join(run, "config.yaml")):
+        return False
+    if os.path.exists(os.path.join(run, sweep_lib.PLAN)):
+        return True
+    if programs := sweep_lib.program_dirs(run):
+        each = "\n".join(f"  evorl-pop resume {p}" for p in programs)
+        raise RunError(
+            f"{run!r} is the top folder of a sweep of several programs; resume each:\n{each}"
+        )
+    return False
+
+
+def _say_sweep(args, where) -> None:
+    """Names a sweep's summary files (unless ``-q``)."""
+    if not args.quiet and store.is_writer():
+        where = Path(where)
+        print(f"sweep: {where / sweep_lib.TABLE}, {where / sweep_lib.FIGURE}", file=sys.stderr)
+
+
 def _cmd_train(args) -> int:
     """``train`` and ``resume``."""
     resume = args.command == "resume"
     overrides = _overrides(args)
     sources = [os.path.join(args.run, "config.yaml")] if resume else []
+    top = resume and _sweep_top(args.run)  # a sweep of several programs: its plan
+    sources = [os.path.join(args.run, sweep_lib.PLAN)] if top else sources
     sources += [args.config] if args.config else []
     present = [s for s in sources if os.path.exists(s)]
     if args.plugins:  # added to the plug-ins the config names
@@ -329,27 +355,36 @@ def _cmd_train(args) -> int:
         signal.signal(signum, stop.at_once)
     show = dict(progress=not args.quiet, figure=not args.no_figure, time_limit=args.time_limit)
     try:
-        if resume:
+        said = () if args.quiet else (_SayRunFolder(),)
+        if top:
+            config = config_lib.resolve_config(sources, overrides)
+            config = dataclasses.replace(config, generations=config.generations + (args.more or 0))
+            kwargs = dict(recorders=said, **show)
+            runs = sweep_lib.resume(
+                config, args.run, shell.train, shell.resume, overrides, args.force, **kwargs
+            )
+            result = runs[-1]
+            _say_sweep(args, args.run)
+        elif resume:
             result = shell.resume(args.run, overrides, args.config, args.more, args.force, **show)
-            if (Path(args.run) / "sweep.csv").exists():  # a sweep in one program: its summary
-                from evorl_pop.run import sweep
-
-                sweep.summarize([Path(args.run)], Path(args.run))
+            if (where := sweep_lib.refresh(args.run)) is not None:  # a sweep's: its summary
+                _say_sweep(args, where)
         else:
             # values are checked once, where the run is built (here only for --print-config)
             config = config_lib.resolve_config(sources, overrides, check=args.print_config)
             if args.print_config:
                 sys.stdout.write(config_lib.dumps(config))
                 return 0
+            if args.out == "":
+                raise ConfigError(
+                    "--out is empty: name the run folder, or leave --out out for a new folder "
+                    f"under {args.runs_root}/."
+                )
             run_dir = args.out or store.default_run_dir(config, args.runs_root)
-            said = () if args.quiet else (_SayRunFolder(),)
             kwargs = dict(overwrite=args.overwrite, recorders=said, **show)
             if config.sweep:
-                from evorl_pop.run import sweep
-
-                result = sweep.train(config, run_dir, shell.train, **kwargs)[-1]
-                where = Path(run_dir)
-                print(f"sweep: {where / sweep.TABLE}, {where / sweep.FIGURE}", file=sys.stderr)
+                result = sweep_lib.train(config, run_dir, shell.train, **kwargs)[-1]
+                _say_sweep(args, run_dir)
             else:
                 result = shell.train(config, run_dir, **kwargs)
     finally:

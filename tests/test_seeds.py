@@ -261,6 +261,73 @@ def test_a_sweep_that_is_not_key_values_or_not_data_in_one_program_is_one_line(t
     assert not (tmp_path / "b").exists()
 
 
+def test_swept_values_read_as_set_reads_them_and_every_setting_is_checked_first(tmp_path, capsys):
+    from evorl_pop.run import replicas
+
+    grid = replicas.parse_sweep(["learning_rate=1e-2,3e-2", "hidden_sizes=[4],[8, 8]", "n=null"])
+    assert grid == {"learning_rate": [0.01, 0.03], "hidden_sizes": [[4], [8, 8]], "n": [None]}
+    assert replicas.parse_sweep(replicas.format_sweep(grid)) == grid
+    refused = {
+        "learning_rate=0.1,abc": "sweep: learning_rate: expected a number or null, got 'abc'",
+        "population_size=8,abc": "sweep: population_size: expected an integer, got 'abc'",
+        "learning_rate=0.1,,0.2": "sweep: learning_rate has an empty value in '0.1,,0.2'",
+        "nokey=1,2": "sweep: 'nokey' is not a field of the algorithm's config. Did you mean",
+        "seed=1,2": "sweep: seed is a run setting",
+        "sigma_init=0.1,-1": "sweep: sigma_init=-1: sigma_init must be > 0",
+    }
+    for sweep, message in refused.items():
+        out = tmp_path / "never"
+        assert cli.main(["train", *SWEEP_RUN, "--sweep", sweep, "--out", str(out)]) == 2, sweep
+        assert message in capsys.readouterr().err, sweep
+        assert not out.exists()
+        # --print-config checks what train checks
+        assert cli.main(["train", "--sweep", sweep, "--print-config"]) == 2, sweep
+        assert message in capsys.readouterr().err
+    # a program's algorithm refuses a value: before the first program runs
+    odd = ["--pop", "6", "--devices", "2", "--sweep", "population_size=6,7"]
+    assert cli.main(["train", *SWEEP_RUN[:-2], *odd, "--out", str(tmp_path / "odd")]) == 2
+    assert "cannot take population_size=7" in capsys.readouterr().err
+    assert not (tmp_path / "odd").exists()
+
+
+def test_a_one_setting_sweep_and_a_sweep_of_widths_run_and_summarize(tmp_path, capsys):
+    one = tmp_path / "one"
+    assert cli.main(["train", *SWEEP_RUN, "--sweep", "sigma_init=0.1", "--out", str(one)]) == 0
+    assert store.read_metrics(one)["sigma_init"].tolist() == [0.1] * 4
+    widths = tmp_path / "widths"
+    assert cli.main(["train", *SWEEP_RUN, "--sweep", "hidden_sizes=[4],[8, 8]", "--out",
+                     str(widths)]) == 0  # fmt: skip
+    table = (widths / "sweep.csv").read_text().splitlines()
+    assert [line.split(",")[0] for line in table] == ["hidden_sizes", "[4]", '"[8']
+    assert (widths / "sweep.png").stat().st_size > 0
+    assert capsys.readouterr().out == ""  # -q: nothing but errors
+
+
+def test_a_sweep_of_several_programs_resumes_from_its_top_folder(tmp_path):
+    sweep = ["--sweep", "population_size=8,16", "--sweep", "sigma_init=0.05,0.2"]
+    run = [*SWEEP_RUN[:2], "-t", "CartPole-v1", "--set", "episode_length=20", *SWEEP_RUN[4:]]
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    assert cli.main(["train", *run, *sweep, "-g", "3", "--out", str(whole)]) == 0
+    assert cli.main(["train", *run, *sweep, "-g", "2", "--out", str(part)]) == 0
+    import shutil
+
+    shutil.rmtree(part / "population_size=16")  # a program the interrupted sweep never began
+    (part / "sweep.csv").unlink()
+    assert cli.main(["resume", str(part), "--more", "1", "-q", "--no-figure"]) == 0
+    for program in ("population_size=8", "population_size=16"):
+        resumed, uninterrupted = (
+            store.read_metrics(part / program),
+            store.read_metrics(whole / program),
+        )
+        for column, values in _without_clock(uninterrupted).items():
+            np.testing.assert_array_equal(resumed[column], values, err_msg=f"{program} {column}")
+    assert (part / "sweep.csv").read_text() == (whole / "sweep.csv").read_text()
+    # one program resumed alone: the sweep's summary follows it
+    assert cli.main(["resume", str(part / "population_size=8"), "--more", "1", "-q",
+                     "--no-figure"]) == 0  # fmt: skip
+    assert (part / "sweep.csv").read_text() != (whole / "sweep.csv").read_text()
+
+
 def test_each_seed_exports_its_own_archive_as_its_single_run(tmp_path):
     args = ["train", "-a", "mapelites", "--task", "qd/arm", "--pop", "16", "-g", "3",
             "--chunk", "3", "--devices", "1", "-q", "--no-figure"]  # fmt: skip

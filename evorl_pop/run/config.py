@@ -341,6 +341,41 @@ def validate(config: RunConfig, algorithm: bool = True) -> None:
         raise ConfigError(f"devices must be auto, null (all) or a count >= 1, got {devices!r}.")
     if algorithm:
         config.algorithm_config.validate()
+    if config.sweep:
+        check_sweep(config)
+
+
+def check_sweep(config: RunConfig) -> None:
+    """Checks every setting of a run config's sweep before anything runs.
+
+    Raises:
+      ConfigError: a malformed item, a key that is no field of the algorithm's config (with
+        the nearest), a value of the wrong type, or a setting the config refuses.
+    """
+    from evorl_pop.run import replicas
+
+    grid = replicas.parse_sweep(config.sweep)
+    for key, values in grid.items():
+        if key.split(".")[0] in _RUN_FIELDS:
+            raise ConfigError(
+                f"sweep: {key} is a run setting; a sweep takes fields of the algorithm's config "
+                "(seeds: --seeds N)."
+            )
+        replicas.with_values(config.algorithm_config, {key: values[0]}, checked=False)  # a field?
+        for value in values:
+            nested = value
+            for part in reversed(key.split(".")):
+                nested = {part: nested}
+            try:
+                _check_scalars(nested, type(config.algorithm_config))
+            except ConfigError as err:
+                raise ConfigError(f"sweep: {err}") from None
+    for setting in replicas.settings(grid):
+        try:
+            replicas.with_values(config.algorithm_config, setting).validate()
+        except (TypeError, ValueError) as err:  # a config's own __post_init__
+            where = ", ".join(f"{k}={v}" for k, v in setting.items())
+            raise ConfigError(f"sweep: {where}: {err}") from None
 
 
 # --- the algorithm registry ----------------------------------------------------------

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from evorl_pop.base import ConfigError
 from evorl_pop.core.interfaces import REPLICA_AXIS, Exports
@@ -48,8 +51,12 @@ SEED = "seed"
 
 
 def parse_sweep(items: Iterable[str]) -> dict[str, list]:
-    """``['learning_rate=0.01,0.03', 'td3.actor_lr=1e-3,3e-4']`` as ``{key: values}``
-    (each value read as YAML); ConfigError for an item that is not ``KEY=V1,V2,...``."""
+    """``['learning_rate=0.01,0.03', 'hidden_sizes=[32],[64,64]']`` as ``{key: values}``,
+    each value read as ``--set`` reads one (``1e-3``, ``[64, 64]``, ``null``).
+
+    Raises:
+      ConfigError: an item that is not ``KEY=V1,V2,...``, an empty value, a key twice.
+    """
     grid: dict[str, list] = {}
     for item in items:
         key, sep, text = (part.strip() for part in str(item).partition("="))
@@ -59,8 +66,45 @@ def parse_sweep(items: Iterable[str]) -> dict[str, list]:
             )
         if key in grid:
             raise ConfigError(f"sweep: {key} is swept twice; give its values once.")
-        grid[key] = [yaml.safe_load(v) for v in text.split(",")]
+        grid[key] = [_value(key, text, part) for part in _split(text)]
     return grid
+
+
+def format_sweep(grid: Mapping[str, list]) -> tuple[str, ...]:
+    """A grid as the ``sweep`` items :func:`parse_sweep` reads back to it."""
+
+    def text(value):
+        return value if isinstance(value, str) else json.dumps(value)
+
+    return tuple(f"{key}={','.join(map(text, values))}" for key, values in grid.items())
+
+
+def _split(text: str) -> list[str]:
+    """``text`` cut at its commas outside brackets and quotes."""
+    parts, depth, quote, start = [], 0, None, 0
+    for i, char in enumerate(text):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{(":
+            depth += 1
+        elif char in "]})":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    return [*parts, text[start:]]
+
+
+def _value(key: str, text: str, part: str) -> Any:
+    """One swept value, read as ``--set key=part`` reads it."""
+    if not part.strip():
+        raise ConfigError(f"sweep: {key} has an empty value in {text!r}; give V1,V2,...")
+    try:
+        return OmegaConf.to_container(OmegaConf.from_dotlist([f"value={part.strip()}"]))["value"]
+    except (OmegaConfBaseException, yaml.YAMLError) as err:
+        raise ConfigError(f"sweep: cannot read {part!r} in {key}={text}: {err}") from None
 
 
 def settings(grid: Mapping[str, list]) -> list[dict]:
@@ -69,13 +113,9 @@ def settings(grid: Mapping[str, list]) -> list[dict]:
 
 
 def run_keys(seed: int, seeds: int = 1, repeat: int = 1) -> tuple[jax.Array, jax.Array]:
-    """``(init key, run key)`` of a run of ``seed`` (one seed, one setting), or stacked
-    for each of ``repeat`` settings times ``seeds`` seeds from ``seed``: each replica's
-    keys as its single run's."""
-    keys = [jax.random.split(jax.random.key(seed + i)) for i in range(seeds)]
-    if seeds * repeat == 1:
-        return keys[0][0], keys[0][1]
-    keys = keys * repeat
+    """``(init keys, run keys)``, stacked, of ``repeat`` settings times ``seeds`` seeds
+    from ``seed``: each replica's keys as its single run's."""
+    keys = [jax.random.split(jax.random.key(seed + i)) for i in range(seeds)] * repeat
     return jnp.stack([k[0] for k in keys]), jnp.stack([k[1] for k in keys])
 
 

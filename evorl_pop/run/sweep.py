@@ -42,54 +42,133 @@ PLAN = "sweep.yaml"
 
 def program_dirs(path: str | os.PathLike) -> list[Path]:
     """The program folders of a sweep of several programs, from its top folder ``path``
-    (``RUN/population_size=32/``, ...: those that exist, in the order they run); empty for
+    (``RUN/population_size=32/``, ...: those that exist, in the grid's order); empty for
     any other folder (a run folder, a one-program sweep's)."""
     path = Path(path)
     if (path / "config.yaml").exists() or not path.is_dir():
         return []
-    plan = path / PLAN
-    if plan.exists():
-        names = (config_lib.read_mapping(plan).get("programs")) or []
-        return [path / name for name in names if (path / name / "config.yaml").exists()]
-    if not (path / TABLE).exists():
+    if not ((path / PLAN).exists() or (path / TABLE).exists()):
         return []
     found = [p for p in path.iterdir() if (p / "config.yaml").exists()]
-    return sorted(found, key=lambda p: (p / "config.yaml").stat().st_mtime)
+    return sorted(found, key=lambda p: _order(p.name))
+
+
+def _order(name: str) -> tuple:
+    """A program folder's name (``population_size=32``) as a key that sorts numbers as
+    numbers."""
+    out = []
+    for part in name.split(","):
+        value = part.partition("=")[2]
+        try:
+            out.append((0, float(value), ""))
+        except ValueError:
+            out.append((1, 0.0, value))
+    return tuple(out)
 
 
 def groups(config: RunConfig) -> list[tuple[dict, RunConfig]]:
     """The programs of a sweep: ``(values of the keys that need a program each, the run
-    config of that group)`` (its ``sweep`` holds the keys that enter as data)."""
+    config of that group)`` (its ``sweep`` holds the keys that enter as data).
+
+    Every setting is checked first, and the algorithm of every program built, so that a
+    value the algorithm refuses stops the sweep before anything runs.
+
+    Raises:
+      ConfigError: a setting the algorithm's config refuses (see
+        :func:`~evorl_pop.run.config.check_sweep`).
+    """
     from evorl_pop.core.engine import make_mesh
 
+    config_lib.validate(config)
     grid = replicas.parse_sweep(config.sweep)
     cls = config_lib.get(config.algorithm).algorithm_class
     mesh = make_mesh(processes.mesh_devices(config))
     static = replicas.program_keys(cls, config.algorithm_config, mesh, grid)
-    data = [f"{k}={','.join(map(str, v))}" for k, v in grid.items() if k not in static]
+    data = {k: v for k, v in grid.items() if k not in static}
     out = []
     for setting in replicas.settings({k: grid[k] for k in static}):
         algorithm = replicas.with_values(config.algorithm_config, setting)
-        group = dataclasses.replace(config, algorithm_config=algorithm, sweep=tuple(data))
-        out.append((setting, group))
+        if len(out):  # the first is built when it runs, at once
+            cls(replicas.with_values(algorithm, replicas.settings(data)[0]), mesh=mesh)
+        group = replicas.format_sweep(data)
+        out.append((setting, dataclasses.replace(config, algorithm_config=algorithm, sweep=group)))
     return out
 
 
 def train(config: RunConfig, run_dir, train_fn, **kwargs) -> list:
     """Runs a sweep's groups in turn (``train_fn(config, run_dir, **kwargs)``: the run
-    shell's ``train``), then writes its summary; returns the groups' results."""
+    shell's ``train``), then writes its summary; returns the groups' results.
+
+    A sweep of several programs writes :data:`PLAN` into ``run_dir`` first, so that
+    ``evorl-pop resume RUN`` (:func:`resume`) finishes it, however far it got.
+    """
     found = groups(config)
     run_dir = Path(run_dir)
     if len(found) == 1:  # every key is data: one program, one run folder
         results = [train_fn(found[0][1], run_dir, **kwargs)]
         summarize([run_dir], run_dir)
         return results
+    if store.is_writer():
+        os.makedirs(run_dir, exist_ok=True)
+        write_atomic(run_dir / PLAN, config_lib.dumps(config).encode())
+    return _programs(found, run_dir, kwargs, lambda group, out: train_fn(group, out, **kwargs))
+
+
+def resume(config: RunConfig, run_dir, train_fn, resume_fn, overrides=(), force=False, **kwargs):
+    """Finishes a sweep of several programs from its top folder, to ``config``'s
+    generations (its :data:`PLAN`, with the command's settings): each program resumed
+    from its checkpoint, or trained where it has none yet; then its summary.
+
+    Args:
+      config: the sweep's run config.
+      run_dir: its top folder.
+      train_fn, resume_fn: the run shell's ``train`` and ``resume``.
+      overrides, force: for each program's ``resume`` (its generations: ``config``'s, or
+        its own where it was resumed alone past them).
+      kwargs: ``progress``, ``figure``, ``recorders``, ``time_limit``.
+    """
+    run_dir = Path(run_dir)
+    found = groups(config)
+    if store.is_writer():
+        write_atomic(run_dir / PLAN, config_lib.dumps(config).encode())
+
+    def run(group, out):
+        if not (out / store.CHECKPOINT_FILENAME).exists():
+            return train_fn(group, out, overwrite=out.exists(), **kwargs)
+        # a program resumed alone past the plan keeps its own total
+        own = config_lib.read_mapping(out / "config.yaml").get("generations") or 0
+        total = f"generations={max(config.generations, own)}"
+        return resume_fn(out, [*overrides, total], None, None, force, **kwargs)
+
+    return _programs(found, run_dir, kwargs, run)
+
+
+def _programs(found, run_dir: Path, kwargs, run) -> list:
+    """``run(group, folder)`` of each program in turn, then the sweep's summary."""
     results = []
     for index, (setting, group) in enumerate(found, start=1):
-        print(f"sweep: program {index} of {len(found)}, {replicas.folder(setting)}", flush=True)
-        results.append(train_fn(group, run_dir / replicas.folder(setting), **kwargs))
+        if kwargs.get("progress", True) and store.is_writer():
+            print(f"sweep: program {index} of {len(found)}, {replicas.folder(setting)}", flush=True)
+        results.append(run(group, run_dir / replicas.folder(setting)))
     summarize([run_dir / replicas.folder(s) for s, _ in found], run_dir)
     return results
+
+
+def refresh(run_dir) -> Path | None:
+    """After a run folder of a sweep was resumed alone: its sweep's summary drawn again
+    (the folder's own for a one-program sweep, its top folder's for a program of
+    several); the folder it was written into, or ``None`` for a run of no sweep."""
+    run_dir = Path(run_dir)
+    if program_dirs(run_dir.parent) and run_dir.resolve() in {
+        p.resolve() for p in program_dirs(run_dir.parent)
+    }:
+        summarize(program_dirs(run_dir.parent), run_dir.parent)
+        return run_dir.parent
+    if (run_dir / "config.yaml").exists():
+        if config_lib.read_mapping(run_dir / "config.yaml").get("sweep"):
+            summarize([run_dir], run_dir)
+            return run_dir
+    return None
 
 
 def summarize(run_dirs, out_dir, metric: str = "fitness_mean") -> tuple[Path, Path]:
@@ -99,7 +178,8 @@ def summarize(run_dirs, out_dir, metric: str = "fitness_mean") -> tuple[Path, Pa
     from evorl_pop.run import plotting
 
     static = _differing(run_dirs)  # the keys of a program each: they differ between folders
-    finals: dict[tuple, list[float]] = {}
+    finals: dict[str, list[float]] = {}
+    named: dict[str, tuple] = {}
     keys: list[str] = []
     for run_dir in run_dirs:
         config = config_lib.read_mapping(Path(run_dir) / "config.yaml")
@@ -108,9 +188,11 @@ def summarize(run_dirs, out_dir, metric: str = "fitness_mean") -> tuple[Path, Pa
         for one, metrics in plotting.load_runs(run_dir):
             own = config_lib.flatten(one.get("algorithm_config") or {})
             setting = tuple((k, own[k]) for k in swept)
-            finals.setdefault(setting, []).append(float(metrics[metric][-1]))
+            named.setdefault(repr(setting), setting)  # a list value (a width) as its text
+            finals.setdefault(repr(setting), []).append(float(metrics[metric][-1]))
     rows = []
-    for setting, values in finals.items():
+    for name, values in finals.items():
+        setting = named[name]
         values = np.asarray(values)
         finite = values[np.isfinite(values)]
         mean = finite.mean() if len(finite) else np.nan
@@ -154,7 +236,7 @@ def _draw(rows, keys, metric, path) -> None:
         others = [k for k in keys if k != key]
         lines: dict[tuple, list] = {}
         for row in rows:
-            lines.setdefault(tuple(row[k] for k in others), []).append(row)
+            lines.setdefault(tuple(str(row[k]) for k in others), []).append(row)
         numeric = all(isinstance(r[key], int | float) for r in rows)
         for other, members in lines.items():
             members = sorted(members, key=lambda r: r[key] if numeric else str(r[key]))
