@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from evorl_pop.run import replicas, store
+from evorl_pop.run import replicas, store, sweep
 from evorl_pop.run.config import read_mapping
 
 METRICS = {"best": "fitness_best", "mean": "fitness_mean", "worst": "fitness_worst"}
@@ -65,17 +65,42 @@ def load_run(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:
     return (read_mapping(config_path) if config_path.exists() else {}), metrics
 
 
+def _settings(config: dict) -> dict:
+    """A run config's settings, the algorithm's over the run's, nested ones under dotted
+    keys (``td3.actor_lr``)."""
+    flat = {k: v for k, v in config.items() if not isinstance(v, dict)}
+
+    def add(mapping: dict, prefix: str) -> None:
+        for k, v in mapping.items():
+            if isinstance(v, dict):
+                add(v, f"{prefix}{k}.")
+            else:
+                flat[prefix + k] = v
+
+    add(config.get("algorithm_config") or {}, "")
+    return flat
+
+
 def _label(config: dict, differing: Sequence[str]) -> str:
-    algo = config.get("algorithm_config") or {}
+    algo, flat = config.get("algorithm_config") or {}, _settings(config)
     named = ("algorithm", "strategy", "task")
     parts = [str(config.get("algorithm", "run")), *(str(algo[n]) for n in named if algo.get(n))]
-    extra = [f"{k}={algo.get(k, config.get(k))}" for k in differing if k not in named]
+    extra = [f"{k}={flat.get(k)}" for k in differing if k not in named]
     extra = extra[:4] + ["..."] * (len(extra) > 4)  # a legend, not a config dump
     return " ".join(parts) + (f" ({', '.join(extra)})" if extra else "")
 
 
+def _common_steps(runs) -> tuple[float, float] | None:
+    """The first and last environment step at which every run of a group has data
+    (``None``: their ranges of steps do not overlap)."""
+    start = max(m["env_steps"][0] for _, m in runs)
+    end = min(m["env_steps"][-1] for _, m in runs)
+    return (start, end) if start <= end else None
+
+
 def _aggregate(runs, metric: str, x: str, band: str):
-    """Mean and band over the runs of a group, on a common x axis."""
+    """Mean and band over the runs of a group, on a common x axis (for steps: only
+    where every run has data, see :func:`_common_steps`)."""
     if x == "generation":
         n = min(len(m["generation"]) for _, m in runs)
         xs = runs[0][1]["generation"][:n].astype(float)
@@ -84,10 +109,10 @@ def _aggregate(runs, metric: str, x: str, band: str):
         xs, ys = runs[0][1]["env_steps"].astype(float), runs[0][1][metric][None]
     else:
         # Env steps differ between seeds (episodes end early): interpolate
-        # every run onto one grid up to the shortest run's last step.
-        end = min(m["env_steps"][-1] for _, m in runs)
-        start = max(m["env_steps"][0] for _, m in runs)
-        xs = np.linspace(start, end, 200)
+        # every run onto one grid over the steps that all of them reached.
+        if (common := _common_steps(runs)) is None:
+            raise ValueError("The runs share no range of environment steps to average over.")
+        xs = np.linspace(*common, 200)
         ys = np.stack([np.interp(xs, m["env_steps"], m[metric]) for _, m in runs])
     with warnings.catch_warnings():  # a generation without finite fitness is a gap, not news
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -133,7 +158,14 @@ def plot_runs(
 
     if not runs or x not in ("generation", "steps") or band not in ("minmax", "std"):
         raise ValueError(f"Need runs, x generation or steps, band minmax or std: {x}, {band}.")
+    if not metrics:
+        raise ValueError(
+            "--metrics names no metric: give best, mean, worst or metrics.csv columns, "
+            "comma-separated."
+        )
+    out = _figure_path(out)
     columns = [METRICS.get(m, m) for m in metrics]
+    runs = [p for r in runs for p in sweep.program_dirs(r) or [r]]  # a sweep: its programs
     loaded = [(item, r) for r in runs for item in load_runs(r)]  # a multi-seed run: its seeds
     for (_, m), r in loaded:
         for c in columns:
@@ -146,10 +178,9 @@ def plot_runs(
     for item in loaded:
         data = {k: v for k, v in item[0].items() if k not in _NOT_GROUPING}
         groups.setdefault(yaml.safe_dump(data, sort_keys=True), []).append(item)
-    configs = [g[0][0] for g in groups.values()]
-    flat = [{**c, **(c.get("algorithm_config") or {})} for c in configs]
-    # Settings of every run (another algorithm's own go without saying), not nested ones.
-    keys = set.intersection(*({k for k, v in c.items() if not isinstance(v, dict)} for c in flat))
+    flat = [_settings(g[0][0]) for g in groups.values()]
+    # Settings of every run (another algorithm's own go without saying).
+    keys = set.intersection(*(set(c) for c in flat))
     differing = sorted(k for k in keys - {*_NOT_GROUPING} if len({repr(c[k]) for c in flat}) > 1)
 
     hyperparameters = member_hyperparameters(loaded[0][1])
@@ -172,6 +203,13 @@ def plot_runs(
         colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 
         def draw(axis, group, column, color, label=None):
+            if x == "steps" and len(group) > 1 and _common_steps(group) is None:
+                for _, m in group:  # no mean: each seed's own curve
+                    style = _STYLES.get(column, "-.") + "o" * (len(m[column]) == 1)
+                    axis.plot(m["env_steps"], m[column], style, color=color, lw=1, label=label)
+                    label = None
+                values = np.concatenate([m[column] for _, m in group])
+                return values[np.isfinite(values)]
             xs, mean, lo, hi = _aggregate(group, column, x, band)
             style = _STYLES.get(column, "-.") + "o" * (len(xs) == 1)  # a lone point: a dot
             axis.plot(xs, mean, style, color=color, label=label)
@@ -185,6 +223,8 @@ def plot_runs(
         finite = []
         for i, group in enumerate(groups.values()):
             count = f", {len(group)} seeds" if len(group) > 1 else ""
+            if count and x == "steps" and _common_steps(group) is None:
+                count += ", no common steps to average"
             label = _label(group[0][0], differing) + count
             for j, column in enumerate(columns):
                 # One experiment: a colour per metric; several: a colour per experiment.
@@ -197,7 +237,8 @@ def plot_runs(
             axes[0, -1].set(xlabel=xlabel, title="f − f* (best so far)", yscale="log")
         if log_y is None:
             log_y = bool(finite) and min(finite) > 0 and max(finite) / min(finite) > 1e3
-        if title is None and any(len(g) > 1 for g in groups.values()):
+        averaged = [len(g) > 1 and (x == "generation" or _common_steps(g)) for g in groups.values()]
+        if title is None and any(averaged):
             title = (
                 f"Fitness (mean over seeds, band: {'min-max' if band == 'minmax' else '±1 std'})"
             )
@@ -205,13 +246,29 @@ def plot_runs(
         ax.set_title(title or "Fitness")
         ax.legend(loc="best")
         fig.tight_layout()
-        out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
         written = [out, out.with_suffix(".svg")] if svg else [out]
         for path in written:
             fig.savefig(path)
     plt.close(fig)
     return written
+
+
+def _figure_path(out: str | os.PathLike) -> Path:
+    """The figure file ``out`` names, ``.png`` added when it names no file type; a
+    ``ValueError`` for a type matplotlib does not write."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    out = Path(out)
+    types = FigureCanvasAgg.get_supported_filetypes()
+    if not out.suffix:
+        return out.with_name(f"{out.name}.png")
+    if out.suffix[1:].lower() not in types:
+        raise ValueError(
+            f"--out {str(out)!r}: {out.suffix!r} is not a figure type; end the name in .png "
+            f"(or {', '.join(f'.{t}' for t in sorted(types) if t != 'png')})."
+        )
+    return out
 
 
 def member_hyperparameters(metrics: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
