@@ -44,6 +44,8 @@ from __future__ import annotations
 import csv
 import dataclasses
 import functools
+import os
+import shlex
 from pathlib import Path
 
 import jax
@@ -51,10 +53,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from evorl_pop.base import CheckpointError
+from evorl_pop.base import CheckpointError, RunError
 from evorl_pop.core.interfaces import Acts
 from evorl_pop.run import config as config_lib
-from evorl_pop.run import restore, shell, store
+from evorl_pop.run import restore, shell, store, sweep
 from evorl_pop.run.replicas import Replicas
 from evorl_pop.tasks import rollout as rollout_lib
 from evorl_pop.tasks.brax_envs import BraxFamily
@@ -263,6 +265,12 @@ def render(
     if episodes < 1:
         raise ValueError(f"--episodes must be at least 1, got {episodes}.")
     run_dir = Path(run_dir)
+    if programs := sweep.program_dirs(run_dir):
+        commands = "; ".join(f"evorl-pop render {shlex.quote(str(p))}" for p in programs)
+        raise ValueError(
+            f"{str(run_dir)!r} is the top folder of a sweep of {len(programs)} programs, each a "
+            f"run folder of its own: render one of them ({commands})."
+        )
     config = config_lib.from_dict(restore.load_checkpoint(run_dir).config, check=False)
     task = getattr(config.algorithm_config, "task", None)
     family = env_family(task) if isinstance(task, str) else None
@@ -283,17 +291,25 @@ def render(
             if _renders_one(task):
                 option = "--cell I (or --descriptor)" if task.startswith("qd/") else "--member I"
                 hint = f" (render one with {option})"
+            where = f"its {result} in the run folder holds them"
+            if config.seeds > 1 or config.sweep:  # a file per replica, in a folder of its own
+                found = sorted(run_dir.glob(f"*/{result}"), key=lambda p: p.parent.name)
+                named = ", ".join(str(p) for p in found[:3]) + ", ..." * (len(found) > 3)
+                where = (
+                    f"each replica's {result}, in its folder of the run folder "
+                    f"({named or str(run_dir / 'seed=S,...' / result)}), holds them"
+                )
             return (
                 f"nothing to render: render shows one policy, and a {task!r} run's result is "
-                f"many; its {result} in the run folder holds them{hint}."
+                f"many; {where}{hint}."
             )
         return f"nothing to render: {task!r} is a black-box function, not an environment."
     if family.drawing is None:
         host = "" if family.steps_in_jax else ", its environments stepped on the host"
         return f"nothing to render: the family of {task!r} ({family.pattern}{host}) draws none."
+    out = _out_file(run_dir, out, family.drawing, f"the family of {task!r}")
     result = run_episodes(run_dir, episodes, seed)
-    out = Path(out) if out is not None else run_dir / FILENAME.format(family.drawing)
-    frames = family.draw(result.env, result.trajectories, out)
+    frames = _draw(family.draw, result.env, result.trajectories, out)
     lines = [f"wrote {out} ({frames} frames)"]
     if result.replica is not None:
         which = ", ".join(f"{k} {v}" for k, v in result.replica.items())
@@ -308,6 +324,39 @@ def render(
         line += f"; the run reported {result.reported!r} at generation {result.generation}"
     lines.append(line)
     return "\n".join(lines)
+
+
+def _out_file(run_dir: Path, out, drawing: str, who: str) -> Path:
+    """The file to draw into (``None``: ``RUN/render.<drawing>``), its folder created,
+    checked before any episode runs: a ``ValueError`` for another extension, a
+    :class:`RunError` for a folder that cannot be created or written."""
+    if out is None:
+        return run_dir / FILENAME.format(drawing)
+    out = Path(out)
+    if out.suffix.lower() != f".{drawing}":
+        raise ValueError(
+            f"--out {str(out)!r}: {who} draws a .{drawing} file; give a path ending in .{drawing}."
+        )
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise RunError(f"Cannot create the folder of --out {str(out)!r}: {_why(err)}.") from None
+    if out.is_dir() or not os.access(out.parent, os.W_OK | os.X_OK):
+        why = "it is a folder" if out.is_dir() else f"{str(out.parent)!r} is not writable"
+        raise RunError(f"Cannot write --out {str(out)!r}: {why}; choose another path.")
+    return out
+
+
+def _why(err: OSError) -> str:
+    return f"{err.strerror or err}" + (f" ({err.filename!r})" if err.filename else "")
+
+
+def _draw(draw, env, trajectories, out: Path) -> int:
+    """``draw(env, trajectories, out)``, a failed write a one-line :class:`RunError`."""
+    try:
+        return draw(env, trajectories, out)
+    except OSError as err:
+        raise RunError(f"Cannot write {str(out)!r}: {_why(err)}; choose another --out.") from None
 
 
 # --- one of many: a front's member, an archive's elite ------------------------------------
@@ -387,6 +436,7 @@ def _choose(run_dir: Path, task: str, member, cell, descriptor) -> tuple[str, in
 def _render_one(run_dir: Path, config, episodes, seed, out, member, cell, descriptor) -> str:
     """Draws the episodes of a front's member or an archive's elite; returns what to print."""
     task_name = config.algorithm_config.task
+    out = _out_file(run_dir, out, "html", f"a {task_name!r} run's render")
     label, index, archive = _choose(run_dir, task_name, member, cell, descriptor)
     ckpt = restore.load_checkpoint(run_dir)
     config = dataclasses.replace(config, devices=1)
@@ -416,8 +466,7 @@ def _render_one(run_dir: Path, config, episodes, seed, out, member, cell, descri
     length = rollout_lib._length(task.env, task.episode_length)
     runs = [_trajectory(task.env, task.policy, params, None, length, k) for k in episode_keys]
     trajectories = [trajectory for trajectory, _ in runs]
-    out = Path(out) if out is not None else run_dir / FILENAME.format("html")
-    frames = BraxFamily().draw(task.env, trajectories, out)
+    frames = _draw(BraxFamily().draw, task.env, trajectories, out)
     lines = [f"wrote {out} ({frames} frames): {label} of {task_name}, key {seed}"]
     if archive:
         evaluate = jax.jit(task.evaluate_descriptor)

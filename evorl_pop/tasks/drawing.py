@@ -116,7 +116,7 @@ def write_gif(
     """
     if pictures is not None:
         frames = _titled_pictures(env, episodes, pictures)
-        frames[0].save(out, save_all=True, append_images=frames[1:], duration=1000 // fps, loop=0)
+        _save_gif(frames, out, fps)
         return len(frames)
     import matplotlib
 
@@ -147,5 +147,13 @@ def write_gif(
                 frames.append(image.quantize(method=Image.Quantize.FASTOCTREE))
     finally:
         plt.close(fig)
-    frames[0].save(out, save_all=True, append_images=frames[1:], duration=1000 // fps, loop=0)
+    _save_gif(frames, out, fps)
     return len(frames)
+
+
+def _save_gif(frames: list, out: Path, fps: int) -> None:
+    """The frames as an animated GIF in ``out`` (whatever its name), its folder created."""
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    frames[0].save(
+        out, format="GIF", save_all=True, append_images=frames[1:], duration=1000 // fps, loop=0
+    )
