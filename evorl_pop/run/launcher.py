@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from evorl_pop.base import write_atomic
+from evorl_pop.base import RunError, write_atomic
 from evorl_pop.run import processes, stop
 
 RESERVED_OPTIONS = ("--coordinator", "--num-processes", "--process-id")  # set by launch
@@ -125,6 +125,10 @@ def launch(
     for name, value in counts:
         if value is not None and value < 1:
             raise LaunchError(f"{name} must be >= 1, got {value}.")
+    if command[0] == "resume" and pid_file is not None:  # RUN/launch.json: RUN must exist
+        folder = Path(pid_file).parent
+        if not folder.is_dir() and any(Path(a) == folder for a in command[1:]):
+            raise RunError(f"No run folder at {str(folder)!r}.")
     coordinator = f"{host}:{free_port(host) if port is None else port}"
     lock = threading.Lock()
 
