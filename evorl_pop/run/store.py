@@ -148,6 +148,8 @@ def hold(
         elif not run_dir.is_dir():
             raise RunError(f"No run folder at {str(run_dir)!r}.")
         elif (run_dir / CONFIG_FILENAME).exists() and not (run_dir / CHECKPOINT_FILENAME).exists():
+            if (pid := _holder(run_dir)) is not None:
+                raise _in_use(run_dir, pid)
             raise CheckpointError(
                 f"{str(run_dir)!r} has no checkpoint: the run stopped before its first one; "
                 f"start it again with {restart(run_dir)}."
@@ -161,10 +163,7 @@ def hold(
             handle.seek(0)
             pid = handle.read().strip() or "unknown"
             handle.close()
-            raise RunError(
-                f"{str(run_dir)!r} is in use by another evorl-pop process (pid {pid}); wait "
-                "for it to end (or stop it) before writing to this run folder, or choose another."
-            ) from None
+            raise _in_use(run_dir, pid) from None
         # A refusal leaves even the lock file as it was.
         names = (*RECORDS, LOG_FILENAME, FIGURE_FILENAME, *EXTRAS)
         present = [n for n in names if (run_dir / n).exists()]
@@ -198,6 +197,23 @@ def hold(
         if handle is not None:
             with contextlib.suppress(OSError):  # a full disk: the error above says so
                 handle.close()  # releases the lock
+
+
+def _holder(run_dir: Path) -> str | None:
+    """The pid in the lock file while another process holds the lock, else ``None``."""
+    with contextlib.suppress(OSError), open(run_dir / LOCK_FILENAME) as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return handle.read().strip() or "unknown"
+    return None  # the shared lock ends with the file's closing
+
+
+def _in_use(run_dir: Path, pid: str) -> RunError:
+    return RunError(
+        f"{str(run_dir)!r} is in use by another evorl-pop process (pid {pid}); wait "
+        "for it to end (or stop it) before writing to this run folder, or choose another."
+    )
 
 
 @contextlib.contextmanager
