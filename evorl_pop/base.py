@@ -13,7 +13,7 @@ import dataclasses
 import difflib
 import functools
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +169,13 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
     """Writes ``data`` to ``path`` so that a reader (or a process killed mid-write)
     sees the old file or the new one, never a mix."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    while True:  # created as open() creates a file: mode 0o666 less the umask
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
+        except FileExistsError:
+            continue
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
