@@ -338,7 +338,7 @@ def _session(
         finally:  # the signals' handlers as before the session
             for sig, handler in previous.items():
                 signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-        if figure and run.writer:
+        if figure and run.writer and run.generation:  # no generation: nothing to draw
             _figure(run, recorders)
         if run.writer and isinstance(algorithm, Exports):
             _export(run, algorithm, state, recorders)
@@ -524,6 +524,12 @@ def _restored(run_dir: Path, ckpt, source, overrides, config_file, more, force):
         check=False,
     )
     changed = config_lib.differences(saved, config)
+    if config.precision != saved.precision:  # the checkpoint's arrays are of its precision
+        raise RunError(
+            f"The config differs from the checkpoint's ({'; '.join(changed)}): a run keeps "
+            f"its precision, even with --force; resume with precision={saved.precision}, or "
+            f"start a new run for {config.precision}."
+        )
     if changed and not force:
         raise RunError(
             f"The config differs from the checkpoint's ({'; '.join(changed)}): continuing "
