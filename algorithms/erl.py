@@ -118,8 +118,11 @@ class GA(PopulationBasedAlgorithm):
         super().__init__(population_size, jnp.zeros(task.num_dims))
         self.config = config
         self.task = task
-        self.neuron = jnp.asarray(_neuron_ids(task.unravel(jnp.zeros(task.num_dims))))
-        self.num_neurons = int(self.neuron.max()) + 1
+        # from the shapes alone: a NumPy constant even where the GA is built while tracing
+        flat = jax.ShapeDtypeStruct((task.num_dims,), jnp.float32)
+        neuron = _neuron_ids(jax.eval_shape(task.unravel, flat))
+        self.neuron = jnp.asarray(neuron)
+        self.num_neurons = int(neuron.max()) + 1
         c = config
         self._default_params = GAParams(
             c.crossover_prob, c.mutation_prob, c.mutation_frac, c.mutation_std
@@ -270,8 +273,8 @@ def _neuron_ids(params: Any) -> np.ndarray:
             ids[layer] = offset
             offset += width
         ids[path] = np.broadcast_to(ids[layer] + np.arange(width), leaf.shape)
-    tree = jax.tree_util.tree_map_with_path(lambda path, _: ids[path], params)
-    return np.asarray(ravel_pytree(tree)[0]).astype(np.int32)
+    leaves = jax.tree_util.tree_leaves_with_path(params)  # ravel_pytree's order
+    return np.concatenate([ids[path].ravel() for path, _ in leaves]).astype(np.int32)
 
 
 registry.register_algorithm("erl", Config, ERL, "ERL: a GA population + a TD3 or SAC learner")

@@ -271,3 +271,8 @@ def test_es_from_python_checks_its_config_as_the_command_line_does(field, value,
     with pytest.raises(ConfigError) as err:
         ES(ESConfig(task="Pendulum-v1", **{field: value}))
     assert words in str(err.value)
+
+
+def test_an_algorithm_config_that_is_no_mapping_is_named():
+    with pytest.raises(ConfigError, match=r"algorithm_config: expected a mapping .* got 3\."):
+        config.from_dict({"algorithm": "es", "algorithm_config": 3})

@@ -328,6 +328,17 @@ def test_a_sweep_of_several_programs_resumes_from_its_top_folder(tmp_path):
     assert (part / "sweep.csv").read_text() != (whole / "sweep.csv").read_text()
 
 
+def test_erls_ga_settings_enter_one_program_as_data():
+    from evorl_pop.algorithms.erl import ERL
+    from evorl_pop.algorithms.erl import Config as ERLConfig
+    from evorl_pop.core.engine import make_mesh
+    from evorl_pop.run import replicas
+
+    config = ERLConfig(population_size=4, episode_length=20)
+    grid = {"mutation_std": [0.05, 0.2], "crossover_prob": [0.0, 0.5], "population_size": [4, 6]}
+    assert replicas.program_keys(ERL, config, make_mesh(1), grid) == ["population_size"]
+
+
 def test_each_seed_exports_its_own_archive_as_its_single_run(tmp_path):
     args = ["train", "-a", "mapelites", "--task", "qd/arm", "--pop", "16", "-g", "3",
             "--chunk", "3", "--devices", "1", "-q", "--no-figure"]  # fmt: skip

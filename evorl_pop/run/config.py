@@ -188,6 +188,11 @@ def from_dict(data: Mapping, check: bool = True) -> RunConfig:
     cls = _spec(algorithm).config_class
     if isinstance(data.get("algorithm_config"), Mapping):
         _check_scalars(data["algorithm_config"], cls)
+    elif data.get("algorithm_config") is not None:
+        raise ConfigError(
+            f"algorithm_config: expected a mapping of the {algorithm} config's fields "
+            f"(algorithm_config: {{population_size: 64}}), got {data['algorithm_config']!r}."
+        )
     schema = OmegaConf.structured(RunConfig(algorithm, algorithm_config=cls()))
     try:
         config = OmegaConf.to_object(OmegaConf.merge(schema, data))
