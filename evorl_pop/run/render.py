@@ -295,10 +295,8 @@ def render(
             if config.seeds > 1 or config.sweep:  # a file per replica, in a folder of its own
                 found = sorted(run_dir.glob(f"*/{result}"), key=lambda p: p.parent.name)
                 named = ", ".join(str(p) for p in found[:3]) + ", ..." * (len(found) > 3)
-                where = (
-                    f"each replica's {result}, in its folder of the run folder "
-                    f"({named or str(run_dir / 'seed=S,...' / result)}), holds them"
-                )
+                named = named or str(run_dir / "seed=S,..." / result)
+                where = f"its replicas' {result} files, each in its own folder, hold them ({named})"
             return (
                 f"nothing to render: render shows one policy, and a {task!r} run's result is "
                 f"many; {where}{hint}."
