@@ -4,6 +4,8 @@ Runs whose configs agree except for the seed (and run settings such as the
 chunk size) form one group, drawn as the mean over its runs with a shaded
 band (min-max or ±1 std); best, mean and worst fitness are told apart by
 line style. Fitness stays in the task's own units (returns up, losses down).
+Against environment steps, the mean covers the steps every run of the group
+reached; a group whose runs share no such range shows each run's curve alone.
 """
 
 from __future__ import annotations
@@ -139,8 +141,10 @@ def plot_runs(
     hyperparameter beside the curves, with every member's trajectory.
 
     Args:
-      runs: run folders (or metrics CSV files).
-      out, svg: the PNG path; also write an SVG beside it.
+      runs: run folders (or metrics CSV files); a sweep's top folder stands for its
+        programs' run folders.
+      out, svg: the PNG path (``.png`` added to a name without a file type); also write
+        an SVG beside it.
       x: ``'generation'`` or ``'steps'`` (cumulative environment steps).
       metrics: any of ``'best'``, ``'mean'``, ``'worst'`` or metrics column names.
       band: ``'minmax'`` or ``'std'``: the shaded band of a group of several runs.
@@ -150,6 +154,10 @@ def plot_runs(
 
     Returns:
       The paths written.
+
+    Raises:
+      ValueError: no runs or metrics, a run without rows or without a metric's column,
+        a file type matplotlib does not write.
     """
     import matplotlib
 
