@@ -260,7 +260,10 @@ def render(
     Raises:
       CheckpointError: no checkpoint.
       ValueError: episodes below 1; a member or cell the run does not hold (naming the
-        valid ones), or one asked of a run without a front or an archive.
+        valid ones), or one asked of a run without a front or an archive; an ``out`` of
+        another file type than the family draws; a sweep's top folder (naming its
+        programs' run folders).
+      RunError: an ``out`` whose folder cannot be created or written.
     """
     if episodes < 1:
         raise ValueError(f"--episodes must be at least 1, got {episodes}.")
