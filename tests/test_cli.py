@@ -454,3 +454,10 @@ def test_metrics_file_truncates_rows_past_a_generation(tmp_path):
     assert data["generation"].tolist() == [1, 2]
     assert data["x"].tolist() == [0.1, 0.2]  # floats read back exactly
     assert path.read_text().endswith("\n")
+
+
+def test_an_empty_out_is_refused_not_replaced(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "-g", "1", "--pop", "8", "-q", "--no-figure", "--out", ""]) == 2
+    assert "--out is empty: name the run folder" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
