@@ -312,11 +312,8 @@ def _sweep_top(run: str) -> bool:
         return False
     if os.path.exists(os.path.join(run, sweep_lib.PLAN)):
         return True
-    if programs := sweep_lib.program_dirs(run):
-        each = "\n".join(f"  evorl-pop resume {p}" for p in programs)
-        raise RunError(
-            f"{run!r} is the top folder of a sweep of several programs; resume each:\n{each}"
-        )
+    if told := sweep_lib.top_folder(run, "resume"):  # programs, but no plan to resume from
+        raise RunError(told)
     return False
 
 
@@ -483,6 +480,8 @@ def _cmd_plot(args) -> int:
 
 
 def _cmd_render(args) -> int:
+    if told := sweep_lib.top_folder(args.run, "render"):
+        raise RunError(told)
     ckpt = restore.load_checkpoint(args.run)
     processes.set_precision(ckpt.config.get("precision", "float32"))
     processes.use_compilation_cache()

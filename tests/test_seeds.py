@@ -328,6 +328,17 @@ def test_a_sweep_of_several_programs_resumes_from_its_top_folder(tmp_path):
     assert (part / "sweep.csv").read_text() != (whole / "sweep.csv").read_text()
 
 
+def test_a_stopped_program_of_a_sweep_says_to_finish_the_sweep(tmp_path):
+    program = tmp_path / "sizes" / "population_size=8"
+    program.mkdir(parents=True)
+    (program / store.CHECKPOINT_FILENAME).write_bytes(b"")
+    assert store.resume_hint(program).endswith(f"resume {program}`.")
+    (tmp_path / "sizes" / store.SWEEP_PLAN).write_text("algorithm: es\n")
+    assert (
+        store.resume_hint(program) == f"finish the sweep with `evorl-pop resume {program.parent}`."
+    )
+
+
 def test_erls_ga_settings_enter_one_program_as_data():
     from evorl_pop.algorithms.erl import ERL
     from evorl_pop.algorithms.erl import Config as ERLConfig

@@ -45,7 +45,6 @@ import csv
 import dataclasses
 import functools
 import os
-import shlex
 from pathlib import Path
 
 import jax
@@ -268,12 +267,8 @@ def render(
     if episodes < 1:
         raise ValueError(f"--episodes must be at least 1, got {episodes}.")
     run_dir = Path(run_dir)
-    if programs := sweep.program_dirs(run_dir):
-        commands = "; ".join(f"evorl-pop render {shlex.quote(str(p))}" for p in programs)
-        raise ValueError(
-            f"{str(run_dir)!r} is the top folder of a sweep of {len(programs)} programs, each a "
-            f"run folder of its own: render one of them ({commands})."
-        )
+    if told := sweep.top_folder(run_dir, "render"):
+        raise ValueError(told)
     config = config_lib.from_dict(restore.load_checkpoint(run_dir).config, check=False)
     task = getattr(config.algorithm_config, "task", None)
     family = env_family(task) if isinstance(task, str) else None

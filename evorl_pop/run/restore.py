@@ -12,7 +12,6 @@ import csv
 import dataclasses
 import hashlib
 import os
-import shlex
 import sys
 import zlib
 from pathlib import Path
@@ -49,11 +48,10 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        if programs := _sweep_programs(path.parent):
-            raise CheckpointError(
-                f"{str(path.parent)!r} is the top folder of a sweep of {len(programs)} programs, "
-                f"each a run folder of its own: give one of them ({', '.join(programs)})."
-            ) from None
+        from evorl_pop.run import sweep  # it reads run folders: imported where it is needed
+
+        if told := sweep.top_folder(path.parent, "resume"):
+            raise CheckpointError(told) from None
         raise CheckpointError(
             f"No checkpoint at {name}: the run wrote none yet (it stops before its "
             "first checkpoint, see --checkpoint-every) or this is not a run folder."
@@ -96,13 +94,6 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
             "from a copy or start the run again."
         ) from None
     return ckpt
-
-
-def _sweep_programs(path: Path) -> list[str]:
-    """The program folders of a sweep's top folder ``path``, quoted for a shell."""
-    from evorl_pop.run import sweep  # it reads run folders: imported where it is needed
-
-    return [shlex.quote(str(p)) for p in sweep.program_dirs(path)]
 
 
 def restore_key(ckpt: Checkpoint) -> jax.Array:

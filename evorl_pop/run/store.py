@@ -69,6 +69,8 @@ from evorl_pop.run.state_dicts import serializable
 
 METRICS_FILENAME = "metrics.csv"
 CHECKPOINT_FILENAME = "checkpoint.msgpack"
+#: A sweep of several programs' whole run config, in its top folder (evorl_pop.run.sweep).
+SWEEP_PLAN = "sweep.yaml"
 CONFIG_FILENAME = "config.yaml"
 LOG_FILENAME = "train.log"
 FIGURE_FILENAME = "fitness.png"
@@ -387,6 +389,9 @@ def resume_hint(run_dir: Path) -> str:
     the others may not see its folder, or see it before its last checkpoint is written."""
     if not is_writer():
         return "process 0 writes the run folder, and its message says how to go on."
+    if (run_dir.parent / SWEEP_PLAN).exists():  # a program of a sweep: the sweep goes on
+        command = f"evorl-pop resume {shlex.quote(str(run_dir.parent))}"
+        return f"finish the sweep with `{command}`."
     if (run_dir / CHECKPOINT_FILENAME).exists():
         command = f"evorl-pop resume {shlex.quote(str(run_dir))}"
         return f"continue from its last checkpoint with `{command}`."

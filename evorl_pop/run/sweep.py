@@ -24,6 +24,7 @@ import csv
 import dataclasses
 import io
 import os
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -35,9 +36,9 @@ from evorl_pop.run.config import RunConfig
 
 #: The summary files of a sweep.
 TABLE, FIGURE = "sweep.csv", "sweep.png"
-#: A sweep of several programs: its top folder's record of the whole run config and of
-#: its programs' folders, in the order they run (``evorl-pop resume RUN`` reads it).
-PLAN = "sweep.yaml"
+#: A sweep of several programs: its whole run config, in its top folder (``evorl-pop
+#: resume RUN`` reads it).
+PLAN = store.SWEEP_PLAN
 
 
 def program_dirs(path: str | os.PathLike) -> list[Path]:
@@ -51,6 +52,19 @@ def program_dirs(path: str | os.PathLike) -> list[Path]:
         return []
     found = [p for p in path.iterdir() if (p / "config.yaml").exists()]
     return sorted(found, key=lambda p: _order(p.name))
+
+
+def top_folder(path: str | os.PathLike, command: str) -> str | None:
+    """What ``evorl-pop COMMAND`` given the top folder of a sweep of several programs is
+    told: its programs' folders, one command each; ``None`` for any other folder."""
+    programs = program_dirs(path)
+    if not programs:
+        return None
+    each = "; ".join(f"evorl-pop {command} {shlex.quote(str(p))}" for p in programs)
+    return (
+        f"{str(path)!r} is the top folder of a sweep of {len(programs)} programs, each a run "
+        f"folder of its own: {command} one of them ({each})."
+    )
 
 
 def _order(name: str) -> tuple:
