@@ -189,21 +189,22 @@ def summarize(run_dirs, out_dir, metric: str = "fitness_mean") -> tuple[Path, Pa
     """``sweep.csv`` (one row per setting: its swept values, the seeds, ``metric``'s final
     mean and standard error over them) and ``sweep.png`` (that mean against each swept
     key) of a sweep's run folders, into ``out_dir``."""
-    from evorl_pop.run import plotting
-
     static = _differing(run_dirs)  # the keys of a program each: they differ between folders
     finals: dict[str, list[float]] = {}
     named: dict[str, tuple] = {}
     keys: list[str] = []
     for run_dir in run_dirs:
         config = config_lib.read_mapping(Path(run_dir) / "config.yaml")
-        swept = [*static, *replicas.parse_sweep(config.get("sweep") or ())]
-        keys = list(dict.fromkeys([*keys, *swept]))
-        for one, metrics in plotting.load_runs(run_dir):
-            own = config_lib.flatten(one.get("algorithm_config") or {})
-            setting = tuple((k, own[k]) for k in swept)
+        data = list(replicas.parse_sweep(config.get("sweep") or ()))
+        keys = list(dict.fromkeys([*keys, *static, *data]))
+        own = config_lib.flatten(config.get("algorithm_config") or {})
+        metrics = store.read_metrics(Path(run_dir) / store.METRICS_FILENAME)
+        # each replica's row of the last generation (a run of one replica: its last row)
+        for row in np.flatnonzero(metrics["generation"] == metrics["generation"].max()):
+            values = [*(own[k] for k in static), *(metrics[k][row].item() for k in data)]
+            setting = tuple(zip([*static, *data], values, strict=True))
             named.setdefault(repr(setting), setting)  # a list value (a width) as its text
-            finals.setdefault(repr(setting), []).append(float(metrics[metric][-1]))
+            finals.setdefault(repr(setting), []).append(float(metrics[metric][row]))
     rows = []
     for name, values in finals.items():
         setting = named[name]
