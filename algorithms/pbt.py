@@ -158,6 +158,14 @@ class Config(HybridConfig):
             return self.search
         return tuple(Hyperparameter(*h) for h in self.learner_part().default_search)
 
+    def set_by_algorithm(self) -> tuple[str, ...]:
+        """The searched hyperparameters' fields, which PBT draws and explores itself
+        (:class:`~evorl_pop.core.interfaces.SetsOwnSettings`)."""
+        own = {f.name for f in dataclasses.fields(self)}
+        return tuple(
+            h.name if h.name in own else self.setting_name(h.name) for h in self.searched()
+        )
+
     def validate(self) -> None:
         """Raises a ConfigError naming a setting that cannot run."""
         super().validate()

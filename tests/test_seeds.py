@@ -290,6 +290,16 @@ def test_swept_values_read_as_set_reads_them_and_every_setting_is_checked_first(
     assert not (tmp_path / "odd").exists()
 
 
+def test_a_sweep_of_what_pbt_searches_itself_is_refused(capsys):
+    for learner, key in (("td3", "td3.actor_lr"), ("td3", "exploration_noise"),
+                         ("ppo", "ppo.learning_rate")):  # fmt: skip
+        args = ["train", "-a", "pbt", "--set", f"learner={learner}", "--print-config"]
+        assert cli.main([*args, "--sweep", f"{key}=0.001,0.01"]) == 2
+        assert f"sweep: pbt sets {key} itself (it searches it)" in capsys.readouterr().err
+    kept = ["train", "-a", "pbt", "--sweep", "td3.batch_size=32,64", "--print-config"]
+    assert cli.main(kept) == 0
+
+
 def test_a_one_setting_sweep_and_a_sweep_of_widths_run_and_summarize(tmp_path, capsys):
     one = tmp_path / "one"
     assert cli.main(["train", *SWEEP_RUN, "--sweep", "sigma_init=0.1", "--out", str(one)]) == 0

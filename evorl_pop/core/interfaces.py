@@ -296,6 +296,15 @@ class Algorithm(Protocol):
         """One generation, pure and jittable: ``(state, metrics)``, metrics scalars."""
 
 
+@runtime_checkable
+class SetsOwnSettings(Protocol):
+    """An algorithm config some of whose fields the algorithm sets itself (PBT's searched
+    hyperparameters): a sweep over them would change nothing, so it is refused."""
+
+    def set_by_algorithm(self) -> tuple[str, ...]:
+        """The fields the algorithm sets itself, dotted where nested (``td3.actor_lr``)."""
+
+
 class Acting(NamedTuple):
     """A deterministic policy as an algorithm's evaluation runs it: episodes of ``env``
     stepped by ``policy(params, obs)`` (observations normalised by ``obs_norm`` where it

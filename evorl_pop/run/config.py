@@ -35,6 +35,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from evorl_pop import registry
 from evorl_pop.base import ConfigError, did_you_mean, read_text, write_atomic
+from evorl_pop.core.interfaces import SetsOwnSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -360,7 +361,13 @@ def check_sweep(config: RunConfig) -> None:
     from evorl_pop.run import replicas
 
     grid = replicas.parse_sweep(config.sweep)
+    own = config.algorithm_config
     for key, values in grid.items():
+        if isinstance(own, SetsOwnSettings) and key in own.set_by_algorithm():
+            raise ConfigError(
+                f"sweep: {config.algorithm} sets {key} itself (it searches it), so every value "
+                "of the sweep would run the same; sweep a setting it keeps, or change its search."
+            )
         if key.split(".")[0] in _RUN_FIELDS:
             raise ConfigError(
                 f"sweep: {key} is a run setting; a sweep takes fields of the algorithm's config "
