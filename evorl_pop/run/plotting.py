@@ -20,7 +20,7 @@ import numpy as np
 import yaml
 
 from evorl_pop.run import replicas, store, sweep
-from evorl_pop.run.config import read_mapping
+from evorl_pop.run.config import flatten, read_mapping
 
 METRICS = {"best": "fitness_best", "mean": "fitness_mean", "worst": "fitness_worst"}
 _STYLES = {"fitness_best": "-", "fitness_mean": "--", "fitness_worst": ":", "f_minus_fopt": "-"}
@@ -70,17 +70,8 @@ def load_run(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:
 def _settings(config: dict) -> dict:
     """A run config's settings, the algorithm's over the run's, nested ones under dotted
     keys (``td3.actor_lr``)."""
-    flat = {k: v for k, v in config.items() if not isinstance(v, dict)}
-
-    def add(mapping: dict, prefix: str) -> None:
-        for k, v in mapping.items():
-            if isinstance(v, dict):
-                add(v, f"{prefix}{k}.")
-            else:
-                flat[prefix + k] = v
-
-    add(config.get("algorithm_config") or {}, "")
-    return flat
+    run = {k: v for k, v in config.items() if not isinstance(v, dict)}
+    return {**run, **flatten(config.get("algorithm_config") or {})}
 
 
 def _label(config: dict, differing: Sequence[str]) -> str:

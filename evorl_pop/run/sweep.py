@@ -99,12 +99,12 @@ def groups(config: RunConfig) -> list[tuple[dict, RunConfig]]:
     mesh = make_mesh(processes.mesh_devices(config))
     static = replicas.program_keys(cls, config.algorithm_config, mesh, grid)
     data = {k: v for k, v in grid.items() if k not in static}
+    first, group = replicas.settings(data)[0], replicas.format_sweep(data)
     out = []
     for setting in replicas.settings({k: grid[k] for k in static}):
         algorithm = replicas.with_values(config.algorithm_config, setting)
         if len(out):  # the first is built when it runs, at once
-            cls(replicas.with_values(algorithm, replicas.settings(data)[0]), mesh=mesh)
-        group = replicas.format_sweep(data)
+            cls(replicas.with_values(algorithm, first), mesh=mesh)
         out.append((setting, dataclasses.replace(config, algorithm_config=algorithm, sweep=group)))
     return out
 
@@ -173,10 +173,9 @@ def refresh(run_dir) -> Path | None:
     (the folder's own for a one-program sweep, its top folder's for a program of
     several); the folder it was written into, or ``None`` for a run of no sweep."""
     run_dir = Path(run_dir)
-    if program_dirs(run_dir.parent) and run_dir.resolve() in {
-        p.resolve() for p in program_dirs(run_dir.parent)
-    }:
-        summarize(program_dirs(run_dir.parent), run_dir.parent)
+    programs = program_dirs(run_dir.parent)
+    if run_dir.resolve() in {p.resolve() for p in programs}:
+        summarize(programs, run_dir.parent)
         return run_dir.parent
     if (run_dir / "config.yaml").exists():
         if config_lib.read_mapping(run_dir / "config.yaml").get("sweep"):
