@@ -318,6 +318,9 @@ def test_a_sweep_of_several_programs_resumes_from_its_top_folder(tmp_path):
     run = [*SWEEP_RUN[:2], "-t", "CartPole-v1", "--set", "episode_length=20", *SWEEP_RUN[4:]]
     whole, part = tmp_path / "whole", tmp_path / "part"
     assert cli.main(["train", *run, *sweep, "-g", "3", "--out", str(whole)]) == 0
+    plan = (whole / "sweep.yaml").read_text()
+    assert cli.main(["train", *run, *sweep, "-g", "5", "--out", str(whole)]) == 1  # refused
+    assert (whole / "sweep.yaml").read_text() == plan
     assert cli.main(["train", *run, *sweep, "-g", "2", "--out", str(part)]) == 0
     import shutil
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from evorl_pop.base import write_atomic
+from evorl_pop.base import RunError, write_atomic
 from evorl_pop.run import config as config_lib
 from evorl_pop.run import processes, replicas, store
 from evorl_pop.run.config import RunConfig
@@ -122,6 +122,12 @@ def train(config: RunConfig, run_dir, train_fn, **kwargs) -> list:
         results = [train_fn(found[0][1], run_dir, **kwargs)]
         summarize([run_dir], run_dir)
         return results
+    held = (run_dir / PLAN).exists() or program_dirs(run_dir) or (run_dir / "config.yaml").exists()
+    if held and not kwargs.get("overwrite"):  # its plan and programs stay as they are
+        raise RunError(
+            f"{str(run_dir)!r} holds a run already. Continue it with `evorl-pop resume "
+            f"{shlex.quote(str(run_dir))}`, or pass --overwrite to start the sweep afresh there."
+        )
     if store.is_writer():
         os.makedirs(run_dir, exist_ok=True)
         write_atomic(run_dir / PLAN, config_lib.dumps(config).encode())
