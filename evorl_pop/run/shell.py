@@ -293,7 +293,7 @@ def _session(
     base = run.wall_time
     # A stop signal sets the flag, read between chunks; a time limit or other processes
     # need the poll (evorl_pop.run.stop handles what comes after).
-    flag = stop_lib.Flag()
+    flag = stop_lib.held() or stop_lib.Flag()  # evorl-pop's: set by a signal before now
     poll = flag.is_set
     if time_limit is not None or jax.process_count() > 1:
         poll = stop_lib.Poll(flag, time_limit)
@@ -438,6 +438,7 @@ def train(
     run_dir = Path(run_dir) if run_dir is not None else store.default_run_dir(config)
     try:
         algorithm, mesh, state, run_key, text = build(config)
+        stop_lib.check()  # a signal while it compiled: nothing is written yet
     except BaseException as err:
         if run_dir in store.RESERVED and not any(run_dir.iterdir()):
             run_dir.rmdir()  # the empty folder default_run_dir made for this run
