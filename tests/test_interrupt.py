@@ -3,6 +3,8 @@ while JAX is imported, while the first chunk compiles. Each ends the command wit
 status 130 and one line that says what the run folder holds, never a traceback or an
 interrupt dropped in a callback ("Exception ignored") that lets the run go on."""
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -13,7 +15,8 @@ from pathlib import Path
 import pytest
 from _env import cli_env
 
-from evorl_pop.run import restore, store
+from evorl_pop import cli
+from evorl_pop.run import restore, stop, store
 
 ROOT = Path(__file__).resolve().parents[1]
 #: A run long enough that nothing but the signal ends it in time.
@@ -126,3 +129,47 @@ def test_sigterm_while_importing_jax_stops_with_143(tmp_path):
     last = _ends_in_one_line(p, "importing_jax", 128 + signal.SIGTERM)
     assert last == STOPPED_EARLY.replace("Ctrl-C", "SIGTERM") + "nothing was written", last
     assert not (tmp_path / "run").exists()
+
+
+@pytest.fixture
+def held():
+    """The stop signals held as ``evorl-pop`` holds them, given back afterwards."""
+    before = {signum: signal.getsignal(signum) for signum in stop.STOP_SIGNALS}
+    yield stop.hold()
+    with contextlib.suppress(KeyboardInterrupt):
+        stop.release()
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
+
+
+def test_a_held_signal_raises_nowhere_and_stops_where_checked(held):
+    stop.check()  # nothing came: goes on
+    signal.raise_signal(signal.SIGTERM)  # sets the flag, raises nothing here
+    assert held.is_set() and held.signum == signal.SIGTERM
+    with pytest.raises(stop.Interrupted) as stopped:
+        stop.check("what the folder holds", 3)
+    assert (stopped.value.status, stopped.value.why) == (143, "SIGTERM")
+    assert (str(stopped.value), stopped.value.generation) == ("what the folder holds", 3)
+    with pytest.raises(KeyboardInterrupt):  # a second signal: at once
+        signal.raise_signal(signal.SIGINT)
+    with pytest.raises(stop.Interrupted):  # given back: what came is not forgotten
+        stop.release()
+    assert stop.held() is None and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_command_held_with_a_signal_pending_stops_before_it_writes(
+    held, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # --devices edits it
+    signal.raise_signal(signal.SIGINT)
+    run = tmp_path / "run"
+    assert cli.main([*JOB[:-2], "-g", "2", "--out", str(run)]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == STOPPED_EARLY + "nothing was written"
+    assert not run.exists()
+    # a command that is no run gives the signals back, and stops on what came
+    with pytest.raises(stop.Interrupted):
+        stop.release()
+    stop.hold()
+    signal.raise_signal(signal.SIGINT)
+    assert cli.main(["list"]) == 130
+    assert stop.held() is None
