@@ -173,3 +173,25 @@ def test_a_command_held_with_a_signal_pending_stops_before_it_writes(
     signal.raise_signal(signal.SIGINT)
     assert cli.main(["list"]) == 130
     assert stop.held() is None
+
+
+def test_a_signal_in_the_last_chunk_leaves_the_run_complete_and_says_so(
+    held, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+    add = store.Run.add
+
+    def add_then_ctrl_c(self, *args, **kwargs):  # the signal comes as the last chunk ends
+        add(self, *args, **kwargs)
+        signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(store.Run, "add", add_then_ctrl_c)
+    run = tmp_path / "run"
+    assert cli.main([*JOB[:-2], "-g", "2", "--out", str(run)]) == 130
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    want = (
+        f"evorl-pop train: interrupted (Ctrl-C) after generation 2; the run is complete in {run}."
+    )
+    assert last == want
+    assert restore.load_checkpoint(run).generation == 2
+    assert store.read_metrics(run)["generation"].tolist() == [1, 2]
