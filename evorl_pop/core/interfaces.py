@@ -340,7 +340,7 @@ class Exports(Protocol):
 
 @runtime_checkable
 class Recorder(Protocol):
-    """What a run records, one method per moment (:class:`evorl_pop.run.store.Recorder`
+    """What a run records, one method per moment (:class:`evorl_pop.run.recorders.Recorder`
     implements each as doing nothing: subclass it and override the ones you need).
 
     The run shell calls, on every process (only ``run.writer`` should write

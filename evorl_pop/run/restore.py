@@ -24,15 +24,10 @@ import numpy as np
 
 from evorl_pop.base import CheckpointError, read_text, write_atomic
 from evorl_pop.run import processes
+from evorl_pop.run.checkpoint import FORMAT_VERSION, MAGIC, Checkpoint, precision
+from evorl_pop.run.folder import CHECKPOINT_FILENAME
+from evorl_pop.run.metrics_csv import _whole_lines
 from evorl_pop.run.state_dicts import serializable
-from evorl_pop.run.store import (
-    CHECKPOINT_FILENAME,
-    FORMAT_VERSION,
-    MAGIC,
-    Checkpoint,
-    _whole_lines,
-    precision,
-)
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:

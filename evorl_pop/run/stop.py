@@ -69,7 +69,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 class Requested(KeyboardInterrupt):
-    """:func:`~evorl_pop.run.shell.train_loop` stopped between chunks, as its ``stop`` asked."""
+    """:func:`~evorl_pop.run.loop.train_loop` stopped between chunks, as its ``stop`` asked."""
 
 
 def signal_name(signum: int) -> str:
