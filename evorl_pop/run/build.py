@@ -14,6 +14,7 @@ from evorl_pop.base import (
     RunError,
 )
 from evorl_pop.core.engine import make_mesh
+from evorl_pop.core.interfaces import Populated, Replicated
 from evorl_pop.run import config as config_lib
 from evorl_pop.run import processes
 from evorl_pop.run import replicas as replicas_lib
@@ -52,7 +53,8 @@ def build(config: RunConfig):
     dims = max(
         (x.shape[-1] for x in leaves if x.ndim and jnp.issubdtype(x.dtype, jnp.floating)), default=1
     )
-    population = getattr(config.algorithm_config, "population_size", 0) or 0
+    settings = config.algorithm_config
+    population = (settings.population_size or 0) if isinstance(settings, Populated) else 0
     # Per device: the replicated state, and its slice of the population held
     # about three times over (candidates, noise, the updated copy).
     width = 8 if config.precision == "float64" else 4
@@ -62,7 +64,7 @@ def build(config: RunConfig):
     have = (device.memory_stats() or {}).get("bytes_limit") if device.platform != "cpu" else None
     # Simulated CPU devices share the host's memory.
     have = have or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // mesh.size
-    replicas = len(getattr(algorithm, "labels", ())) or 1
+    replicas = (len(algorithm.labels) or 1) if isinstance(algorithm, Replicated) else 1
     need += 3 * width * dims * -(-population // mesh.size) * (replicas - 1)
     if need > have:
         if replicas > 1:

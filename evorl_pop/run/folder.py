@@ -16,6 +16,7 @@ from pathlib import Path
 import jax
 
 from evorl_pop.base import RunError
+from evorl_pop.core.interfaces import OnTask
 from evorl_pop.run import processes
 from evorl_pop.run.config import RunConfig
 
@@ -64,7 +65,9 @@ def default_run_dir(config: RunConfig, root: str | os.PathLike = "runs") -> Path
 
 
 def _new_run_dir(config: RunConfig, root: str | os.PathLike) -> Path:
-    task = str(getattr(config.algorithm_config, "task", None) or "run").replace("/", "-")
+    settings = config.algorithm_config
+    task = settings.task if isinstance(settings, OnTask) else None
+    task = str(task or "run").replace("/", "-")
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(root) / f"{config.algorithm}-{task}-{config.seed}-{stamp}"
     for n in itertools.count(1):

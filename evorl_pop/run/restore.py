@@ -122,7 +122,8 @@ def restore_state(template: Any, ckpt: Checkpoint):
         saved = np.asarray(saved)
         # Only shapes and dtypes are compared: no transfer of arrays that span processes.
         shape = np.shape(like)
-        dtype = np.dtype(getattr(like, "dtype", np.asarray(like).dtype))
+        typed = isinstance(like, jax.Array | jax.ShapeDtypeStruct | np.ndarray | np.generic)
+        dtype = np.dtype(like.dtype if typed else np.asarray(like).dtype)
         if saved.shape != shape or saved.dtype != dtype:
             raise CheckpointError(
                 f"{unfit} an array of {saved.shape} {saved.dtype} where {shape} {dtype} was "

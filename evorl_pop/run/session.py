@@ -21,7 +21,7 @@ import jax
 from evorl_pop.base import (
     __version__,
 )
-from evorl_pop.core.interfaces import Exports
+from evorl_pop.core.interfaces import Exports, NamesStrategy, OnTask, Replicated
 from evorl_pop.run import loggers
 from evorl_pop.run import stop as stop_lib
 from evorl_pop.run.config import RunConfig
@@ -184,9 +184,19 @@ def _export(run: Run, algorithm: Exports, state, recorders) -> None:
             recorder.image(name, path)
 
 
+def labels(algorithm) -> list[dict]:
+    """Each replica's labels of a run of replicas (:class:`~evorl_pop.core.interfaces.Replicated`),
+    else none: a single run."""
+    return algorithm.labels if isinstance(algorithm, Replicated) else []
+
+
 def _desc(config: RunConfig) -> str:
     """``es Open_ES CartPole-v1``: the algorithm, its strategy and task."""
-    names = [getattr(config.algorithm_config, n, None) for n in ("strategy", "task")]
+    settings = config.algorithm_config
+    names = [
+        settings.strategy if isinstance(settings, NamesStrategy) else None,
+        settings.task if isinstance(settings, OnTask) else None,
+    ]
     return " ".join([config.algorithm, *(str(n) for n in names if n)])
 
 

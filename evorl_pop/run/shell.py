@@ -50,7 +50,7 @@ from evorl_pop.run.config import RunConfig
 from evorl_pop.run.lock import hold
 from evorl_pop.run.loop import chunk_fn, train_loop
 from evorl_pop.run.recorders import Recorder, Run
-from evorl_pop.run.session import RunResult, _about, _session, default_recorders
+from evorl_pop.run.session import RunResult, _about, _session, default_recorders, labels
 
 __all__ = ["RunResult", "build", "chunk_fn", "default_recorders", "resume", "train", "train_loop"]
 
@@ -113,7 +113,7 @@ def train(
                 about,
                 writer=jax.process_index() == 0,
                 devices=mesh.size,
-                labels=getattr(algorithm, "labels", []),
+                labels=labels(algorithm),
             )
             return _session(run, algorithm, state, recorders, progress, figure, time_limit)
     except KeyboardInterrupt as err:  # before the session: what the run folder holds
@@ -236,7 +236,7 @@ def _restored(run_dir: Path, ckpt, source, overrides, config_file, more, force):
         lines=rows.splitlines(keepends=True),
         writer=jax.process_index() == 0,
         devices=mesh.size,
-        labels=getattr(algorithm, "labels", []),
+        labels=labels(algorithm),
     )
     if ckpt.devices and ckpt.devices != mesh.size and run.writer:
         note = (

@@ -35,7 +35,8 @@ from pathlib import Path
 
 import jax
 
-from evorl_pop.run import processes, store
+from evorl_pop.run import folder, processes
+from evorl_pop.run.recorders import Run
 
 #: Signals that stop a run at the end of its chunk (SIGUSR1: SLURM's early notice).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
@@ -143,7 +144,7 @@ def reason(flag: Flag, poll) -> tuple[str, int]:
     return "another process was stopped", 128 + signal.SIGTERM
 
 
-def interrupted(err: KeyboardInterrupt, flag: Flag, poll, run: store.Run) -> Interrupted:
+def interrupted(err: KeyboardInterrupt, flag: Flag, poll, run: Run) -> Interrupted:
     """The :class:`Interrupted` a session ends with, for the ``err`` that stopped it.
 
     Args:
@@ -163,7 +164,7 @@ def interrupted(err: KeyboardInterrupt, flag: Flag, poll, run: store.Run) -> Int
         signum = flag.signum or signal.SIGINT
         why = signal_name(signum)
         status = 128 + signum
-    return Interrupted(store.resume_hint(run.run_dir), status, why, run.generation)
+    return Interrupted(folder.resume_hint(run.run_dir), status, why, run.generation)
 
 
 def told(err: KeyboardInterrupt, run_dir: Path) -> KeyboardInterrupt:
@@ -175,11 +176,10 @@ def told(err: KeyboardInterrupt, run_dir: Path) -> KeyboardInterrupt:
       command line then says the run stopped before training began); else an
       :class:`Interrupted` with the command that starts or resumes the run.
     """
-    if str(err) or not (run_dir / store.CONFIG_FILENAME).exists():
+    if str(err) or not (run_dir / folder.CONFIG_FILENAME).exists():
         return err
-    status = getattr(err, "status", 130)
-    why = getattr(err, "why", "Ctrl-C")
-    return Interrupted(store.resume_hint(run_dir), status, why)
+    status, why = (err.status, err.why) if isinstance(err, Interrupted) else (130, "Ctrl-C")
+    return Interrupted(folder.resume_hint(run_dir), status, why)
 
 
 def at_once(signum: int, frame) -> None:
@@ -203,12 +203,12 @@ def ignore_stop_signals() -> None:
 
 def report(err: KeyboardInterrupt, command: str) -> int:
     """Prints the line that ends an interrupted command; returns its exit status."""
-    why = getattr(err, "why", "Ctrl-C")
-    generation = getattr(err, "generation", None)
+    told = isinstance(err, Interrupted)
+    why, generation = (err.why, err.generation) if told else ("Ctrl-C", None)
     when = "" if generation is None else f" after generation {generation}"
     what = str(err) or "stopped before training began"
     print(f"\nevorl-pop {command}: interrupted ({why}){when}; {what}", file=sys.stderr)
-    return getattr(err, "status", 130)
+    return err.status if told else 130
 
 
 def watch_launcher(grace: float = 60.0, every: float = 0.5) -> None:
