@@ -133,7 +133,6 @@ class Config(data_parallel.LearnerConfig):
             {"num_minibatches": 1, "num_epochs": 1},
             positive=("policy_init_scale",),
             nonnegative=("learning_rate", "entropy_cost", "vf_coefficient", "reward_scaling"),
-            widths=("policy_hidden_sizes", "value_hidden_sizes"),
         )
         batch = self.num_envs * self.unroll_length
         if batch % self.num_minibatches:
@@ -157,6 +156,9 @@ class Config(data_parallel.LearnerConfig):
                 f"num_envs={self.num_envs} do not split into num_minibatches="
                 f"{self.num_minibatches}; change one of them."
             )
+        for name in ("policy_hidden_sizes", "value_hidden_sizes"):
+            if any(width < 1 for width in getattr(self, name)):
+                raise ConfigError(f"{name} must be positive widths, got {getattr(self, name)}.")
 
 
 @flax.struct.dataclass

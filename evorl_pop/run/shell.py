@@ -21,9 +21,10 @@ every process; the run checkpoints, and says how to resume it
 (:mod:`evorl_pop.run.stop`).
 
 The parts: :mod:`evorl_pop.run.build` (the algorithm, its mesh and initial
-state), :mod:`evorl_pop.run.loop` (the compiled chunks: :func:`train_loop`),
-:mod:`evorl_pop.run.session` (the recorders around them); this module holds the
-entry points, :func:`train` and :func:`resume`.
+state), :mod:`evorl_pop.run.loop` (the compiled chunks,
+:func:`~evorl_pop.run.loop.train_loop`), :mod:`evorl_pop.run.session` (the
+recorders around them); this module holds the entry points, :func:`train` and
+:func:`resume`.
 """
 
 from __future__ import annotations
