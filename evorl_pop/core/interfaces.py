@@ -388,7 +388,9 @@ class Acting(NamedTuple):
 @runtime_checkable
 class Acts(Protocol):
     """An algorithm on an environment whose state holds a policy to show (``evorl-pop
-    render``): a learner's deterministic policy, PBT's best member."""
+    render``): the solution an engine reports (ES and the hybrids,
+    :class:`~evorl_pop.core.acting.EngineActing`), a learner's deterministic policy,
+    PBT's best member."""
 
     def acting(self, state: Any) -> Acting:
         """The policy the algorithm's evaluation runs, from ``state``."""

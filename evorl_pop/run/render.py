@@ -103,16 +103,16 @@ def _policy(algorithm, state):
         def evaluate(key, episodes):
             return jax.jit(algorithm.evaluate_return, static_argnums=2)(state, key, episodes)
 
-        return (*acting[:4], length, evaluate)
+    else:  # a learner's, PBT's: a rollout of the acting policy
 
-    def evaluate(key, episodes):
-        def run(p, n, k):
-            stats = rollout_lib.evaluate_episodes(
-                acting.env, acting.policy, p, k, episodes, n, length
-            )
-            return stats.episode_return
+        def evaluate(key, episodes):
+            def run(p, n, k):
+                stats = rollout_lib.evaluate_episodes(
+                    acting.env, acting.policy, p, k, episodes, n, length
+                )
+                return stats.episode_return
 
-        return jax.jit(run)(acting.params, acting.obs_norm, key)
+            return jax.jit(run)(acting.params, acting.obs_norm, key)
 
     return acting.env, acting.policy, acting.params, acting.obs_norm, length, evaluate
 
