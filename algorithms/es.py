@@ -32,10 +32,12 @@ from evorl_pop import registry
 from evorl_pop.algorithms.open_es import LowCommunication, NoiseTableOpen_ES
 from evorl_pop.base import ConfigError, check_config, float_dtype
 from evorl_pop.core.engine import Engine
+from evorl_pop.core.interfaces import EVAL_MODES
 from evorl_pop.tasks import make_task
 from evorl_pop.tasks.blackbox import BLACKBOX_FUNCTIONS, BLACKBOX_TASKS
 from evorl_pop.tasks.envs import env_family, env_names, env_settings
 from evorl_pop.tasks.multiobjective import MO_PREFIX
+from evorl_pop.tasks.policies import ACTIVATIONS
 
 # --- strategies by name -----------------------------------------------------------
 
@@ -285,8 +287,8 @@ class ESConfig:
                 **settings,
                 **({} if known else {"task": (*BLACKBOX_TASKS, *env_names())}),
                 "optimizer": OPTIMIZERS,
-                "activation": ("tanh", "relu", "elu"),
-                "eval_mode": ("vmap", "map"),
+                "activation": tuple(ACTIVATIONS),
+                "eval_mode": EVAL_MODES,
                 "noise": NOISE,
             },
             least={
@@ -297,6 +299,7 @@ class ESConfig:
                 "rollout_lanes": 1,
                 "episode_length": 1,
             },
+            widths=("hidden_sizes",),
         )
         try:
             STRATEGIES.get(self.strategy)
@@ -327,8 +330,6 @@ class ESConfig:
                     f"{name} applies to environments stepped in JAX; {self.task} steps on the "
                     f"host: leave it {'false' if name == 'virtual_batch_norm' else 'null'}."
                 )
-        if any(h < 1 for h in self.hidden_sizes):
-            raise ConfigError(f"hidden_sizes must be at least 1, got {list(self.hidden_sizes)}.")
         for name in ("sigma_init", "learning_rate"):
             value = getattr(self, name)
             if value is not None and not value > 0:

@@ -56,8 +56,9 @@ from evorl_pop.algorithms.qd_emitters import (
 from evorl_pop.base import ConfigError, check_config, float_dtype
 from evorl_pop.core.archive import KINDS, Archive, ShardedArchive, cvt_centroids
 from evorl_pop.core.engine import evaluate, make_mesh
-from evorl_pop.core.interfaces import Describes
+from evorl_pop.core.interfaces import EVAL_MODES, Describes
 from evorl_pop.tasks.brax_envs import BACKENDS
+from evorl_pop.tasks.policies import ACTIVATIONS
 from evorl_pop.tasks.qd import QD_TASKS, BraxQDTask, make_qd_task
 
 __all__ = ["MapElites", "MapElitesConfig", "MapElitesState", "isoline_variation"]
@@ -180,8 +181,8 @@ class MapElitesConfig:
                 "archive": KINDS,
                 "emitter": EMITTERS,
                 "es_reward": ES_REWARDS,
-                "eval_mode": ("vmap", "map"),
-                "activation": ("tanh", "relu", "elu"),
+                "eval_mode": EVAL_MODES,
+                "activation": tuple(ACTIVATIONS),
                 "backend": BACKENDS,
             },
             least={
@@ -194,13 +195,14 @@ class MapElitesConfig:
                 "es_period": 1,
                 "novelty_neighbours": 1,
             },
+            positive=("es_sigma", "es_learning_rate", "cma_sigma"),
+            nonnegative=("iso_sigma", "line_sigma"),
+            widths=("hidden_sizes",),
         )
         if self.archive == "cvt" and self.cvt_samples < self.num_cells:
             raise ConfigError(
                 f"cvt_samples must be at least num_cells={self.num_cells}, got {self.cvt_samples}."
             )
-        if any(h < 1 for h in self.hidden_sizes):
-            raise ConfigError(f"hidden_sizes must be at least 1, got {list(self.hidden_sizes)}.")
         if self.emitter == "es" and self.population_size % 2:
             raise ConfigError(
                 f"population_size must be even with emitter=es (OpenES draws antithetic "
@@ -209,12 +211,6 @@ class MapElitesConfig:
         if self.emitter in ("es", "cma_me") and self.population_size < 2:
             raise ConfigError(f"population_size must be at least 2 with emitter={self.emitter}.")
         pgame.check_config(self)
-        for name in ("es_sigma", "es_learning_rate", "cma_sigma"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}.")
-        for name in ("iso_sigma", "line_sigma"):
-            if not getattr(self, name) >= 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}.")
 
     def make_task(self):
         """The task ``task`` names, with this config's settings."""

@@ -30,6 +30,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 from jax.sharding import PartitionSpec as P
 
+from evorl_pop import base
 from evorl_pop import distributed as dist
 from evorl_pop.algorithms.qd_emitters import isoline_variation
 from evorl_pop.base import ConfigError
@@ -199,15 +200,14 @@ def check_config(config) -> None:
             f"pg_proportion={config.pg_proportion} of population_size={config.population_size} "
             f"leaves no candidate for the greedy actor: raise either."
         )
-    for name in ("pg_critic_updates", "pg_steps", "pg_batch_size", "pg_buffer_size"):
-        if getattr(config, name) < 1:
-            raise ConfigError(f"{name} must be at least 1, got {getattr(config, name)}.")
-    for name in ("pg_critic_lr", "pg_actor_lr", "pg_policy_lr"):
-        if not getattr(config, name) > 0:
-            raise ConfigError(f"{name} must be > 0, got {getattr(config, name)}.")
-    if any(h < 1 for h in config.pg_critic_hidden_sizes):
-        widths = list(config.pg_critic_hidden_sizes)
-        raise ConfigError(f"pg_critic_hidden_sizes must be at least 1, got {widths}.")
+    base.check_config(
+        config,
+        least=dict.fromkeys(
+            ("pg_critic_updates", "pg_steps", "pg_batch_size", "pg_buffer_size"), 1
+        ),
+        positive=("pg_critic_lr", "pg_actor_lr", "pg_policy_lr"),
+        widths=("pg_critic_hidden_sizes",),
+    )
 
 
 __all__ = ["PGAMEEmitter", "PGAMEState", "check_config", "pg_split"]

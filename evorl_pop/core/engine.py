@@ -43,7 +43,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop.base import float_dtype
+from evorl_pop.core.acting import EngineActing
 from evorl_pop.core.interfaces import (
+    EVAL_MODES,
     LEARNER_STREAM,
     BatchTask,
     EpisodicTask,
@@ -358,7 +360,7 @@ class State:
     learner_state: Any = None  # the learner's (replay buffer, networks), if any
 
 
-class Engine:
+class Engine(EngineActing):
     """A strategy on a task, its population sharded over the ``POP`` axis of a mesh.
 
     An optional :class:`~evorl_pop.core.interfaces.Learner` takes a step
@@ -406,7 +408,7 @@ class Engine:
                 f"{task.name!r} has {task.num_dims} parameters; build the strategy with "
                 f"solution=jnp.zeros({task.num_dims})."
             )
-        if eval_mode not in ("vmap", "map"):
+        if eval_mode not in EVAL_MODES:
             raise ValueError(f"eval_mode must be 'vmap' or 'map', got {eval_mode!r}.")
         if num_objectives(task) != 1 and not self.multi_objective:
             raise ValueError(

@@ -8,6 +8,7 @@ The engine, the run shell and the algorithms call only what these declare::
     ReplayLearner  actors trained from a population's replay buffer (TD3, SAC, yours)
     Algorithm   init(key) -> state, step(state, key) -> (state, metrics)
     Exports     an algorithm's result beyond one solution (an archive, a front)
+    Acts        the policy an algorithm's state holds (``evorl-pop render``)
     Recorder    what a run records (metrics.csv, TensorBoard, W&B, yours)
     Env         reset / step in JAX; EnvFamily builds them by name
 
@@ -29,6 +30,10 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import jax
 
 from evorl_pop.base import EnvSpec, EvalInfo
+
+#: How the engine evaluates a device's slice of the population: ``'vmap'`` vectorised,
+#: ``'map'`` one candidate at a time (lower memory).
+EVAL_MODES = ("vmap", "map")
 
 #: ``fold_in(key, LEARNER_STREAM)``: the learner's key, at ``init`` and in every generation.
 LEARNER_STREAM = 4
@@ -105,6 +110,54 @@ class HasSearchWidth(Protocol):
     """A strategy state with a search width, reported as the ``sigma`` metric (its mean)."""
 
     std: jax.Array
+
+
+@runtime_checkable
+class HasCovariance(Protocol):
+    """A strategy state with a covariance matrix ``C`` (CMA-ES's; a separable one's is its
+    diagonal) and its evolution path ``p_c``."""
+
+    mean: jax.Array
+    std: jax.Array
+    C: jax.Array
+    p_c: jax.Array
+
+
+@runtime_checkable
+class HasAxisLengths(Protocol):
+    """A strategy state with ``D``, the square roots of its covariance's eigenvalues (the
+    distribution's axis lengths, up to ``std``)."""
+
+    D: jax.Array
+
+
+@runtime_checkable
+class HasEigenbasis(Protocol):
+    """A strategy state with its covariance's eigenvectors ``B`` (columns) beside ``D``."""
+
+    B: jax.Array
+    D: jax.Array
+
+
+@runtime_checkable
+class ScalesCoordinates(Protocol):
+    """A strategy state with a per-coordinate scale of the genotype (pycma's ``sigma_vec``)."""
+
+    scaling: jax.Array
+
+
+@runtime_checkable
+class CountsFlatFitness(Protocol):
+    """A strategy state that counts the generations in a row whose fitness was flat."""
+
+    flat_generations: jax.Array
+
+
+@runtime_checkable
+class KeepsBest(Protocol):
+    """A strategy state that keeps the best solution seen (evosax's population-based ones)."""
+
+    best_solution: jax.Array
 
 
 # --- tasks -------------------------------------------------------------------------------
@@ -190,6 +243,21 @@ class KnowsOptimum(Protocol):
 
     def optimal_value(self, task_state: Any) -> jax.Array:
         """The optimal value, in the task's units."""
+
+
+@runtime_checkable
+class PolicyTask(Protocol):
+    """A task on an environment whose candidates are a policy's flat weights
+    (:class:`~evorl_pop.tasks.control.ControlTask`): the policy a candidate is."""
+
+    env: Any
+    policy: Any
+    episode_length: int | None
+    normalize_obs: bool
+
+    def policy_params(self, solution: jax.Array, obs_norm: Any) -> Any:
+        """The policy's parameters of the flat ``solution``, as its episodes run them
+        (``obs_norm``: the observation normaliser, or ``None``)."""
 
 
 # --- learners beside a population ------------------------------------------------------
@@ -320,10 +388,86 @@ class Acting(NamedTuple):
 @runtime_checkable
 class Acts(Protocol):
     """An algorithm on an environment whose state holds a policy to show (``evorl-pop
-    render``): a learner's deterministic policy, PBT's best member."""
+    render``): the solution an engine reports (ES and the hybrids,
+    :class:`~evorl_pop.core.acting.EngineActing`), a learner's deterministic policy,
+    PBT's best member."""
 
     def acting(self, state: Any) -> Acting:
         """The policy the algorithm's evaluation runs, from ``state``."""
+
+
+@runtime_checkable
+class SearchesTask(Protocol):
+    """An algorithm that searches a task's flat candidates (the engine: ES and the hybrids
+    on it), reporting one solution of it."""
+
+    task: Task
+
+    def mean_solution(self, state: Any) -> jax.Array:
+        """The solution ``eval_return`` reports."""
+
+
+@runtime_checkable
+class ReportsReturn(Protocol):
+    """An algorithm whose metrics report ``eval_return``: the evaluation behind it, so that
+    ``evorl-pop render`` replays its episodes."""
+
+    def evaluation(self, key: jax.Array, state: Any) -> tuple[jax.Array, int]:
+        """``(key, episodes)`` of the evaluation ``eval_return`` reports in the generation
+        whose key is ``key`` and which ended in ``state``."""
+
+
+@runtime_checkable
+class EvaluatesReturn(Protocol):
+    """An algorithm whose ``eval_return`` comes from its own evaluation path (the task's),
+    not a plain rollout of its :class:`Acts` policy."""
+
+    def evaluate_return(self, state: Any, key: jax.Array, episodes: int) -> jax.Array:
+        """The mean return over ``episodes`` episodes of the policy ``state`` holds, as
+        ``eval_return`` computes it (jittable; ``episodes`` static)."""
+
+
+@runtime_checkable
+class Replicated(Protocol):
+    """An algorithm that runs replicas in one program (seeds, a sweep's settings:
+    :mod:`evorl_pop.run.replicas`)."""
+
+    #: Each replica's labels (``metrics.csv``'s columns): its seed, its swept values.
+    labels: list[dict]
+
+
+# --- what a run's settings name ------------------------------------------------------------
+
+
+@runtime_checkable
+class OnTask(Protocol):
+    """An algorithm config whose run is on a task named by ``task`` (a registered name,
+    ``gym:<id>``, ``brax/<env>``, ...)."""
+
+    task: str
+
+
+@runtime_checkable
+class Populated(Protocol):
+    """An algorithm config with a population of ``population_size`` candidates (the memory
+    check and the devices a run takes count them)."""
+
+    population_size: int
+
+
+@runtime_checkable
+class NamesStrategy(Protocol):
+    """An algorithm config that names its evolution strategy (``strategy: 'Open_ES'``)."""
+
+    strategy: str
+
+
+@runtime_checkable
+class VectorEnvs(Protocol):
+    """An algorithm config whose ``gym:`` tasks step ``'sync'`` (in the process) or
+    ``'async'`` (a worker process per episode)."""
+
+    vector: str
 
 
 @runtime_checkable
@@ -340,7 +484,7 @@ class Exports(Protocol):
 
 @runtime_checkable
 class Recorder(Protocol):
-    """What a run records, one method per moment (:class:`evorl_pop.run.store.Recorder`
+    """What a run records, one method per moment (:class:`evorl_pop.run.recorders.Recorder`
     implements each as doing nothing: subclass it and override the ones you need).
 
     The run shell calls, on every process (only ``run.writer`` should write

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from evorl_pop.run import store
+    from evorl_pop.run.recorders import Run
 
 # This module imports no JAX at its top: ``evorl-pop`` holds the stop signals with it
 # (:func:`hold`) before anything heavy is imported.
@@ -77,7 +77,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 class Requested(KeyboardInterrupt):
-    """:func:`~evorl_pop.run.shell.train_loop` stopped between chunks, as its ``stop`` asked."""
+    """:func:`~evorl_pop.run.loop.train_loop` stopped between chunks, as its ``stop`` asked."""
 
 
 def signal_name(signum: int) -> str:
@@ -155,7 +155,7 @@ def reason(flag: Flag, poll) -> tuple[str, int]:
     return "another process was stopped", 128 + signal.SIGTERM
 
 
-def interrupted(err: KeyboardInterrupt, flag: Flag, poll, run: store.Run) -> Interrupted:
+def interrupted(err: KeyboardInterrupt, flag: Flag, poll, run: Run) -> Interrupted:
     """The :class:`Interrupted` a session ends with, for the ``err`` that stopped it.
 
     Args:
@@ -175,9 +175,9 @@ def interrupted(err: KeyboardInterrupt, flag: Flag, poll, run: store.Run) -> Int
         signum = flag.signum or signal.SIGINT
         why = signal_name(signum)
         status = 128 + signum
-    from evorl_pop.run import store
+    from evorl_pop.run import folder
 
-    return Interrupted(store.resume_hint(run.run_dir), status, why, run.generation)
+    return Interrupted(folder.resume_hint(run.run_dir), status, why, run.generation)
 
 
 def told(err: KeyboardInterrupt, run_dir: Path) -> KeyboardInterrupt:
@@ -189,13 +189,12 @@ def told(err: KeyboardInterrupt, run_dir: Path) -> KeyboardInterrupt:
       command line then says the run stopped before training began); else an
       :class:`Interrupted` with the command that starts or resumes the run.
     """
-    from evorl_pop.run import store
+    from evorl_pop.run import folder
 
-    if str(err) or not (run_dir / store.CONFIG_FILENAME).exists():
+    if str(err) or not (run_dir / folder.CONFIG_FILENAME).exists():
         return err
-    status = getattr(err, "status", 130)
-    why = getattr(err, "why", "Ctrl-C")
-    return Interrupted(store.resume_hint(run_dir), status, why)
+    status, why = (err.status, err.why) if isinstance(err, Interrupted) else (130, "Ctrl-C")
+    return Interrupted(folder.resume_hint(run_dir), status, why)
 
 
 #: The command's flag while :func:`hold` holds the stop signals (``None``: not held).
@@ -291,12 +290,12 @@ def ignore_stop_signals() -> None:
 
 def report(err: KeyboardInterrupt, command: str) -> int:
     """Prints the line that ends an interrupted command; returns its exit status."""
-    why = getattr(err, "why", "Ctrl-C")
-    generation = getattr(err, "generation", None)
+    told = isinstance(err, Interrupted)
+    why, generation = (err.why, err.generation) if told else ("Ctrl-C", None)
     when = "" if generation is None else f" after generation {generation}"
     what = str(err) or "stopped before training began; nothing was written"
     print(f"\nevorl-pop {command}: interrupted ({why}){when}; {what}", file=sys.stderr)
-    return getattr(err, "status", 130)
+    return err.status if told else 130
 
 
 def watch_launcher(grace: float = 60.0, every: float = 0.5) -> None:
