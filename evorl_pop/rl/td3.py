@@ -313,6 +313,7 @@ class TD3:
         state: TD3State,
         batch: Transition,
         dp_axis_name: str | None = None,
+        optimizer: optax.GradientTransformation | None = None,
     ) -> tuple[TD3State, jax.Array]:
         """One deterministic policy-gradient step of the actor, following the first critic.
 
@@ -320,6 +321,8 @@ class TD3:
           state: the learner (replicated over ``dp_axis_name``).
           batch: this device's slice of the global minibatch.
           dp_axis_name: the data-parallel axis, or ``None``.
+          optimizer: the step's optimizer, whose state ``state.actor.opt_state`` is
+            (``None``: the actor's own Adam; PGA-ME steps its candidates with another).
 
         Returns:
           ``(state, loss)``: the state with the actor and its optimizer state
@@ -331,7 +334,7 @@ class TD3:
 
         step = dist.agent_gradient_update(
             loss_fn,
-            self.actor_optimizer,
+            self.actor_optimizer if optimizer is None else optimizer,
             dp_axis_name,
             attach_fn=with_actor_part,
             detach_fn=actor_part,
