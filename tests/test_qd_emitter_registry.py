@@ -22,6 +22,7 @@ from evorl_pop.algorithms.pgame import PgEmitterConfig
 from evorl_pop.algorithms.qd_emitters import CmaEmitterConfig, EsEmitterConfig
 from evorl_pop.base import ConfigError
 from evorl_pop.core import interfaces
+from evorl_pop.rl.td3 import ActorState
 from evorl_pop.run import config, store
 
 EXAMPLE_PLUGINS = Path(__file__).parents[1] / "examples" / "plugins"
@@ -242,3 +243,23 @@ def test_the_example_plugin_emitter_trains_resumes_and_renders(tmp_path, monkeyp
         config.resolve_config(
             [], ["algorithm=mapelites", *settings[1::2], "emitter_settings.sigam=1"]
         )
+
+
+def test_one_actor_state_whose_checkpoint_entries_are_those_of_before():
+    """TD3's and SAC's actors are one ActorState; SAC's, without a target, keeps the
+    checkpoint entries of before (params, opt_state), so its run folders still resume."""
+    params = {"w": np.arange(3.0, dtype=np.float32)}
+    opt = {"mu": np.ones(3, np.float32)}
+    sac_actor = ActorState(params, None, opt)
+    saved = flax.serialization.to_state_dict(sac_actor)
+    assert sorted(saved) == ["opt_state", "params"]
+    back = flax.serialization.from_state_dict(ActorState(params, None, opt), saved)
+    assert back.target_params is None
+    np.testing.assert_array_equal(back.params["w"], params["w"])
+    td3_actor = ActorState(params, {"w": params["w"] + 1}, opt)
+    saved = flax.serialization.to_state_dict(td3_actor)
+    assert sorted(saved) == ["opt_state", "params", "target_params"]
+    back = flax.serialization.from_state_dict(td3_actor, saved)
+    np.testing.assert_array_equal(back.target_params["w"], params["w"] + 1)
+    with pytest.raises(ValueError, match="target_params"):
+        flax.serialization.from_state_dict(td3_actor, {"params": saved["params"], "opt_state": {}})

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import flax.serialization
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -108,9 +109,38 @@ class TD3Config(ActorCriticConfig):
 
 @flax.struct.dataclass
 class ActorState:
+    """An actor-critic learner's actor: its parameters, their target copy (``None``: an
+    actor without one, SAC's) and its optimizer state."""
+
     params: Any
     target_params: Any
     opt_state: Any
+
+
+def _actor_to_state_dict(actor: ActorState) -> dict:
+    """An actor's checkpoint entries; without ``target_params`` where it has no target (so
+    a SAC checkpoint holds what it held before the actor states were one class)."""
+    out = {"params": actor.params, "opt_state": actor.opt_state}
+    if actor.target_params is not None:
+        out["target_params"] = actor.target_params
+    return {k: flax.serialization.to_state_dict(v) for k, v in out.items()}
+
+
+def _actor_from_state_dict(actor: ActorState, state: dict) -> ActorState:
+    def field(name):
+        template = getattr(actor, name)
+        if name == "target_params" and template is None:
+            return None
+        if name not in state:
+            raise ValueError(f"Missing field {name} in an actor's state dict.")
+        return flax.serialization.from_state_dict(template, state[name])
+
+    return ActorState(field("params"), field("target_params"), field("opt_state"))
+
+
+flax.serialization.register_serialization_state(
+    ActorState, _actor_to_state_dict, _actor_from_state_dict, override=True
+)
 
 
 @flax.struct.dataclass
