@@ -1,4 +1,4 @@
-"""Plug-ins: algorithms, strategies, learners and environment families by name.
+"""Plug-ins: algorithms, strategies, learners, environment families and emitters by name.
 
 Every plug-in registers itself in the file that defines it, at import::
 
@@ -59,6 +59,7 @@ BUILTIN: dict[str, tuple[str, ...]] = {
         "evorl_pop.tasks.gymnax_envs",
         "evorl_pop.tasks.playground_envs",
     ),
+    "emitter": ("evorl_pop.algorithms.qd_emitters", "evorl_pop.algorithms.pgame"),
 }
 
 
@@ -407,3 +408,83 @@ def register_env_family(name: str, family: Any) -> Any:
       ``family``.
     """
     return ENV_FAMILIES.register(name, family)
+
+
+# --- quality-diversity emitters ----------------------------------------------------------
+
+#: What an emitter class must have: the members of
+#: :class:`~evorl_pop.core.interfaces.Emitter`; one whose ``collect`` is true also
+#: ``observe`` (:class:`~evorl_pop.core.interfaces.ObservesEpisodes`).
+EMITTER_MEMBERS = ("collect", "init", "ask", "tell")
+
+
+@dataclasses.dataclass(frozen=True)
+class EmitterSpec:
+    """One MAP-Elites emitter: what ``emitter: NAME`` builds.
+
+    Attributes:
+      name: the registry name (``'isoline'``, ``'es'``, ...).
+      emitter_class: ``emitter_class(archive, task, config, settings)``, an
+        :class:`~evorl_pop.core.interfaces.Emitter`.
+      settings: its frozen settings dataclass, whose defaults are the emitter's and whose
+        ``validate(config)`` raises a :class:`~evorl_pop.base.ConfigError` for settings
+        that cannot run with the MAP-Elites ``config``; ``None``: no settings.
+      description: one line for messages and listings.
+      module: the module that registered it.
+    """
+
+    name: str
+    emitter_class: type
+    settings: type | None = None
+    description: str = ""
+    module: str = ""
+
+
+#: Emitters by name (``emitter:`` of MAP-Elites; see :func:`register_emitter`).
+EMITTERS: Registry[EmitterSpec] = Registry("emitter", BUILTIN["emitter"])
+
+
+def _missing_members(cls: type) -> list[str]:
+    missing = [m for m in EMITTER_MEMBERS if not hasattr(cls, m)]
+    if not missing and getattr(cls, "collect", False) and not hasattr(cls, "observe"):
+        missing.append("observe (its collect is true)")
+    return missing
+
+
+def register_emitter(
+    name: str, emitter: type, settings: type | None = None, description: str = ""
+) -> EmitterSpec:
+    """Registers a MAP-Elites emitter under ``name`` (``emitter=NAME`` in a config).
+
+    Args:
+      name: the emitter's name. A MAP-Elites config field of that name (``es``,
+        ``cma_me``, ``pga_me``) holds a built-in emitter's settings; any other emitter's
+        are its ``settings`` defaults changed by ``emitter_settings``.
+      emitter: its class (see :class:`~evorl_pop.core.interfaces.Emitter`).
+      settings: its frozen settings dataclass with ``validate(config)``, or ``None``.
+      description: one line.
+
+    Returns:
+      The new :class:`EmitterSpec`.
+
+    Raises:
+      TypeError: an emitter class without a member the interface declares, or settings
+        that are not a frozen dataclass with ``validate``, in one line naming what is missing.
+    """
+    if not isinstance(emitter, type):
+        raise TypeError(f"register_emitter({name!r}) takes a class, got {emitter!r}.")
+    missing = _missing_members(emitter)
+    if missing:
+        raise TypeError(
+            f"The emitter {name!r} ({emitter.__name__}) lacks {', '.join(missing)}: an emitter "
+            f"has {', '.join(EMITTER_MEMBERS)} (evorl_pop.core.interfaces.Emitter)."
+        )
+    if settings is not None:
+        params = getattr(settings, "__dataclass_params__", None)
+        if params is None or not params.frozen or not hasattr(settings, "validate"):
+            raise TypeError(
+                f"The emitter {name!r}'s settings {getattr(settings, '__name__', settings)!r} "
+                "must be a frozen dataclass with validate(config)."
+            )
+    spec = EmitterSpec(name, emitter, settings, description, emitter.__module__)
+    return EMITTERS.register(name, spec)

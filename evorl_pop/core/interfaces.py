@@ -7,6 +7,7 @@ The engine, the run shell and the algorithms call only what these declare::
     Learner     step / observe beside a population (CEM-RL's, ERL's RL part)
     ReplayLearner  actors trained from a population's replay buffer (TD3, SAC, yours)
     Algorithm   init(key) -> state, step(state, key) -> (state, metrics)
+    Emitter     init / ask / tell on a MAP-Elites archive (quality-diversity)
     Exports     an algorithm's result beyond one solution (an archive, a front)
     Acts        the policy an algorithm's state holds (``evorl-pop render``)
     Recorder    what a run records (metrics.csv, TensorBoard, W&B, yours)
@@ -348,6 +349,66 @@ class ReplayLearner(Protocol):
     ) -> tuple[Any, jax.Array, dict]:
         """``(shared, flat, losses)``: each actor of ``flat`` (``(actors, num_params)``) in
         turn trained by :meth:`learn` against ``shared``, which trains along."""
+
+
+# --- quality-diversity emitters --------------------------------------------------------
+
+
+@runtime_checkable
+class Emitter(Protocol):
+    """How MAP-Elites' candidates come from its archive (``emitter:`` of its config).
+
+    Built as ``cls(archive, task, config, settings)``: the
+    :class:`~evorl_pop.core.archive.ShardedArchive`, the task (with descriptors,
+    :class:`Describes`), the MAP-Elites config (``population_size``, ``iso_sigma``, ...)
+    and the emitter's own settings (the frozen dataclass it is registered with,
+    :func:`evorl_pop.registry.register_emitter`; ``None`` for an emitter without
+    settings). A generation::
+
+        ask:      (archive, emitter state) -> population_size candidates
+        evaluate: MAP-Elites' one evaluator, sharded over the devices
+        tell:     (archive before and after the insertion, the candidates' fitness
+                  and descriptors) -> the emitter's new state and metrics
+
+    The emitter state is a pytree, replicated on every device (``()``: none); every
+    method is pure and jittable. Candidates are flat genotypes of ``task.num_dims``,
+    clipped to ``task.genotype_bounds`` where the task has them.
+    """
+
+    #: Whether the evaluations return their episodes' transitions (a task with an
+    #: environment), which MAP-Elites then gives to ``observe`` (:class:`ObservesEpisodes`).
+    collect: bool
+
+    def init(self, archive_state: Any, key: jax.Array) -> Any:
+        """The first emitter state, from the archive after the initial batch (``None``
+        where ``collect``: the state exists before that batch, whose episodes it observes)."""
+
+    def ask(self, archive_state: Any, emitter_state: Any, key: jax.Array) -> tuple[jax.Array, Any]:
+        """``(candidates, asked)``: ``(population_size, num_dims)`` candidates, and what
+        :meth:`tell` needs of them (``None``: nothing)."""
+
+    def tell(
+        self,
+        before: Any,
+        after: Any,
+        emitter_state: Any,
+        asked: Any,
+        quality: jax.Array,
+        descriptors: jax.Array,
+        key: jax.Array,
+    ) -> tuple[Any, dict]:
+        """``(emitter_state, metrics)`` after the batch: ``before`` and ``after`` the archive
+        states around its insertion, ``quality`` its fitness (maximised, ``(batch,)``) and
+        ``descriptors`` (``(batch, descriptor_size)``), replicated. Metrics are scalars,
+        named ``emitter_*`` by convention."""
+
+
+@runtime_checkable
+class ObservesEpisodes(Protocol):
+    """An emitter whose ``collect`` is true: it sees every evaluated episode's steps."""
+
+    def observe(self, emitter_state: Any, transitions: Any, valid: jax.Array) -> Any:
+        """The emitter state after the batch's transitions (``valid``: the real steps)."""
 
 
 # --- algorithms and what records them ----------------------------------------------------
