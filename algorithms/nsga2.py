@@ -45,21 +45,6 @@ from evorl_pop.core.engine import Engine, num_objectives, to_minimization
 from evorl_pop.core.interfaces import ParetoFront, ReferencePoint
 from evorl_pop.core.pareto import crowding_distance, hypervolume, igd, nondominated_ranks
 
-__all__ = [
-    "DEFAULT_BOUNDS",
-    "NSGA2",
-    "NSGA2Config",
-    "NSGA2Strategy",
-    "NSGAState",
-    "OnEveryDevice",
-    "plot_curve",
-    "plot_front",
-    "polynomial_mutation",
-    "sbx",
-    "write_front_csv",
-]
-
-
 # --- the strategy ------------------------------------------------------------------------
 
 

@@ -55,20 +55,22 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop.base import float_dtype
+
+# the evaluator; `name as name`: re-exported, its names importable from here as well
+from evorl_pop.core.evaluation import POP as POP
 from evorl_pop.core.evaluation import (
-    POP,
     Summary,
     _median,
     check_pop_axis,
     evaluate,
     make_mesh,
     num_objectives,
-    pad_to_multiple,
     padded_size,
-    summarize,
     to_minimization,
-    worst_for_nonfinite,
 )
+from evorl_pop.core.evaluation import pad_to_multiple as pad_to_multiple
+from evorl_pop.core.evaluation import summarize as summarize
+from evorl_pop.core.evaluation import worst_for_nonfinite as worst_for_nonfinite
 from evorl_pop.core.interfaces import (
     LEARNER_STREAM,
     BatchTask,
@@ -79,25 +81,6 @@ from evorl_pop.core.interfaces import (
     SeedsPopulation,
 )
 from evorl_pop.distributed import POP_AXIS_NAME
-
-#: The evaluator's names, importable from here as well (:mod:`evorl_pop.core.evaluation`).
-__all__ = [
-    "POP",
-    "Engine",
-    "Generation",
-    "State",
-    "Summary",
-    "check_pop_axis",
-    "evaluate",
-    "make_mesh",
-    "num_objectives",
-    "pad_to_multiple",
-    "padded_size",
-    "summarize",
-    "to_minimization",
-    "worst_for_nonfinite",
-    "_median",
-]
 
 # --- the population loop -------------------------------------------------------------
 
