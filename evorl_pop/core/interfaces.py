@@ -12,6 +12,10 @@ The engine, the run shell and the algorithms call only what these declare::
     Recorder    what a run records (metrics.csv, TensorBoard, W&B, yours)
     Env         reset / step in JAX; EnvFamily builds them by name
 
+An algorithm on :class:`~evorl_pop.core.engine.Engine` changes a generation
+through its declared hooks, ``generation`` and ``report`` (documented there),
+never through its private methods.
+
 A capability that only some implementations have is a protocol of its own
 (``BatchTask``, ``EpisodicTask``, ...), checked with ``isinstance`` where it
 is used; a class meets a protocol by having its members, no base class
