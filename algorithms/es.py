@@ -23,6 +23,7 @@ import inspect
 import types
 
 import evosax.algorithms
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -31,7 +32,7 @@ from evosax.core.fitness_shaping import weights_fitness_shaping_fn
 from evorl_pop import registry
 from evorl_pop.algorithms.open_es import LowCommunication, NoiseTableOpen_ES
 from evorl_pop.base import ConfigError, check_config, float_dtype
-from evorl_pop.core.engine import Engine
+from evorl_pop.core.engine import Engine, Generation, State
 from evorl_pop.core.interfaces import EVAL_MODES
 from evorl_pop.tasks import make_task
 from evorl_pop.tasks.blackbox import BLACKBOX_FUNCTIONS, BLACKBOX_TASKS
@@ -172,6 +173,7 @@ def make_strategy(
         ) from err
     params = strategy.default_params
     if sigma_init is not None:
+        # evosax's params, not a project object: only some of its strategies have std_init
         if hasattr(params, "std_init"):
             params = params.replace(std_init=jnp.asarray(sigma_init, float_dtype()))
         elif "std_schedule" in accepted:
@@ -401,11 +403,14 @@ class ES(Engine):
             eval_mode=config.eval_mode,
             eval_episodes=config.eval_episodes,
         )
-        self.low_communication = None
-        if config.low_communication:
-            self.low_communication = LowCommunication(self)
-            # OpenES's low-communication generation replaces Engine.generation
-            self.generation = self.low_communication.generation
+        #: OpenES's low-communication path (``config.low_communication``), or ``None``.
+        self.low_communication = LowCommunication(self) if config.low_communication else None
+
+    def generation(self, state: State, key: jax.Array) -> Generation:
+        """The engine's generation, or OpenES's low-communication one (the engine's hook)."""
+        if self.low_communication is not None:
+            return self.low_communication.generation(state, key)
+        return super().generation(state, key)
 
 
 # --- what this module registers ---------------------------------------------------

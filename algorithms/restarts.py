@@ -32,7 +32,6 @@ from evorl_pop.core.interfaces import (
     HasCovariance,
     HasEigenbasis,
     HasSearchWidth,
-    KeepsBest,
     KnowsOptimum,
     ScalesCoordinates,
 )
@@ -378,9 +377,7 @@ class Minimizer:
                 return dict(new, reason=reason, anchor=anchor, anchor_gen=anchor_gen)
 
             c = jax.lax.while_loop(lambda c: c["reason"] == 0, body, carry)
-            best_x = es.mean_solution(c["state"])
-            if isinstance(c["state"].strategy_state, KeepsBest):
-                best_x = c["state"].strategy_state.best_solution
+            best_x = c["state"].best_solution  # the engine's best so far
             return c["gen"], c["reason"], c["best"], c["best"] - fopt, best_x
 
         compiled = _RUNS[cache_key] = jax.jit(run)

@@ -9,11 +9,9 @@ on it) :class:`~evorl_pop.core.interfaces.Acts`,
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
-from jax.sharding import PartitionSpec as P
 
 from evorl_pop.core.interfaces import Acting, PolicyTask
 
@@ -23,7 +21,7 @@ REPORT_KEY = 3
 
 class EngineActing:
     """:meth:`acting`, :meth:`evaluation` and :meth:`evaluate_return` of an engine, from
-    its ``task``, ``mesh``, ``eval_episodes`` and ``mean_solution``."""
+    its ``task``, ``eval_episodes``, ``mean_solution`` and ``evaluate_solution``."""
 
     def acting(self, state: Any) -> Acting:
         """The policy of the solution ``eval_return`` reports (the strategy's mean, the
@@ -46,6 +44,4 @@ class EngineActing:
     def evaluate_return(self, state: Any, key: jax.Array, episodes: int) -> jax.Array:
         """The task's mean return of :meth:`mean_solution` over ``episodes``, as the
         engine's step reports it (replicated over the mesh)."""
-        one = functools.partial(self.task.evaluate_return, episodes=episodes)
-        fn = jax.shard_map(one, mesh=self.mesh, in_specs=P(), out_specs=P(), check_vma=False)
-        return fn(self.mean_solution(state), key, state.task_state)
+        return self.evaluate_solution(self.mean_solution(state), key, state.task_state, episodes)

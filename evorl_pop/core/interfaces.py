@@ -4,6 +4,7 @@ The engine, the run shell and the algorithms call only what these declare::
 
     Strategy    init / ask / tell            (evosax's; any evosax strategy is one)
     Task        evaluate a flat candidate    (black-box functions, environments)
+                (MultiObjective, ReferencePoint, ParetoFront: tasks of several objectives)
     Learner     step / observe beside a population (CEM-RL's, ERL's RL part)
     ReplayLearner  actors trained from a population's replay buffer (TD3, SAC, yours)
     Algorithm   init(key) -> state, step(state, key) -> (state, metrics)
@@ -12,6 +13,10 @@ The engine, the run shell and the algorithms call only what these declare::
     Acts        the policy an algorithm's state holds (``evorl-pop render``)
     Recorder    what a run records (metrics.csv, TensorBoard, W&B, yours)
     Env         reset / step in JAX; EnvFamily builds them by name
+
+An algorithm on :class:`~evorl_pop.core.engine.Engine` changes a generation
+through its declared hooks, ``generation`` and ``report`` (documented there),
+never through its private methods.
 
 A capability that only some implementations have is a protocol of its own
 (``BatchTask``, ``EpisodicTask``, ...), checked with ``isinstance`` where it
@@ -65,6 +70,18 @@ class Strategy(Protocol):
     Every evosax strategy is one, and so are the CEM and GA of the hybrids.
     evosax minimises: ``fitness`` is lower-is-better (the engine converts a
     task's scores once, :func:`~evorl_pop.core.engine.to_minimization`).
+
+    What the engine (:class:`~evorl_pop.core.engine.Engine`) reads, and nothing
+    more: ``population_size``, ``num_dims``, ``default_params`` (when it is given
+    no params), ``init``, ``ask``, ``tell`` (its metrics unused) and ``get_mean``
+    (the solution ``eval_return`` reports, but for a population-based strategy
+    on one objective, whose reported solution is the engine's best so far).
+    A strategy is population-based when it is evosax's ``PopulationBasedAlgorithm``
+    or :class:`SeedsPopulation`: its ``init`` takes the evaluated initial
+    population. The state is the strategy's own: the engine passes it along and
+    reads only ``std`` where it is :class:`HasSearchWidth`. The best so far
+    (``best_so_far``) is the engine's (``State.best_fitness``, ``best_solution``):
+    a state needs no ``best_fitness`` or ``best_solution``.
     """
 
     population_size: int
@@ -154,13 +171,6 @@ class CountsFlatFitness(Protocol):
     flat_generations: jax.Array
 
 
-@runtime_checkable
-class KeepsBest(Protocol):
-    """A strategy state that keeps the best solution seen (evosax's population-based ones)."""
-
-    best_solution: jax.Array
-
-
 # --- tasks -------------------------------------------------------------------------------
 
 
@@ -236,6 +246,27 @@ class MultiObjective(Protocol):
 
     num_objectives: int
     maximize: tuple[bool, ...]
+
+
+@runtime_checkable
+class ReferencePoint(Protocol):
+    """A multi-objective task with a reference point for the hypervolume, in its own
+    units, one value per objective (``mo/zdt1``'s, a multi-objective brax task's)."""
+
+    ref_point: tuple[float, ...]
+
+
+@runtime_checkable
+class ParetoFront(ReferencePoint, Protocol):
+    """A multi-objective benchmark problem that knows its true Pareto front (IGD and IGD+
+    against it), its reference point and its search box (``mo/zdt1``, ``mo/dtlz2``)."""
+
+    #: ``(lower, upper)``: the bounds of every variable.
+    bounds: tuple[float, float]
+
+    def pareto_front(self, size: int = 1000) -> Any:
+        """About ``size`` points of the true front, a NumPy ``(n, num_objectives)``
+        array in the task's units."""
 
 
 @runtime_checkable

@@ -1,0 +1,125 @@
+"""The configuration of the multi-objective algorithms (NSGA-II, and NSGA-III's, which
+extends it): the problem, the variation operators and the front's measures."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from evorl_pop.algorithms.es import ESConfig
+from evorl_pop.base import ConfigError, check_config
+from evorl_pop.tasks.multiobjective import MO_PREFIX, make_mo_task
+
+
+@dataclasses.dataclass(frozen=True)
+class NSGA2Config:
+    """Configuration of an NSGA-II run. Every field can be overridden.
+
+    Attributes:
+      task: a multi-objective problem (``mo/zdt1``, ``mo/zdt2``, ``mo/zdt3``,
+        ``mo/dtlz1``, ``mo/dtlz2``), a multi-objective brax task (``mo/halfcheetah``,
+        ``mo/hopper``, ``mo/hopper3``, ``mo/ant``), or any task of ``es``
+        (one objective).
+      population_size: members kept, and offspring made, each generation.
+      num_dims: the variables (``None``: the problem's default; 10 for a
+        black-box function).
+      num_objectives: DTLZ problems: the objectives (``None``: 3).
+      bounds: ``[lower, upper]`` of every variable (``None``: the problem's box,
+        ``[-10, 10]`` for a task without one, such as a policy's weights).
+      crossover_prob: SBX: the probability that a pair of parents crosses.
+      eta_crossover: SBX's distribution index (larger: children nearer their parents).
+      mutation_prob: polynomial mutation's probability per variable (``None``: 1 / num_dims).
+      eta_mutation: polynomial mutation's distribution index.
+      ref_point: the hypervolume's reference point, in the task's units, one
+        value per objective (``None``: the problem's; no hypervolume for a task
+        without one).
+      measures: compute the front's hypervolume, IGD and IGD+ every generation
+        (false: only its size, for timing the search alone).
+
+    The other fields are the task's settings, as ``es``'s (single-objective tasks).
+    """
+
+    task: str = "mo/zdt1"
+    population_size: int = 100
+    num_dims: int | None = None
+    num_objectives: int | None = None
+    bounds: tuple[float, ...] | None = None
+    crossover_prob: float = 0.9
+    eta_crossover: float = 15.0
+    mutation_prob: float | None = None
+    eta_mutation: float = 20.0
+    ref_point: tuple[float, ...] | None = None
+    measures: bool = True
+    x0: float = 3.0  # black-box functions: es's x0 (NSGA-II starts uniform in the bounds)
+    instance: int = 1  # BBOB tasks: the instance seed
+    hidden_sizes: tuple[int, ...] = (32,)  # control tasks: the policy's hidden layers
+    activation: str = "tanh"  # control tasks: 'tanh', 'relu' or 'elu'
+    policy: str = "auto"  # control tasks: 'auto', 'mlp', 'cnn' or 'keypoints', as es's
+    episode_length: int | None = None  # control tasks: steps per episode (None: the env's)
+    episodes: int = 1  # control tasks: episodes per candidate
+    backend: str | None = None  # brax tasks: the physics backend (None: spring, if it has)
+    impl: str = "jax"  # Playground tasks: the MJX implementation
+    vector: str = "sync"  # gym: tasks: 'sync' or 'async' stepping
+
+    @property
+    def multi_objective(self) -> bool:
+        """Whether ``task`` names a multi-objective problem (``mo/<problem>``)."""
+        return self.task.startswith(MO_PREFIX)
+
+    def _es_config(self) -> ESConfig:
+        """An ``es`` config with this one's task settings: it checks and builds the task."""
+        shared = {f.name for f in dataclasses.fields(ESConfig)} & {
+            f.name for f in dataclasses.fields(self)
+        }
+        values = {name: getattr(self, name) for name in shared}
+        for name in ("num_dims", "backend"):  # None: es's default
+            if values.get(name) is None:
+                values.pop(name, None)
+        return ESConfig(**values)
+
+    def validate(self) -> None:
+        """Raises a :class:`~evorl_pop.base.ConfigError` naming a value that cannot run."""
+        check_config(
+            self,
+            least={
+                "population_size": 2,
+                "num_dims": 1,
+                "num_objectives": 1,
+                "episodes": 1,
+                "eta_crossover": 0,
+                "eta_mutation": 0,
+            },
+        )
+        for name in ("crossover_prob", "mutation_prob"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 1:
+                raise ConfigError(f"{name} must be a probability in [0, 1], got {value}.")
+        if self.bounds is not None and (
+            len(self.bounds) != 2 or not self.bounds[0] < self.bounds[1]
+        ):
+            raise ConfigError(f"bounds must be [lower, upper], lower < upper; got {self.bounds}.")
+        if self.multi_objective:
+            try:
+                task = self.make_task()
+            except ValueError as err:
+                raise ConfigError(f"task: {err}") from None
+        else:
+            if self.num_objectives not in (None, 1):
+                raise ConfigError(
+                    f"num_objectives: {self.task!r} has one objective; the multi-objective "
+                    f"problems are {MO_PREFIX}<problem> (mo/zdt1, mo/dtlz2, ...)."
+                )
+            self._es_config().validate()
+            task = None
+        k = task.num_objectives if task is not None else 1
+        if self.ref_point is not None and len(self.ref_point) != k:
+            raise ConfigError(
+                f"ref_point has {len(self.ref_point)} value(s); {self.task} has {k} objective(s)."
+            )
+
+    def make_task(self):
+        """The task ``task`` names, with this config's settings."""
+        if self.multi_objective:
+            control = ("hidden_sizes", "activation", "episodes", "episode_length", "backend")
+            settings = {name: getattr(self, name) for name in control}
+            return make_mo_task(self.task, self.num_dims, self.num_objectives, **settings)
+        return self._es_config().make_task()
