@@ -81,7 +81,8 @@ class Strategy(Protocol):
         """``(state, metrics)`` after the population's ``fitness`` (minimised, finite)."""
 
     def get_mean(self, state: Any) -> jax.Array:
-        """The distribution's mean: the solution a generation reports."""
+        """The distribution's mean: the solution a generation reports (evosax's
+        population-based strategies have none: they report their best candidate)."""
 
 
 @runtime_checkable
