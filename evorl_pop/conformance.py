@@ -2,8 +2,8 @@
 
 :mod:`evorl_pop.registry` checks every entry as it is registered, and again the
 objects built from it before anything compiles, so that a plug-in missing a method
-is refused in one line naming it. This module imports nothing of evorl_pop at
-import; the protocols (and JAX) load once the first entry is checked.
+is refused in one line naming it. This module imports nothing of evorl_pop: the
+protocols come as arguments.
 """
 
 from __future__ import annotations
@@ -12,17 +12,10 @@ import dataclasses
 from typing import Any
 
 
-def protocol(name: str) -> type:
-    """The protocol ``core.interfaces.<name>``."""
-    from evorl_pop.core import interfaces  # noqa: PLC0415 (JAX: only once a plug-in registers)
-
-    return getattr(interfaces, name)
-
-
-def declared(name: str) -> tuple[str, ...]:
-    """The members the protocol ``core.interfaces.<name>`` declares, in its order: its
-    annotated attributes, then its methods and properties."""
-    members = vars(protocol(name))
+def declared(protocol: type) -> tuple[str, ...]:
+    """The members ``protocol`` declares, in its order: its annotated attributes, then
+    its methods and properties."""
+    members = vars(protocol)
     attributes = tuple(members.get("__annotations__", {}))
     methods = tuple(
         key
@@ -47,38 +40,40 @@ def _population_based(entry: Any) -> bool:
     return issubclass(cls, PopulationBasedAlgorithm)
 
 
-#: Members a protocol declares that some of its implementations may lack: protocol to
-#: member to the test of an entry that needs none.
+#: Members a protocol declares that some of its implementations may lack: protocol name
+#: to member to the test of an entry that needs none.
 EXEMPT = {"Strategy": {"get_mean": _population_based}}
 
 
-def lacks(entry: Any, name: str) -> list[str]:
-    """The members of the protocol ``core.interfaces.<name>`` that ``entry`` lacks.
+def lacks(entry: Any, protocol: type) -> list[str]:
+    """The members of ``protocol`` that ``entry`` lacks.
 
     A class is checked for the protocol's methods and properties (one it sets in
     ``__init__`` counts where the class annotates it); the protocol's attributes,
     which an instance may set in ``__init__``, are checked on an instance only.
     """
-    attributes = vars(protocol(name)).get("__annotations__", {})
+    attributes = vars(protocol).get("__annotations__", {})
+    exempt_when = EXEMPT.get(protocol.__name__, {})
     missing = []
-    for member in declared(name):
+    for member in declared(protocol):
         if not isinstance(entry, type):
             present = hasattr(entry, member)
         elif member in attributes:
             continue  # set in __init__: checked once built
         else:
             present = hasattr(entry, member) or _annotated(entry, member)
-        exempt = EXEMPT.get(name, {}).get(member)
+        exempt = exempt_when.get(member)
         if not present and not (exempt and exempt(entry)):
             missing.append(member)
     return missing
 
 
-def lacking(where: str, what: str, missing: list[str], name: str) -> str:
-    """One line: ``where: what lacks a, b (core.interfaces.<name> declares ...)``."""
-    declares = ", ".join(declared(name))
+def lacking(where: str, what: str, missing: list[str], protocol: type) -> str:
+    """One line: ``where: what lacks a, b (core.interfaces.<Protocol> declares ...)``."""
+    declares = ", ".join(declared(protocol))
+    lacks_ = ", ".join(missing)
     return (
-        f"{where}: {what} lacks {', '.join(missing)} (core.interfaces.{name} declares {declares})"
+        f"{where}: {what} lacks {lacks_} (core.interfaces.{protocol.__name__} declares {declares})"
     )
 
 

@@ -80,23 +80,31 @@ class PluginError(ValueError):
 
 # --- what a registered entry must have (evorl_pop.conformance) ------------------------
 
+#: The protocols entries are checked against, by name: :mod:`evorl_pop.core.interfaces`
+#: adds its own as it is imported (importing evorl_pop, and so this module, imports it).
+PROTOCOLS: dict[str, type] = {}
 
-def check_class(where: str, cls: Any, protocol: str) -> None:
+
+def _protocol(name: str) -> type:
+    return PROTOCOLS[name]
+
+
+def check_class(where: str, cls: Any, name: str) -> None:
     """Raises a :class:`PluginError` unless ``cls`` is a class with the methods of the
-    protocol ``core.interfaces.<protocol>``; ``where`` names the registration."""
+    protocol ``core.interfaces.<name>``; ``where`` names the registration."""
     if not isinstance(cls, type):
-        raise PluginError(
-            f"{where}: takes a class that meets core.interfaces.{protocol}, got {cls!r}"
-        )
+        raise PluginError(f"{where}: takes a class that meets core.interfaces.{name}, got {cls!r}")
+    protocol = _protocol(name)
     if missing := conformance.lacks(cls, protocol):
         raise PluginError(conformance.lacking(where, cls.__name__, missing, protocol))
 
 
-def check_built(where: str, entry: Any, protocol: str, what: str = "") -> Any:
+def check_built(where: str, entry: Any, name: str, what: str = "") -> Any:
     """Returns ``entry``, an object built from a plug-in, before anything compiles; raises
     a :class:`PluginError` where it lacks a member of the protocol
-    ``core.interfaces.<protocol>`` (attributes set in ``__init__`` included). ``what``
+    ``core.interfaces.<name>`` (attributes set in ``__init__`` included). ``what``
     names it in the message (default: ``the <class> built``)."""
+    protocol = _protocol(name)
     if missing := conformance.lacks(entry, protocol):
         what = what or f"the {type(entry).__name__} built"
         raise PluginError(conformance.lacking(where, what, missing, protocol))

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
 
+from evorl_pop import registry
 from evorl_pop.base import EnvSpec, EvalInfo
 
 #: ``fold_in(key, LEARNER_STREAM)``: the learner's key, at ``init`` and in every generation.
@@ -436,3 +437,9 @@ class EnvFamily(Protocol):
         returns the frames written. Each episode is a
         :class:`~evorl_pop.tasks.drawing.Trajectory`: the environment's states after
         each step, its observations, the return so far."""
+
+
+#: What a plug-in is checked against as it registers, and once built (:mod:`evorl_pop.registry`).
+registry.PROTOCOLS.update(
+    {p.__name__: p for p in (Strategy, Task, ReplayLearner, Algorithm, Env, EnvFamily)}
+)
