@@ -5,6 +5,7 @@ registers (or as it is built), before anything compiles."""
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +64,21 @@ def _train_resume_render(run: Path, *args) -> tuple[dict, dict, str]:
 # --- each plug-in through the command line -------------------------------------------
 
 
+def test_every_plugin_registers_and_is_listed():
+    modules = ["one_plus_lambda", "cross_entropy", "spring_env", "reinforce"]
+    listed = _ok(_cli("list", *[arg for m in modules for arg in ("--plugin", m)]))
+    sections = dict(re.findall(r"^(\S[^\n]*):\n((?:  [^\n]*\n?)*)", listed, re.M))
+    algorithms = sections["algorithms"]
+    assert re.search(r"^  cross_entropy +the cross-entropy method", algorithms, re.M)
+    assert re.search(r"^  reinforce +REINFORCE on its own", algorithms, re.M)
+    assert "OnePlusLambda" in sections["strategies (es --strategy)"].replace(",", " ").split()
+    learners = sections["learners (cemrl, erl, pbt: --set learner=NAME)"]
+    assert "reinforce" in learners.replace(",", " ").split()
+    assert "spring/mass" in sections["environments (--task)"].replace(",", " ").split()
+    families = "environment families (--task NAME; --set SETTING=VALUE for a family's own)"
+    assert "  spring: a mass on a spring to bring to rest (spring/mass)" in sections[families]
+
+
 @pytest.mark.slow
 @pytest.mark.xfail(
     reason="engine keeps best-so-far itself: lands with the engine change", strict=False
@@ -87,7 +103,8 @@ def test_the_algorithm_plugin_trains(tmp_path):
     trained, _, drawn = _train_resume_render(tmp_path / "run", *args)
     # sphere at x0 = 3 in 4-D: 36 at the first mean; the elites' mean closes in on 0
     assert trained["fitness_mean"][0] > 20
-    assert trained["best_so_far"][-1] < 1e-3
+    assert trained["best_so_far"][-1] < 0.01 * trained["fitness_mean"][0]
+    assert trained["sigma"][-1] < 0.2  # the Gaussian narrowed around the optimum
     np.testing.assert_array_equal(
         trained["best_so_far"], np.minimum.accumulate(trained["fitness_best"])
     )
@@ -338,4 +355,39 @@ def test_a_task_lacking_a_part_is_refused_before_it_runs():
     assert str(err.value) == (
         "ES(config, task=...): the NoUpdate built lacks update_state (core.interfaces.Task "
         "declares name, num_dims, maximize, init_solution, init_state, update_state, evaluate)"
+    )
+
+
+def test_a_familys_task_lacking_a_part_is_refused_before_it_runs(monkeypatch):
+    from evorl_pop.tasks import envs, make_task
+    from evorl_pop.tasks.control import JaxEnvFamily
+
+    class NoEvaluate:
+        name, num_dims, maximize = "half/x", 2, True
+
+        def init_solution(self, key):
+            return jnp.zeros(self.num_dims)
+
+        def init_state(self):
+            return ()
+
+        def update_state(self, task_state, info):
+            return task_state
+
+    class Half(JaxEnvFamily):
+        description, pattern = "a family whose tasks cannot be scored", "half/<x>"
+
+        def names(self):
+            return ("half/x",)
+
+        def make_task(self, name, **kwargs):
+            return NoEvaluate()
+
+    monkeypatch.setattr(registry.ENV_FAMILIES, "_entries", dict(registry.ENV_FAMILIES._entries))
+    monkeypatch.setattr(envs, "_OWNERS", {})
+    registry.register_env_family("half", Half())
+    with pytest.raises(registry.PluginError) as err:
+        make_task("half/x")
+    assert str(err.value).startswith(
+        "Half.make_task('half/x'): the NoEvaluate built lacks evaluate (core.interfaces.Task "
     )

@@ -36,6 +36,8 @@ class Config:
       population_size: candidates per generation.
       elite_fraction: the share of the best candidates the next Gaussian is fitted to.
       sigma_init: the first standard deviation of every coordinate.
+      smoothing: the share of the last standard deviation kept each generation (the
+        rest is the elites'), which keeps the Gaussian from collapsing too early.
       sigma_min: the least standard deviation, which keeps the search from stalling.
     """
 
@@ -45,6 +47,7 @@ class Config:
     population_size: int = 32
     elite_fraction: float = 0.25
     sigma_init: float = 1.0
+    smoothing: float = 0.7
     sigma_min: float = 1e-3
 
     def validate(self) -> None:
@@ -53,6 +56,8 @@ class Config:
             raise ConfigError(f"population_size must be at least 2, got {self.population_size}.")
         if not 0 < self.elite_fraction <= 1:
             raise ConfigError(f"elite_fraction must be in (0, 1], got {self.elite_fraction}.")
+        if not 0 <= self.smoothing < 1:
+            raise ConfigError(f"smoothing must be in [0, 1), got {self.smoothing}.")
         if not self.sigma_init > 0 or self.sigma_min < 0:
             raise ConfigError("sigma_init must be > 0 and sigma_min >= 0.")
 
@@ -66,7 +71,8 @@ class State:
 
 
 class CrossEntropy:
-    """Candidates drawn from a diagonal Gaussian, which is then refitted to the elites."""
+    """Candidates drawn from a diagonal Gaussian, which then moves to the elites' mean
+    and, smoothed, towards their standard deviation."""
 
     def __init__(self, config: Config, mesh=None):
         config.validate()
@@ -87,7 +93,9 @@ class CrossEntropy:
         task_state = self.task.init_state()
         fitness, _ = jax.vmap(self.task.evaluate, (0, 0, None))(population, keys, task_state)
         elites = population[jnp.argsort(fitness)[: self.elites]]
-        std = jnp.maximum(jnp.std(elites, axis=0), self.config.sigma_min)
+        smoothing = self.config.smoothing
+        std = smoothing * state.std + (1 - smoothing) * jnp.std(elites, axis=0)
+        std = jnp.maximum(std, self.config.sigma_min)
         best = jnp.minimum(state.best, jnp.min(fitness))
         metrics = {
             # the run's progress line and fitness.png read these two
