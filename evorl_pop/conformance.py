@@ -69,12 +69,12 @@ def lacks(entry: Any, protocol: type) -> list[str]:
 
 
 def lacking(where: str, what: str, missing: list[str], protocol: type) -> str:
-    """One line: ``where: what lacks a, b (core.interfaces.<Protocol> declares ...)``."""
+    """One line: ``where: what lacks a, b (core.interfaces.<Protocol> declares ...)``
+    (the protocol named by its module under evorl_pop)."""
     declares = ", ".join(declared(protocol))
     lacks_ = ", ".join(missing)
-    return (
-        f"{where}: {what} lacks {lacks_} (core.interfaces.{protocol.__name__} declares {declares})"
-    )
+    named = f"{protocol.__module__.removeprefix('evorl_pop.')}.{protocol.__name__}"
+    return f"{where}: {what} lacks {lacks_} ({named} declares {declares})"
 
 
 def settings_problem(settings: Any, needs: tuple[str, ...]) -> str:

@@ -391,3 +391,31 @@ def test_a_familys_task_lacking_a_part_is_refused_before_it_runs(monkeypatch):
     assert str(err.value).startswith(
         "Half.make_task('half/x'): the NoEvaluate built lacks evaluate (core.interfaces.Task "
     )
+
+
+def test_a_pbt_member_lacking_a_part_is_refused_before_it_runs(monkeypatch):
+    from evorl_pop.algorithms import pbt
+
+    @dataclasses.dataclass(frozen=True)
+    class Settings:
+        learning_rate: float = 0.01
+
+        def validate(self): ...
+
+    class NoActing:  # a member PBT cannot show (render)
+        def __init__(self, settings, config):
+            self.env = None
+
+        def init(self, key): ...
+        def train(self, learner, own, values, key): ...
+        def evaluate(self, learner, own, key, episodes): ...
+
+    monkeypatch.setattr(registry.LEARNERS, "_entries", dict(registry.LEARNERS._entries))
+    part = registry.MemberPart(Settings(), NoActing, ("learning_rate",))
+    registry.register_learner("mine", registry.LearnerSpec(member=part))
+    with pytest.raises(registry.PluginError) as err:
+        pbt.PBT(pbt.Config(task="CartPole-v1", learner="mine", population_size=2))
+    assert str(err.value) == (
+        "learner 'mine' (member.member): the NoActing built lacks acting "
+        "(algorithms.pbt_members.Member declares env, init, train, evaluate, acting)"
+    )
