@@ -171,6 +171,7 @@ def make_strategy(
             f"{name} cannot take population_size={population_size}: {err} "
             f"Try population_size={even if even != population_size else population_size + 2}."
         ) from err
+    registry.check_built(f"strategy {name!r}", strategy, "Strategy")
     params = strategy.default_params
     if sigma_init is not None:
         # evosax's params, not a project object: only some of its strategies have std_init
@@ -383,7 +384,10 @@ class ES(Engine):
         """
         config.validate()
         self.config = config
-        task = config.make_task() if task is None else task
+        if task is None:
+            task = config.make_task()
+        else:
+            registry.check_built("ES(config, task=...)", task, "Task")
         shaping = elite_shaping(config.population_size, config.elite) if config.elite else None
         strategy, params = make_strategy(
             config.strategy,

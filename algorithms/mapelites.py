@@ -310,7 +310,11 @@ class MapElites:
             self.archive = ShardedArchive(self.mesh, low, high, centroids=centroids)
         self.population_size = config.population_size
         spec = config.emitter_spec()
-        self.emitter = spec.emitter_class(self.archive, task, config, config.emitter_config())
+        emitter = spec.emitter_class(self.archive, task, config, config.emitter_config())
+        where = f"emitter {spec.name!r}"
+        self.emitter = registry.check_built(where, emitter, "Emitter")
+        if emitter.collect:  # its episodes' steps are handed to observe
+            registry.check_built(where, emitter, "ObservesEpisodes")
 
     def _evaluate(self, population, key, task_state, emitter_state=()):
         """``(summary, quality, descriptors, emitter_state)``: the batch's statistics

@@ -226,7 +226,9 @@ class PBT:
         #: The learner's spec part that builds the members.
         self.part = config.learner_part()
         #: One member's init, train and evaluate (pbt_members.Member).
-        self.members = self.part.member(config.learner_config(), config)
+        members = self.part.member(config.learner_config(), config)
+        where = f"learner {config.learner!r} (member.member)"
+        self.members = registry.check_built(where, members, "Member")
         self.env = self.members.env
         self.episode_length = self.env.spec.max_steps
         self.search = config.searched()

@@ -35,6 +35,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
 
+from evorl_pop import registry
 from evorl_pop.base import EnvSpec, EvalInfo
 
 #: How the engine evaluates a device's slice of the population: ``'vmap'`` vectorised,
@@ -104,7 +105,8 @@ class Strategy(Protocol):
         """``(state, metrics)`` after the population's ``fitness`` (minimised, finite)."""
 
     def get_mean(self, state: Any) -> jax.Array:
-        """The distribution's mean: the solution a generation reports."""
+        """The distribution's mean: the solution a generation reports (evosax's
+        population-based strategies have none: they report their best candidate)."""
 
 
 @runtime_checkable
@@ -671,3 +673,21 @@ class EnvFamily(Protocol):
         returns the frames written. Each episode is a
         :class:`~evorl_pop.tasks.drawing.Trajectory`: the environment's states after
         each step, its observations, the return so far."""
+
+
+#: What a plug-in is checked against as it registers, and once built (:mod:`evorl_pop.registry`).
+registry.PROTOCOLS.update(
+    {
+        p.__name__: p
+        for p in (
+            Strategy,
+            Task,
+            ReplayLearner,
+            Algorithm,
+            Env,
+            EnvFamily,
+            Emitter,
+            ObservesEpisodes,
+        )
+    }
+)
