@@ -26,13 +26,12 @@ import numpy as np
 from evorl_pop.algorithms.cma_es import CMA_ES_pycma
 from evorl_pop.algorithms.es import ES, ESConfig, make_strategy
 from evorl_pop.base import float_dtype, objective_error
-from evorl_pop.core.interfaces import (
+from evorl_pop.core.interfaces import HasSearchWidth, KnowsOptimum
+from evorl_pop.core.strategy_states import (
     CountsFlatFitness,
     HasAxisLengths,
     HasCovariance,
     HasEigenbasis,
-    HasSearchWidth,
-    KnowsOptimum,
     ScalesCoordinates,
 )
 

@@ -2,8 +2,8 @@
 
 :class:`EngineActing` gives :class:`~evorl_pop.core.engine.Engine` (ES and the hybrids
 on it) :class:`~evorl_pop.core.interfaces.Acts`,
-:class:`~evorl_pop.core.interfaces.ReportsReturn` and
-:class:`~evorl_pop.core.interfaces.EvaluatesReturn`, for a task on an environment
+:class:`~evorl_pop.core.capabilities.ReportsReturn` and
+:class:`~evorl_pop.core.capabilities.EvaluatesReturn`, for a task on an environment
 (:class:`~evorl_pop.core.interfaces.PolicyTask`).
 """
 

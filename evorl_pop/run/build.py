@@ -13,8 +13,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from evorl_pop.base import (
     RunError,
 )
+from evorl_pop.core.capabilities import Populated, Replicated
 from evorl_pop.core.engine import make_mesh
-from evorl_pop.core.interfaces import Populated, Replicated
 from evorl_pop.run import config as config_lib
 from evorl_pop.run import processes
 from evorl_pop.run import replicas as replicas_lib

@@ -16,7 +16,7 @@ from pathlib import Path
 import jax
 
 from evorl_pop.base import RunError
-from evorl_pop.core.interfaces import OnTask
+from evorl_pop.core.capabilities import OnTask
 from evorl_pop.run import processes
 from evorl_pop.run.config import RunConfig
 

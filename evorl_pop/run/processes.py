@@ -41,7 +41,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from evorl_pop import jax_private
-from evorl_pop.core.interfaces import OnTask, Populated, VectorEnvs
+from evorl_pop.core.capabilities import OnTask, Populated, VectorEnvs
 from evorl_pop.tasks.blackbox import BLACKBOX_TASKS
 from evorl_pop.tasks.gym_envs import GYM_PREFIX
 

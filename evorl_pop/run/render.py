@@ -51,12 +51,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from evorl_pop.base import CheckpointError, RunError
+from evorl_pop.core.capabilities import EvaluatesReturn, OnTask, ReportsReturn, SearchesTask
 from evorl_pop.core.interfaces import (
     Acts,
-    EvaluatesReturn,
-    OnTask,
-    ReportsReturn,
-    SearchesTask,
 )
 from evorl_pop.run import config as config_lib
 from evorl_pop.run import restore, shell, store, sweep

@@ -21,7 +21,8 @@ import jax
 from evorl_pop.base import (
     __version__,
 )
-from evorl_pop.core.interfaces import Exports, NamesStrategy, OnTask, Replicated
+from evorl_pop.core.capabilities import NamesStrategy, OnTask, Replicated
+from evorl_pop.core.interfaces import Exports
 from evorl_pop.run import loggers
 from evorl_pop.run import stop as stop_lib
 from evorl_pop.run.config import RunConfig
