@@ -186,8 +186,8 @@ def _export(run: Run, algorithm: Exports, state, recorders) -> None:
 
 
 def labels(algorithm) -> list[dict]:
-    """Each replica's labels of a run of replicas (:class:`~evorl_pop.core.capabilities.Replicated`),
-    else none: a single run."""
+    """Each replica's labels of a run of replicas
+    (:class:`~evorl_pop.core.capabilities.Replicated`), else none: a single run."""
     return algorithm.labels if isinstance(algorithm, Replicated) else []
 
 
