@@ -52,9 +52,8 @@ from evorl_pop.core.archive import KINDS, Archive, ShardedArchive, cvt_centroids
 from evorl_pop.core.engine import evaluate, make_mesh
 from evorl_pop.core.interfaces import EVAL_MODES, Describes
 from evorl_pop.rl.hybrid import changed_settings
-from evorl_pop.tasks.brax_envs import BACKENDS
-from evorl_pop.tasks.policies import ACTIVATIONS
-from evorl_pop.tasks.qd import QD_TASKS, BraxQDTask, make_qd_task
+from evorl_pop.tasks.qd import QD_TASKS
+from evorl_pop.tasks.settings import TaskSettings
 
 __all__ = ["MapElites", "MapElitesConfig", "MapElitesState", "isoline_variation"]
 
@@ -96,14 +95,18 @@ def _cvt(seed: int, num_cells: int, samples: int, low, high, iterations: int) ->
 
 
 @dataclasses.dataclass(frozen=True)
-class MapElitesConfig:
+class MapElitesConfig(TaskSettings):
     """Configuration of a MAP-Elites run. Every field can be overridden.
 
+    The task's fields are the task settings block's
+    (:class:`~evorl_pop.tasks.settings.TaskSettings`): a quality-diversity task
+    (``qd/arm``, ``qd/rastrigin_proj``, ``qd/hopper_uni``, ``qd/walker2d_uni``,
+    ``qd/halfcheetah_uni``, ``qd/ant_uni``, ``qd/ant_omni``); ``num_dims``: the
+    black-box tasks' genotype dimension (the arm's joints); the brax tasks read
+    ``hidden_sizes`` (64, 64 here), ``activation``, ``episode_length`` (``None``: 1000)
+    and ``backend``.
+
     Attributes:
-      task: a quality-diversity task (``qd/arm``, ``qd/rastrigin_proj``,
-        ``qd/hopper_uni``, ``qd/walker2d_uni``, ``qd/halfcheetah_uni``, ``qd/ant_uni``,
-        ``qd/ant_omni``).
-      num_dims: black-box tasks: the genotype's dimension (the arm's joints).
       population_size: candidates per generation (and in the initial batch).
       archive: ``'grid'`` (``cells_per_dim`` cells per descriptor dimension) or
         ``'cvt'`` (``num_cells`` centroids by k-means on ``cvt_samples`` uniform
@@ -129,15 +132,11 @@ class MapElitesConfig:
         plug-in's), as changes to its registered defaults, e.g. ``{sigma: 0.1}``
         (``--set emitter_settings.sigma=0.1``); the emitter's settings check them.
       eval_mode: ``'vmap'`` (fast) or ``'map'`` (low memory) per device.
-      hidden_sizes: brax tasks: the policy MLP's hidden layers.
-      activation: brax tasks: ``'tanh'``, ``'relu'`` or ``'elu'``.
-      episode_length: brax tasks: steps per episode (``None``: 1000).
-      backend: brax tasks: the physics backend (``'spring'``, ``'positional'``,
-        ``'generalized'``, ``'mjx'``).
     """
 
     task: str = "qd/arm"
-    num_dims: int = 8
+    num_dims: int | None = 8
+    hidden_sizes: tuple[int, ...] = (64, 64)
     population_size: int = 128
     archive: str = "grid"
     cells_per_dim: int = 32
@@ -153,10 +152,8 @@ class MapElitesConfig:
     pga_me: PgEmitterConfig = dataclasses.field(default_factory=PgEmitterConfig)
     emitter_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     eval_mode: str = "vmap"
-    hidden_sizes: tuple[int, ...] = (64, 64)
-    activation: str = "tanh"
-    episode_length: int | None = None
-    backend: str = "spring"
+
+    TASK_KINDS = ("qd",)
 
     #: Keys of configs written before the emitters had their own settings, read at their
     #: new place (:mod:`evorl_pop.run.config`).
@@ -170,24 +167,18 @@ class MapElitesConfig:
                 f"({', '.join(QD_TASKS)}), and {self.task!r} has none: -a es optimises it, "
                 f"or choose task=qd/arm."
             )
+        self.check_task()
         check_config(
             self,
-            choices={
-                "archive": KINDS,
-                "eval_mode": EVAL_MODES,
-                "activation": tuple(ACTIVATIONS),
-                "backend": BACKENDS,
-            },
+            choices={"archive": KINDS, "eval_mode": EVAL_MODES},
             least={
                 "num_dims": 2,
                 "population_size": 1,
                 "cells_per_dim": 1,
                 "num_cells": 1,
                 "cvt_iterations": 0,
-                "episode_length": 1,
             },
             nonnegative=("iso_sigma", "line_sigma"),
-            widths=("hidden_sizes",),
         )
         if self.archive == "cvt" and self.cvt_samples < self.num_cells:
             raise ConfigError(
@@ -242,18 +233,6 @@ class MapElitesConfig:
                 )
             return None
         return changed_settings(spec.settings(), self.emitter_settings, "emitter_settings.")
-
-    def make_task(self):
-        """The task ``task`` names, with this config's settings."""
-        control = {}
-        if issubclass(QD_TASKS[self.task], BraxQDTask):
-            control = {
-                "hidden_sizes": tuple(self.hidden_sizes),
-                "activation": self.activation,
-                "episode_length": self.episode_length,
-                "backend": self.backend,
-            }
-        return make_qd_task(self.task, self.num_dims, **control)
 
 
 @flax.struct.dataclass

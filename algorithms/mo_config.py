@@ -5,23 +5,25 @@ from __future__ import annotations
 
 import dataclasses
 
-from evorl_pop.algorithms.es import ESConfig
 from evorl_pop.base import ConfigError, check_config
-from evorl_pop.tasks.multiobjective import MO_PREFIX, make_mo_task
+from evorl_pop.tasks.multiobjective import MO_PREFIX
+from evorl_pop.tasks.settings import TaskSettings
 
 
 @dataclasses.dataclass(frozen=True)
-class NSGA2Config:
+class NSGA2Config(TaskSettings):
     """Configuration of an NSGA-II run. Every field can be overridden.
 
+    The task's fields are the task settings block's
+    (:class:`~evorl_pop.tasks.settings.TaskSettings`): a multi-objective problem
+    (``mo/zdt1``, ``mo/zdt2``, ``mo/zdt3``, ``mo/dtlz1``, ``mo/dtlz2``), a
+    multi-objective brax task (``mo/halfcheetah``, ``mo/hopper``, ``mo/hopper3``,
+    ``mo/ant``), or any task of ``es`` (one objective); ``num_dims``: the variables
+    (``None``: the problem's default; 10 for a black-box function); ``backend``:
+    ``None``, spring where the task has it.
+
     Attributes:
-      task: a multi-objective problem (``mo/zdt1``, ``mo/zdt2``, ``mo/zdt3``,
-        ``mo/dtlz1``, ``mo/dtlz2``), a multi-objective brax task (``mo/halfcheetah``,
-        ``mo/hopper``, ``mo/hopper3``, ``mo/ant``), or any task of ``es``
-        (one objective).
       population_size: members kept, and offspring made, each generation.
-      num_dims: the variables (``None``: the problem's default; 10 for a
-        black-box function).
       num_objectives: DTLZ problems: the objectives (``None``: 3).
       bounds: ``[lower, upper]`` of every variable (``None``: the problem's box,
         ``[-10, 10]`` for a task without one, such as a policy's weights).
@@ -34,13 +36,12 @@ class NSGA2Config:
         without one).
       measures: compute the front's hypervolume, IGD and IGD+ every generation
         (false: only its size, for timing the search alone).
-
-    The other fields are the task's settings, as ``es``'s (single-objective tasks).
     """
 
     task: str = "mo/zdt1"
-    population_size: int = 100
     num_dims: int | None = None
+    backend: str | None = None
+    population_size: int = 100
     num_objectives: int | None = None
     bounds: tuple[float, ...] | None = None
     crossover_prob: float = 0.9
@@ -49,42 +50,22 @@ class NSGA2Config:
     eta_mutation: float = 20.0
     ref_point: tuple[float, ...] | None = None
     measures: bool = True
-    x0: float = 3.0  # black-box functions: es's x0 (NSGA-II starts uniform in the bounds)
-    instance: int = 1  # BBOB tasks: the instance seed
-    hidden_sizes: tuple[int, ...] = (32,)  # control tasks: the policy's hidden layers
-    activation: str = "tanh"  # control tasks: 'tanh', 'relu' or 'elu'
-    policy: str = "auto"  # control tasks: 'auto', 'mlp', 'cnn' or 'keypoints', as es's
-    episode_length: int | None = None  # control tasks: steps per episode (None: the env's)
-    episodes: int = 1  # control tasks: episodes per candidate
-    backend: str | None = None  # brax tasks: the physics backend (None: spring, if it has)
-    impl: str = "jax"  # Playground tasks: the MJX implementation
-    vector: str = "sync"  # gym: tasks: 'sync' or 'async' stepping
+
+    TASK_KINDS = ("blackbox", "env", "mo")
 
     @property
     def multi_objective(self) -> bool:
         """Whether ``task`` names a multi-objective problem (``mo/<problem>``)."""
         return self.task.startswith(MO_PREFIX)
 
-    def _es_config(self) -> ESConfig:
-        """An ``es`` config with this one's task settings: it checks and builds the task."""
-        shared = {f.name for f in dataclasses.fields(ESConfig)} & {
-            f.name for f in dataclasses.fields(self)
-        }
-        values = {name: getattr(self, name) for name in shared}
-        for name in ("num_dims", "backend"):  # None: es's default
-            if values.get(name) is None:
-                values.pop(name, None)
-        return ESConfig(**values)
-
     def validate(self) -> None:
         """Raises a :class:`~evorl_pop.base.ConfigError` naming a value that cannot run."""
+        self.check_task()
         check_config(
             self,
             least={
                 "population_size": 2,
-                "num_dims": 1,
                 "num_objectives": 1,
-                "episodes": 1,
                 "eta_crossover": 0,
                 "eta_mutation": 0,
             },
@@ -108,7 +89,6 @@ class NSGA2Config:
                     f"num_objectives: {self.task!r} has one objective; the multi-objective "
                     f"problems are {MO_PREFIX}<problem> (mo/zdt1, mo/dtlz2, ...)."
                 )
-            self._es_config().validate()
             task = None
         k = task.num_objectives if task is not None else 1
         if self.ref_point is not None and len(self.ref_point) != k:
@@ -116,10 +96,9 @@ class NSGA2Config:
                 f"ref_point has {len(self.ref_point)} value(s); {self.task} has {k} objective(s)."
             )
 
-    def make_task(self):
-        """The task ``task`` names, with this config's settings."""
+    def make_task(self, **extra):
+        """The task ``task`` names, with this config's settings (a multi-objective
+        problem's ``num_objectives`` among them)."""
         if self.multi_objective:
-            control = ("hidden_sizes", "activation", "episodes", "episode_length", "backend")
-            settings = {name: getattr(self, name) for name in control}
-            return make_mo_task(self.task, self.num_dims, self.num_objectives, **settings)
-        return self._es_config().make_task()
+            extra = {"num_objectives": self.num_objectives, **extra}
+        return super().make_task(**extra)
