@@ -8,8 +8,10 @@ Importing this module registers the algorithm ``cross_entropy``, so that::
 trains it. An algorithm is a config dataclass with ``validate()`` and a class built
 as ``CrossEntropy(config, mesh=None)`` with ``init(key)`` (a state with an integer
 ``generation``) and a pure ``step(state, key) -> (state, metrics)``
-(``evorl_pop.core.interfaces.Algorithm``). This one runs on one device: it does not
-use ``mesh``.
+(``evorl_pop.core.interfaces.Algorithm``). Its config embeds the task settings block
+(``evorl_pop.tasks.settings.TaskSettings``: ``task``, ``num_dims``, ``x0``, ...), which
+checks the task's settings and builds the task. This one runs on one device: it does
+not use ``mesh``.
 """
 
 from __future__ import annotations
@@ -22,17 +24,16 @@ import jax.numpy as jnp
 
 from evorl_pop import registry
 from evorl_pop.base import ConfigError
-from evorl_pop.tasks import make_task
+from evorl_pop.tasks.settings import TaskSettings
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
-    """Settings of ``cross_entropy``.
+class Config(TaskSettings):
+    """Settings of ``cross_entropy``: the task settings block's (``task``: a black-box
+    function such as ``sphere`` or ``rastrigin``, minimised; ``num_dims``: its dimension;
+    ``x0``: every coordinate of the first mean), and
 
     Attributes:
-      task: a black-box function (``sphere``, ``rastrigin``, ...), minimised.
-      num_dims: its dimension.
-      x0: every coordinate of the first mean.
       population_size: candidates per generation.
       elite_fraction: the share of the best candidates the next Gaussian is fitted to.
       sigma_init: the first standard deviation of every coordinate.
@@ -42,16 +43,17 @@ class Config:
     """
 
     task: str = "sphere"
-    num_dims: int = 10
-    x0: float = 3.0
     population_size: int = 32
     elite_fraction: float = 0.25
     sigma_init: float = 1.0
     smoothing: float = 0.7
     sigma_min: float = 1e-3
 
+    TASK_KINDS = ("blackbox",)  # the kinds of task it takes
+
     def validate(self) -> None:
         """Raises a ConfigError naming a setting that cannot run."""
+        self.check_task()
         if self.population_size < 2:
             raise ConfigError(f"population_size must be at least 2, got {self.population_size}.")
         if not 0 < self.elite_fraction <= 1:
@@ -77,7 +79,7 @@ class CrossEntropy:
     def __init__(self, config: Config, mesh=None):
         config.validate()
         self.config = config
-        self.task = make_task(config.task, num_dims=config.num_dims, x0=config.x0)
+        self.task = config.make_task()
         self.elites = max(1, int(config.elite_fraction * config.population_size))
 
     def init(self, key: jax.Array) -> State:
