@@ -82,3 +82,12 @@ class EvaluatesReturn(Protocol):
     def evaluate_return(self, state: Any, key: jax.Array, episodes: int) -> jax.Array:
         """The mean return over ``episodes`` episodes of the policy ``state`` holds, as
         ``eval_return`` computes it (jittable; ``episodes`` static)."""
+
+
+@runtime_checkable
+class RenamesSettings(Protocol):
+    """An algorithm config some of whose settings moved: configs written before (files,
+    ``--set``, run folders) are read with each old key at its new place."""
+
+    #: Each old key to its new place, dotted where nested (``es_sigma`` -> ``es.sigma``).
+    RENAMED: dict[str, str]

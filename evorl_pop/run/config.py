@@ -36,6 +36,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from evorl_pop import registry
 from evorl_pop.base import ConfigError, did_you_mean, read_text, write_atomic
+from evorl_pop.core.capabilities import RenamesSettings
 from evorl_pop.core.interfaces import SetsOwnSettings
 
 
@@ -160,12 +161,13 @@ _noted: set[str] = set()
 
 def _moved(algorithm: Mapping, name: str | None) -> Mapping:
     """``algorithm`` (an algorithm config mapping) with the keys its config class moved
-    (its ``RENAMED``: old name to the new, dotted where nested) at their new place, with a
+    (its :class:`~evorl_pop.core.capabilities.RenamesSettings`: old name to the new, dotted where nested) at their new place, with a
     DeprecationWarning for each; a value already at the new place is kept. Only a built-in
     algorithm's module is imported for it (a plug-in's is not loaded yet)."""
     builtin = {module.rsplit(".", 1)[-1] for module in registry.BUILTIN["algorithm"]}
     spec = registry.ALGORITHMS.find(name) if isinstance(name, str) and name in builtin else None
-    moved = getattr(spec.config_class, "RENAMED", {}) if spec else {}
+    renames = spec is not None and isinstance(spec.config_class, RenamesSettings)
+    moved = spec.config_class.RENAMED if renames else {}
     if not moved.keys() & algorithm.keys():
         return algorithm
     algorithm = dict(algorithm)
