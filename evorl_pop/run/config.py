@@ -161,9 +161,10 @@ _noted: set[str] = set()
 
 def _moved(algorithm: Mapping, name: str | None) -> Mapping:
     """``algorithm`` (an algorithm config mapping) with the keys its config class moved
-    (its :class:`~evorl_pop.core.capabilities.RenamesSettings`: old name to the new, dotted where nested) at their new place, with a
-    DeprecationWarning for each; a value already at the new place is kept. Only a built-in
-    algorithm's module is imported for it (a plug-in's is not loaded yet)."""
+    (:class:`~evorl_pop.core.capabilities.RenamesSettings`: old name to the new, dotted
+    where nested) at their new place, with a DeprecationWarning for each; a value already
+    at the new place is kept. Only a built-in algorithm's module is imported for it (a
+    plug-in's is not loaded yet)."""
     builtin = {module.rsplit(".", 1)[-1] for module in registry.BUILTIN["algorithm"]}
     spec = registry.ALGORITHMS.find(name) if isinstance(name, str) and name in builtin else None
     renames = spec is not None and isinstance(spec.config_class, RenamesSettings)
