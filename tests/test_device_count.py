@@ -19,7 +19,7 @@ DEVICES = (1, 2, 4)
 #: partitioner's pipeline simplifies the strategy's replicated update in another order,
 #: so a few rewrites (a division by a norm turned into a product, ...) land differently
 #: and the update's last bit differs. The engine runs ``tell`` replicated and isolated
-#: (:meth:`evorl_pop.core.engine.Engine.replicated`), which removes every difference
+#: (:func:`evorl_pop.core.replicated.replicated`), which removes every difference
 #: from partitioning the update itself; these are what is left, measured on the CPU.
 ONE_DEVICE_ROUNDS_DIFFERENTLY = {
     "float32": {"CR_FM_NES", "DiffusionEvolution"},

@@ -53,6 +53,7 @@ from evorl_pop.core.interfaces import (
     ReportsSolution,
     SeedsPopulation,
 )
+from evorl_pop.core.replicated import replicated
 from evorl_pop.distributed import POP_AXIS_NAME, all_gather, pmax, pmin, psum, shmap_map, shmap_vmap
 
 POP = P(POP_AXIS_NAME)
@@ -263,8 +264,7 @@ def summarize(scores, info, mask, maximize: bool, axis_name: str | None = POP_AX
     hi = pmax(jnp.max(jnp.where(finite, scores, -jnp.inf), axis=0), axis_name)
     lo = pmin(jnp.min(jnp.where(finite, scores, jnp.inf), axis=0), axis_name)
     gathered = all_gather(scores, axis_name, tiled=True, to="invarying")
-    # the mean and std sum the gathered scores, in global order on every device: a psum
-    # of per-device sums would round differently on each device count
+    # mean and std from the gathered scores: a psum of partial sums rounds by device count
     everywhere = all_gather(finite, axis_name, tiled=True, to="invarying")
     gathered, everywhere = jax.lax.optimization_barrier((gathered, everywhere))
     denom = jnp.maximum(count, 1).astype(jnp.result_type(scores, jnp.float32))
@@ -427,28 +427,6 @@ class Engine:
         self.population_based = isinstance(strategy, PopulationBasedAlgorithm)
         self.params = strategy.default_params if strategy_params is None else strategy_params
 
-    def replicated(self, fn):
-        """``fn`` run whole on every device of the mesh: the program one device runs.
-
-        The strategy's ``init``, ``ask`` and ``tell`` take and return replicated
-        values, but traced in the mesh's program, XLA's partitioner is free to
-        split their work (a sum over the population, a matmul) across the
-        devices, so the order of their sums, and their last bits, would depend on
-        the device count; CMA-ES's eigenbasis amplifies those bits. Inside a
-        ``shard_map`` of replicated specs no op is partitioned, and optimisation
-        barriers around it keep XLA from fusing it with the ops around it (the
-        evaluation's collectives differ by device count): every device runs the
-        same update on the same inputs, so the same seed gives the same strategy
-        state on any device count. (One device compiles without the partitioner's
-        passes; a few strategies' updates round differently there, see
-        ``tests/test_device_count.py``.)
-        """
-
-        def isolated(*args):  # nothing fused across: the same code whatever surrounds it
-            return jax.lax.optimization_barrier(fn(*jax.lax.optimization_barrier(args)))
-
-        return jax.shard_map(isolated, mesh=self.mesh, in_specs=P(), out_specs=P(), check_vma=False)
-
     def evaluate(self, population, key, task_state, collect: bool = False):
         """Scores a ``(pop, dims)`` population with :func:`evaluate`.
 
@@ -511,9 +489,8 @@ class Engine:
             if learner is not None:
                 learner_state, _ = learner.observe(learner_state, summary, episodes)
             fitness = summary.fitness(self.population_size)
-            strategy_state = self.replicated(self.strategy.init)(
-                k_init, population, fitness, self.params
-            )
+            init = replicated(self.strategy.init, self.mesh)
+            strategy_state = init(k_init, population, fitness, self.params)
         else:
             strategy_state = self.strategy.init(k_init, solution, self.params)
             if learner is not None:
@@ -569,9 +546,8 @@ class Engine:
         learner = self.learner
         learner_state = state.learner_state
         extra = {}
-        population, strategy_state = self.replicated(self.strategy.ask)(
-            k_ask, state.strategy_state, self.params
-        )
+        ask, tell = (replicated(f, self.mesh) for f in (self.strategy.ask, self.strategy.tell))
+        population, strategy_state = ask(k_ask, state.strategy_state, self.params)
         if learner is not None:
             population, learner_state, extra = learner.step(
                 jax.random.fold_in(key, LEARNER_STREAM), learner_state, population, strategy_state
@@ -579,9 +555,7 @@ class Engine:
         collect = learner is not None and learner.collect
         summary, episodes = self.evaluate(population, k_eval, state.task_state, collect)
         fitness = summary.fitness(self.population_size)
-        strategy_state, _ = self.replicated(self.strategy.tell)(
-            k_tell, population, fitness, strategy_state, self.params
-        )
+        strategy_state, _ = tell(k_tell, population, fitness, strategy_state, self.params)
         if learner is not None:
             learner_state, observed = learner.observe(learner_state, summary, episodes)
             extra = {**extra, **observed}
