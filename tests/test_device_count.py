@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from evorl_pop import make_mesh
-from evorl_pop.algorithms.es import ES, STRATEGIES, ESConfig
+from evorl_pop.algorithms.es import ES, STRATEGIES, ESConfig, make_strategy
+from evorl_pop.core.engine import Engine
 
 GENERATIONS = 3
 DEVICES = (1, 2, 4)
@@ -23,8 +24,12 @@ DEVICES = (1, 2, 4)
 #: from partitioning the update itself; these are what is left, measured on the CPU.
 ONE_DEVICE_ROUNDS_DIFFERENTLY = {
     "float32": {"CR_FM_NES", "DiffusionEvolution"},
-    "float64": {"CMAAnchoredLES"},
+    "float64": {"CMAAnchoredLES", "CR_FM_NES", "DiffusionEvolution"},
 }
+
+
+#: Constructor arguments of the strategies that need some no config field sets.
+ARGUMENTS = {"RandomSearch": {"sampling_fn": lambda key: jax.random.normal(key, (20,))}}
 
 
 def history(name: str, n: int):
@@ -32,7 +37,11 @@ def history(name: str, n: int):
     config = ESConfig(
         strategy=name, task="sphere", num_dims=20, population_size=16, eval_episodes=0
     )
-    engine = ES(config, mesh=make_mesh(n))
+    if name in ARGUMENTS:  # as ES builds it, with the arguments
+        strategy, params = make_strategy(name, 16, 20, **ARGUMENTS[name])
+        engine = Engine(strategy, config.make_task(), make_mesh(n), params, eval_episodes=0)
+    else:
+        engine = ES(config, mesh=make_mesh(n))
     state = engine.init(jax.random.key(1))
     state, metrics = _loop.run(engine, state, jax.random.key(0), GENERATIONS)
     return metrics, jax.tree.map(np.asarray, state.strategy_state)
