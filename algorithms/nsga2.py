@@ -259,6 +259,8 @@ class OnEveryDevice:
     loop over the fronts; on every device whole, it needs none.
     """
 
+    on_every_device = True  # its own shard_map: the engine calls it as it is
+
     def __init__(self, strategy, mesh):
         self.inner = strategy
         self.mesh = mesh
