@@ -23,6 +23,7 @@ import inspect
 import types
 
 import evosax.algorithms
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -31,11 +32,10 @@ from evosax.core.fitness_shaping import weights_fitness_shaping_fn
 from evorl_pop import registry
 from evorl_pop.algorithms.open_es import LowCommunication, NoiseTableOpen_ES
 from evorl_pop.base import ConfigError, check_config, float_dtype
-from evorl_pop.core.engine import Engine
-from evorl_pop.tasks import make_task
-from evorl_pop.tasks.blackbox import BLACKBOX_FUNCTIONS, BLACKBOX_TASKS
-from evorl_pop.tasks.envs import env_family, env_names, env_settings
+from evorl_pop.core.engine import Engine, Generation, State
+from evorl_pop.core.interfaces import EVAL_MODES
 from evorl_pop.tasks.multiobjective import MO_PREFIX
+from evorl_pop.tasks.settings import TaskSettings
 
 # --- strategies by name -----------------------------------------------------------
 
@@ -168,8 +168,10 @@ def make_strategy(
             f"{name} cannot take population_size={population_size}: {err} "
             f"Try population_size={even if even != population_size else population_size + 2}."
         ) from err
+    registry.check_built(f"strategy {name!r}", strategy, "Strategy")
     params = strategy.default_params
     if sigma_init is not None:
+        # evosax's params, not a project object: only some of its strategies have std_init
         if hasattr(params, "std_init"):
             params = params.replace(std_init=jnp.asarray(sigma_init, float_dtype()))
         elif "std_schedule" in accepted:
@@ -185,51 +187,25 @@ def make_strategy(
 
 
 @dataclasses.dataclass(frozen=True)
-class ESConfig:
+class ESConfig(TaskSettings):
     """Configuration of an ES run. Every field can be overridden.
+
+    The task's fields (``task``, ``num_dims``, ``hidden_sizes``, ``episodes``, ...) are
+    the task settings block's (:class:`~evorl_pop.tasks.settings.TaskSettings`): a
+    black-box function (``sphere``, ``ellipsoid``, ``rosenbrock``, ``rastrigin``), a
+    BBOB function (``bbob/ellipsoidal_rotated``, ...; see
+    :data:`evorl_pop.tasks.blackbox.BBOB_FUNCTIONS`), an environment (``CartPole-v1``,
+    ``Pendulum-v1``, ``brax/hopper``, ``playground/CheetahRun``, ...) or ``gym:<id>``,
+    any registered Gymnasium environment, stepped on the host
+    (:class:`~evorl_pop.tasks.gym_envs.GymTask`).
 
     Attributes:
       strategy: evosax strategy name, see :data:`STRATEGIES`.
-      task: black-box function (``sphere``, ``ellipsoid``, ``rosenbrock``,
-        ``rastrigin``), BBOB function (``bbob/ellipsoidal_rotated``, ...; see
-        :data:`evorl_pop.tasks.blackbox.BBOB_FUNCTIONS`), environment name
-        (``CartPole-v1``, ``Pendulum-v1``, ``brax/hopper``,
-        ``playground/CheetahRun``, ...) or ``gym:<id>``, any registered
-        Gymnasium environment, stepped on the host
-        (:class:`~evorl_pop.tasks.gym_envs.GymTask`).
       population_size: candidates per generation.
       sigma_init: initial search width (``None``: see :data:`RECOMMENDED`).
       learning_rate: optimizer learning rate for gradient-style ES (``None``:
         see :data:`RECOMMENDED`).
       optimizer: ``'adam'`` or ``'sgd'``.
-      num_dims: black-box tasks: dimension.
-      x0: black-box tasks: every coordinate of the starting point.
-      instance: BBOB tasks: the instance seed (shift, rotations, ``f_opt``), from 1.
-      hidden_sizes: control tasks: MLP hidden layers (after the CNN's
-        convolutions for image observations).
-      activation: control tasks: ``'tanh'``, ``'relu'`` or ``'elu'``.
-      policy: control tasks: ``'auto'`` (a CNN for image observations such as
-        MinAtar's, else an MLP on the flattened observation), ``'mlp'``, ``'cnn'``
-        or ``'keypoints'`` (each image channel's spatial soft-argmax, then
-        the MLP: :class:`~evorl_pop.tasks.policies.Keypoints`).
-      episode_length: control tasks: steps after which an episode ends
-        (``None``: the environment's own limit; 1000 for brax).
-      backend: brax tasks: physics backend, ``'spring'`` (default: the
-        fastest), ``'positional'``, ``'generalized'`` (brax's default, the
-        most accurate) or ``'mjx'`` (where mujoco's MJX is installed).
-      impl: Playground tasks: MJX implementation, ``'jax'`` (default: CPU or
-        accelerator) or ``'warp'`` (MuJoCo Warp, NVIDIA GPUs).
-      vector: ``gym:`` tasks: ``'sync'`` (each device steps its slice's
-        episodes in turn, in this process) or ``'async'`` (a worker process
-        per episode).
-      episodes: control tasks: episodes per candidate.
-      normalize_obs: control tasks: running observation normalisation.
-      virtual_batch_norm: control tasks: standardise the policy's hidden
-        layers over a fixed batch of observations of random play (Salimans et
-        al. 2017), folded into each candidate's weights.
-      rollout_lanes: control tasks: episodes a device steps at once, each lane
-        taking the next pending episode as its own ends (``None``: 16 on a
-        CPU, the whole slice on an accelerator).
       eval_episodes: episodes to evaluate the strategy's mean each generation
         and report as ``eval_return`` (0: off; black-box tasks: one evaluation).
       eval_mode: ``'vmap'`` (fast) or ``'map'`` (low memory) per device.
@@ -243,25 +219,10 @@ class ESConfig:
     """
 
     strategy: str = "Open_ES"
-    task: str = "CartPole-v1"
     population_size: int = 256
     sigma_init: float | None = None
     learning_rate: float | None = None
     optimizer: str = "adam"
-    num_dims: int = 10
-    x0: float = 3.0
-    instance: int = 1
-    hidden_sizes: tuple[int, ...] = (32,)
-    activation: str = "tanh"
-    policy: str = "auto"
-    episode_length: int | None = None
-    backend: str = "spring"
-    impl: str = "jax"
-    vector: str = "sync"
-    episodes: int = 1
-    normalize_obs: bool = False
-    virtual_batch_norm: bool = False
-    rollout_lanes: int | None = None
     eval_episodes: int = 8
     eval_mode: str = "vmap"
     low_communication: bool = False
@@ -270,33 +231,16 @@ class ESConfig:
 
     def validate(self) -> None:
         """Raises a :class:`~evorl_pop.base.ConfigError` naming a value that cannot run."""
-        # a family's own settings (brax's backend, ...) are checked whatever the task
-        settings = env_settings({field.name for field in dataclasses.fields(self)})
-        family = env_family(self.task)  # None: a black-box task, or an unknown name
         if self.task.startswith(MO_PREFIX):
             raise ConfigError(
                 f"task: {self.task!r} has several objectives and an evolution strategy ranks "
                 "one; search it with -a nsga2 (or -a nsga3 for 3 objectives or more)."
             )
-        known = family is not None or self.task in BLACKBOX_TASKS
+        self.check_task()
         check_config(
             self,
-            choices={
-                **settings,
-                **({} if known else {"task": (*BLACKBOX_TASKS, *env_names())}),
-                "optimizer": OPTIMIZERS,
-                "activation": ("tanh", "relu", "elu"),
-                "eval_mode": ("vmap", "map"),
-                "noise": NOISE,
-            },
-            least={
-                "population_size": 2,
-                "num_dims": 1,
-                "episodes": 1,
-                "eval_episodes": 0,
-                "rollout_lanes": 1,
-                "episode_length": 1,
-            },
+            choices={"optimizer": OPTIMIZERS, "eval_mode": EVAL_MODES, "noise": NOISE},
+            least={"population_size": 2, "eval_episodes": 0},
         )
         try:
             STRATEGIES.get(self.strategy)
@@ -313,54 +257,10 @@ class ESConfig:
                 f"elite shapes Open_ES's update; {self.strategy} weighs its candidates "
                 "itself: leave elite at 0."
             )
-        blackbox = self.task in BLACKBOX_TASKS
-        for name in ("normalize_obs", "virtual_batch_norm"):
-            if blackbox and getattr(self, name):
-                raise ConfigError(
-                    f"{name} applies to environment tasks (a policy network), not to the "
-                    f"black-box task {self.task!r}: leave it false."
-                )
-        host = family is not None and not family.steps_in_jax
-        for name in ("virtual_batch_norm", "rollout_lanes"):
-            if host and getattr(self, name):
-                raise ConfigError(
-                    f"{name} applies to environments stepped in JAX; {self.task} steps on the "
-                    f"host: leave it {'false' if name == 'virtual_batch_norm' else 'null'}."
-                )
-        if any(h < 1 for h in self.hidden_sizes):
-            raise ConfigError(f"hidden_sizes must be at least 1, got {list(self.hidden_sizes)}.")
         for name in ("sigma_init", "learning_rate"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"{name} must be > 0 (or null for the default), got {value}.")
-
-    def make_task(self):
-        """The task ``task`` names, with this config's settings (see ``tasks.make_task``)."""
-        if self.task in BLACKBOX_TASKS:
-            kwargs = {"num_dims": self.num_dims, "x0": self.x0}
-            if self.task not in BLACKBOX_FUNCTIONS:
-                kwargs["instance"] = self.instance
-            return make_task(self.task, **kwargs)
-        kwargs = {
-            "hidden_sizes": tuple(self.hidden_sizes),
-            "activation": self.activation,
-            "episodes": self.episodes,
-            "normalize_obs": self.normalize_obs,
-            "episode_length": self.episode_length,
-            "policy": self.policy,
-        }
-        fields = {field.name for field in dataclasses.fields(self)}
-        family = env_family(self.task)
-        if family is None or self.task.startswith(MO_PREFIX):
-            # several objectives, or a name no family owns (make_task names the valid ones)
-            return make_task(self.task, **kwargs)
-        for name in family.settings:  # the family's own (brax's backend, ...)
-            if name in fields:
-                kwargs[name] = getattr(self, name)
-        if family.steps_in_jax:
-            kwargs["lanes"] = self.rollout_lanes
-            kwargs["virtual_batch_norm"] = self.virtual_batch_norm
-        return family.make_task(self.task, **kwargs)
 
 
 class ES(Engine):
@@ -380,7 +280,10 @@ class ES(Engine):
         """
         config.validate()
         self.config = config
-        task = config.make_task() if task is None else task
+        if task is None:
+            task = config.make_task()
+        else:
+            registry.check_built("ES(config, task=...)", task, "Task")
         shaping = elite_shaping(config.population_size, config.elite) if config.elite else None
         strategy, params = make_strategy(
             config.strategy,
@@ -400,11 +303,14 @@ class ES(Engine):
             eval_mode=config.eval_mode,
             eval_episodes=config.eval_episodes,
         )
-        self.low_communication = None
-        if config.low_communication:
-            self.low_communication = LowCommunication(self)
-            # OpenES's low-communication generation replaces Engine.generation
-            self.generation = self.low_communication.generation
+        #: OpenES's low-communication path (``config.low_communication``), or ``None``.
+        self.low_communication = LowCommunication(self) if config.low_communication else None
+
+    def generation(self, state: State, key: jax.Array) -> Generation:
+        """The engine's generation, or OpenES's low-communication one (the engine's hook)."""
+        if self.low_communication is not None:
+            return self.low_communication.generation(state, key)
+        return super().generation(state, key)
 
 
 # --- what this module registers ---------------------------------------------------

@@ -12,7 +12,8 @@ the shape of every other algorithm's::
                  clipped to the task's genotype bounds; or ME-ES's OpenES
                  (``emitter: es``), or CMA-ME's CMA-ES (``emitter: cma_me``), or
                  PGA-ME's TD3 policy-gradient steps beside isoline variation
-                 (``emitter: pga_me``, :mod:`~evorl_pop.algorithms.pgame`)
+                 (``emitter: pga_me``, :mod:`~evorl_pop.algorithms.pgame`), or a
+                 plug-in's (:func:`evorl_pop.registry.register_emitter`)
     evaluate: the one evaluator (score, descriptor), sharded P('POP')
     tell:     the candidates inserted into the archive, each device into its cells;
               the emitter told the batch (and the archive before and after)
@@ -44,30 +45,41 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop import registry
-from evorl_pop.algorithms import pgame
-from evorl_pop.algorithms.qd_emitters import (
-    EMITTERS,
-    ES_REWARDS,
-    CMAMEEmitter,
-    ESEmitter,
-    IsolineEmitter,
-    isoline_variation,
-)
-from evorl_pop.base import ConfigError, check_config, float_dtype
+from evorl_pop.algorithms.pgame import PgEmitterConfig
+from evorl_pop.algorithms.qd_emitters import CmaEmitterConfig, EsEmitterConfig, isoline_variation
+from evorl_pop.base import ConfigError, check_config, did_you_mean, float_dtype
 from evorl_pop.core.archive import KINDS, Archive, ShardedArchive, cvt_centroids
 from evorl_pop.core.engine import evaluate, make_mesh
-from evorl_pop.core.interfaces import Describes
-from evorl_pop.tasks.brax_envs import BACKENDS
-from evorl_pop.tasks.qd import QD_TASKS, BraxQDTask, make_qd_task
+from evorl_pop.core.interfaces import EVAL_MODES, Describes
+from evorl_pop.rl.hybrid import changed_settings
+from evorl_pop.tasks.qd import QD_TASKS
+from evorl_pop.tasks.settings import TaskSettings
 
 __all__ = ["MapElites", "MapElitesConfig", "MapElitesState", "isoline_variation"]
 
-#: The emitters by ``MapElitesConfig.emitter``.
-EMITTER_CLASSES = {
-    "isoline": IsolineEmitter,
-    "es": ESEmitter,
-    "cma_me": CMAMEEmitter,
-    "pga_me": pgame.PGAMEEmitter,
+#: The settings of the built-in emitters before each had its own section: old flat name
+#: to the new, dotted name (read with a DeprecationWarning naming the new one).
+RENAMED_SETTINGS = {
+    "es_sigma": "es.sigma",
+    "es_learning_rate": "es.learning_rate",
+    "es_period": "es.period",
+    "es_reward": "es.reward",
+    "novelty_neighbours": "es.novelty_neighbours",
+    "cma_sigma": "cma_me.sigma",
+    **{
+        f"pg_{name}": f"pga_me.{name}"
+        for name in (
+            "proportion",
+            "critic_hidden_sizes",
+            "critic_updates",
+            "steps",
+            "batch_size",
+            "critic_lr",
+            "actor_lr",
+            "policy_lr",
+            "buffer_size",
+        )
+    },
 }
 
 ARCHIVE_FILENAME = "archive.npz"
@@ -83,14 +95,18 @@ def _cvt(seed: int, num_cells: int, samples: int, low, high, iterations: int) ->
 
 
 @dataclasses.dataclass(frozen=True)
-class MapElitesConfig:
+class MapElitesConfig(TaskSettings):
     """Configuration of a MAP-Elites run. Every field can be overridden.
 
+    The task's fields are the task settings block's
+    (:class:`~evorl_pop.tasks.settings.TaskSettings`): a quality-diversity task
+    (``qd/arm``, ``qd/rastrigin_proj``, ``qd/hopper_uni``, ``qd/walker2d_uni``,
+    ``qd/halfcheetah_uni``, ``qd/ant_uni``, ``qd/ant_omni``); ``num_dims``: the
+    black-box tasks' genotype dimension (the arm's joints); the brax tasks read
+    ``hidden_sizes`` (64, 64 here), ``activation``, ``episode_length`` (``None``: 1000)
+    and ``backend``.
+
     Attributes:
-      task: a quality-diversity task (``qd/arm``, ``qd/rastrigin_proj``,
-        ``qd/hopper_uni``, ``qd/walker2d_uni``, ``qd/halfcheetah_uni``, ``qd/ant_uni``,
-        ``qd/ant_omni``).
-      num_dims: black-box tasks: the genotype's dimension (the arm's joints).
       population_size: candidates per generation (and in the initial batch).
       archive: ``'grid'`` (``cells_per_dim`` cells per descriptor dimension) or
         ``'cvt'`` (``num_cells`` centroids by k-means on ``cvt_samples`` uniform
@@ -100,41 +116,27 @@ class MapElitesConfig:
       cvt_samples: CVT archives: the uniform samples of the descriptor box k-means runs on.
       cvt_iterations: CVT archives: Lloyd's k-means steps.
       cvt_seed: CVT archives: the seed of the samples (the centroids depend on it only).
-      emitter: how candidates are made (:mod:`~evorl_pop.algorithms.qd_emitters`):
-        ``'isoline'`` (isoline variation), ``'es'`` (ME-ES: an OpenES centred on an
-        elite), ``'cma_me'`` (CMA-ME: a CMA-ES ranked by archive improvement) or
-        ``'pga_me'`` (PGA-ME: TD3 policy-gradient steps beside isoline variation;
-        brax tasks only).
-      iso_sigma: isoline variation's isotropic Gaussian width.
+      emitter: how candidates are made, a registered emitter's name
+        (:mod:`~evorl_pop.algorithms.qd_emitters`): ``'isoline'`` (isoline variation),
+        ``'es'`` (ME-ES: an OpenES centred on an elite), ``'cma_me'`` (CMA-ME: a CMA-ES
+        ranked by archive improvement), ``'pga_me'`` (PGA-ME: TD3 policy-gradient steps
+        beside isoline variation; brax tasks only) or a plug-in's (``--plugin MODULE``).
+      iso_sigma: isoline variation's isotropic Gaussian width (``isoline``, ``pga_me``).
       line_sigma: isoline variation's width along the line between the two parents.
-      es_sigma: ``es``: the OpenES's noise width.
-      es_learning_rate: ``es``: the OpenES's Adam learning rate.
-      es_period: ``es``: generations from one centre before a new elite is drawn.
-      es_reward: ``es``: ``'fitness'`` or ``'novelty'`` (the mean distance of the
-        descriptor to its ``novelty_neighbours`` nearest elites).
-      novelty_neighbours: ``es`` with ``es_reward='novelty'``: the nearest elites.
-      cma_sigma: ``cma_me``: the CMA-ES's initial step size.
-      pg_proportion: ``pga_me``: the share of the batch from policy-gradient steps
-        (the TD3 greedy actor among them), the rest from isoline variation.
-      pg_critic_hidden_sizes: ``pga_me``: each TD3 critic's hidden layers (the actor
-        is the task's policy, ``hidden_sizes``).
-      pg_critic_updates: ``pga_me``: TD3 iterations per generation.
-      pg_steps: ``pga_me``: policy-gradient (Adam) steps per candidate.
-      pg_batch_size: ``pga_me``: the global minibatch, split over the devices.
-      pg_critic_lr: ``pga_me``: the critics' Adam step size.
-      pg_actor_lr: ``pga_me``: the greedy actor's Adam step size.
-      pg_policy_lr: ``pga_me``: the candidates' Adam step size.
-      pg_buffer_size: ``pga_me``: the replay buffer's capacity in steps.
+      es: ME-ES's settings (:class:`~evorl_pop.algorithms.qd_emitters.EsEmitterConfig`:
+        ``--set es.sigma=0.1``).
+      cma_me: CMA-ME's settings
+        (:class:`~evorl_pop.algorithms.qd_emitters.CmaEmitterConfig`).
+      pga_me: PGA-ME's settings (:class:`~evorl_pop.algorithms.pgame.PgEmitterConfig`).
+      emitter_settings: the settings of an emitter without a field of its own here (a
+        plug-in's), as changes to its registered defaults, e.g. ``{sigma: 0.1}``
+        (``--set emitter_settings.sigma=0.1``); the emitter's settings check them.
       eval_mode: ``'vmap'`` (fast) or ``'map'`` (low memory) per device.
-      hidden_sizes: brax tasks: the policy MLP's hidden layers.
-      activation: brax tasks: ``'tanh'``, ``'relu'`` or ``'elu'``.
-      episode_length: brax tasks: steps per episode (``None``: 1000).
-      backend: brax tasks: the physics backend (``'spring'``, ``'positional'``,
-        ``'generalized'``, ``'mjx'``).
     """
 
     task: str = "qd/arm"
-    num_dims: int = 8
+    num_dims: int | None = 8
+    hidden_sizes: tuple[int, ...] = (64, 64)
     population_size: int = 128
     archive: str = "grid"
     cells_per_dim: int = 32
@@ -145,26 +147,17 @@ class MapElitesConfig:
     emitter: str = "isoline"
     iso_sigma: float = 0.005
     line_sigma: float = 0.05
-    es_sigma: float = 0.05
-    es_learning_rate: float = 0.05
-    es_period: int = 10
-    es_reward: str = "fitness"
-    novelty_neighbours: int = 10
-    cma_sigma: float = 0.05
-    pg_proportion: float = 0.5
-    pg_critic_hidden_sizes: tuple[int, ...] = (64, 64)
-    pg_critic_updates: int = 30
-    pg_steps: int = 10
-    pg_batch_size: int = 64
-    pg_critic_lr: float = 3e-4
-    pg_actor_lr: float = 3e-4
-    pg_policy_lr: float = 1e-3
-    pg_buffer_size: int = 100_000
+    es: EsEmitterConfig = dataclasses.field(default_factory=EsEmitterConfig)
+    cma_me: CmaEmitterConfig = dataclasses.field(default_factory=CmaEmitterConfig)
+    pga_me: PgEmitterConfig = dataclasses.field(default_factory=PgEmitterConfig)
+    emitter_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     eval_mode: str = "vmap"
-    hidden_sizes: tuple[int, ...] = (64, 64)
-    activation: str = "tanh"
-    episode_length: int | None = None
-    backend: str = "spring"
+
+    TASK_KINDS = ("qd",)
+
+    #: Keys of configs written before the emitters had their own settings, read at their
+    #: new place (:mod:`evorl_pop.run.config`).
+    RENAMED = RENAMED_SETTINGS
 
     def validate(self) -> None:
         """Raises a :class:`~evorl_pop.base.ConfigError` naming a value that cannot run."""
@@ -174,59 +167,72 @@ class MapElitesConfig:
                 f"({', '.join(QD_TASKS)}), and {self.task!r} has none: -a es optimises it, "
                 f"or choose task=qd/arm."
             )
+        self.check_task()
         check_config(
             self,
-            choices={
-                "archive": KINDS,
-                "emitter": EMITTERS,
-                "es_reward": ES_REWARDS,
-                "eval_mode": ("vmap", "map"),
-                "activation": ("tanh", "relu", "elu"),
-                "backend": BACKENDS,
-            },
+            choices={"archive": KINDS, "eval_mode": EVAL_MODES},
             least={
                 "num_dims": 2,
                 "population_size": 1,
                 "cells_per_dim": 1,
                 "num_cells": 1,
                 "cvt_iterations": 0,
-                "episode_length": 1,
-                "es_period": 1,
-                "novelty_neighbours": 1,
             },
+            nonnegative=("iso_sigma", "line_sigma"),
         )
         if self.archive == "cvt" and self.cvt_samples < self.num_cells:
             raise ConfigError(
                 f"cvt_samples must be at least num_cells={self.num_cells}, got {self.cvt_samples}."
             )
-        if any(h < 1 for h in self.hidden_sizes):
-            raise ConfigError(f"hidden_sizes must be at least 1, got {list(self.hidden_sizes)}.")
-        if self.emitter == "es" and self.population_size % 2:
-            raise ConfigError(
-                f"population_size must be even with emitter=es (OpenES draws antithetic "
-                f"pairs), got {self.population_size}."
-            )
-        if self.emitter in ("es", "cma_me") and self.population_size < 2:
-            raise ConfigError(f"population_size must be at least 2 with emitter={self.emitter}.")
-        pgame.check_config(self)
-        for name in ("es_sigma", "es_learning_rate", "cma_sigma"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}.")
-        for name in ("iso_sigma", "line_sigma"):
-            if not getattr(self, name) >= 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}.")
+        settings = self.emitter_config()
+        if settings is not None:
+            settings.validate(self)
 
-    def make_task(self):
-        """The task ``task`` names, with this config's settings."""
-        control = {}
-        if issubclass(QD_TASKS[self.task], BraxQDTask):
-            control = {
-                "hidden_sizes": tuple(self.hidden_sizes),
-                "activation": self.activation,
-                "episode_length": self.episode_length,
-                "backend": self.backend,
-            }
-        return make_qd_task(self.task, self.num_dims, **control)
+    def emitter_spec(self) -> registry.EmitterSpec:
+        """The registered emitter ``emitter`` names.
+
+        Raises:
+          ConfigError: an unknown emitter, naming the registered ones.
+        """
+        spec = registry.EMITTERS.find(self.emitter)
+        if spec is not None:
+            return spec
+        valid = registry.EMITTERS.names()
+        hint = did_you_mean(self.emitter, valid)
+        raise ConfigError(
+            f"emitter: unknown value {self.emitter!r}.{hint} Valid: {', '.join(valid)}. "
+            "An emitter of your own: --plugin MODULE."
+        )
+
+    def _has_section(self) -> bool:
+        names = {f.name for f in dataclasses.fields(self)}
+        return self.emitter in names and dataclasses.is_dataclass(getattr(self, self.emitter))
+
+    def emitter_config(self) -> Any:
+        """The chosen emitter's settings: this config's field of its name, else its
+        registered defaults changed by ``emitter_settings`` (``None``: it has none).
+
+        Raises:
+          ConfigError: an unknown emitter; ``emitter_settings`` given for an emitter with
+            a field of its own or without settings, or naming settings it does not have.
+        """
+        spec = self.emitter_spec()
+        if self._has_section():
+            if self.emitter_settings:
+                example = next(iter(self.emitter_settings))
+                raise ConfigError(
+                    f"emitter_settings: {self.emitter}'s settings are under {self.emitter} "
+                    f"(--set {self.emitter}.{example}=...); leave emitter_settings empty."
+                )
+            return getattr(self, self.emitter)
+        if spec.settings is None:
+            if self.emitter_settings:
+                raise ConfigError(
+                    f"emitter_settings: the emitter {self.emitter!r} has no settings; leave "
+                    "emitter_settings empty."
+                )
+            return None
+        return changed_settings(spec.settings(), self.emitter_settings, "emitter_settings.")
 
 
 @flax.struct.dataclass
@@ -282,7 +288,12 @@ class MapElites:
             )
             self.archive = ShardedArchive(self.mesh, low, high, centroids=centroids)
         self.population_size = config.population_size
-        self.emitter = EMITTER_CLASSES[config.emitter](self.archive, task, config)
+        spec = config.emitter_spec()
+        emitter = spec.emitter_class(self.archive, task, config, config.emitter_config())
+        where = f"emitter {spec.name!r}"
+        self.emitter = registry.check_built(where, emitter, "Emitter")
+        if emitter.collect:  # its episodes' steps are handed to observe
+            registry.check_built(where, emitter, "ObservesEpisodes")
 
     def _evaluate(self, population, key, task_state, emitter_state=()):
         """``(summary, quality, descriptors, emitter_state)``: the batch's statistics

@@ -11,20 +11,23 @@ generation is the engine's ask -> evaluate (the one evaluator, sharded over
           ─► the best population_size survive, by front then crowding
 
 The task returns ``k`` objectives per candidate (``mo/zdt1``, ``mo/dtlz2``:
-:mod:`~evorl_pop.tasks.multiobjective`, or any task with ``num_objectives``);
+:mod:`~evorl_pop.tasks.multiobjective`, or any
+:class:`~evorl_pop.core.interfaces.MultiObjective` task);
 a single-objective task (a black-box function, an environment) runs as ``k = 1``,
 NSGA-II then being a genetic algorithm with elitist survival. Each generation
-reports the front's size, its hypervolume against a fixed reference point
-(``ref_point``, or the problem's), and IGD / IGD+ where the true front is
-known. At the end the run writes ``front.csv`` and ``front.png``
-(:meth:`NSGA2.export`).
+reports the front's size (:meth:`NSGA2.report`), its hypervolume against a
+fixed reference point (``ref_point``, or the task's:
+:class:`~evorl_pop.core.interfaces.ReferencePoint`), and IGD / IGD+ where the
+true front is known (:class:`~evorl_pop.core.interfaces.ParetoFront`). At the
+end the run writes ``front.csv`` and ``front.png`` (:meth:`NSGA2.export`).
+
+The variation operators are in :mod:`~evorl_pop.algorithms.mo_variation`, the
+config in :mod:`~evorl_pop.algorithms.mo_config`, the files and figures in
+:mod:`~evorl_pop.algorithms.mo_plots`; this module re-exports their names.
 """
 
 from __future__ import annotations
 
-import csv
-import dataclasses
-import itertools
 from pathlib import Path
 
 import flax.struct
@@ -34,85 +37,13 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop import registry
-from evorl_pop.algorithms.es import ESConfig
-from evorl_pop.base import ConfigError, check_config, float_dtype
+from evorl_pop.algorithms.mo_config import NSGA2Config
+from evorl_pop.algorithms.mo_plots import plot_curve, plot_front, write_front_csv
+from evorl_pop.algorithms.mo_variation import DEFAULT_BOUNDS, polynomial_mutation, sbx
+from evorl_pop.base import float_dtype
 from evorl_pop.core.engine import Engine, num_objectives, to_minimization
+from evorl_pop.core.interfaces import ParetoFront, ReferencePoint
 from evorl_pop.core.pareto import crowding_distance, hypervolume, igd, nondominated_ranks
-from evorl_pop.tasks.multiobjective import MO_PREFIX, make_mo_task
-
-#: The search box of a task that has none of its own (policy weights): every parameter.
-DEFAULT_BOUNDS = (-10.0, 10.0)
-
-
-# --- variation: SBX and polynomial mutation ------------------------------------------
-
-
-def sbx(key, first, second, lower, upper, eta: float, prob: float, prob_var: float = 0.5):
-    """Simulated binary crossover of parent pairs in ``[lower, upper]`` (Deb and Agrawal 1995;
-    the bounded form of Deb's NSGA-II code).
-
-    Each pair crosses with probability ``prob``; then each variable with
-    probability ``prob_var`` (and parents that differ there), its two children
-    spread around the parents' mean with the distribution index ``eta``, and
-    given to either child at random.
-
-    Args:
-      key: the crossover's key.
-      first, second: ``(pairs, dims)`` parents.
-      lower, upper: the bounds (scalars or ``(dims,)``).
-
-    Returns:
-      The two ``(pairs, dims)`` children.
-    """
-    k_u, k_var, k_pair, k_swap = jax.random.split(key, 4)
-    shape = first.shape
-    u = jax.random.uniform(k_u, shape, first.dtype)
-    low, high = jnp.minimum(first, second), jnp.maximum(first, second)
-    diff = high - low
-    cross = (
-        (jax.random.uniform(k_var, shape) < prob_var)
-        & (jax.random.uniform(k_pair, shape[:1] + (1,)) < prob)
-        & (diff > 1e-14)
-    )
-    safe = jnp.where(cross, diff, 1.0)
-    power = 1.0 / (eta + 1.0)
-
-    def spread(beta):
-        alpha = 2.0 - beta ** -(eta + 1.0)
-        inside = u <= 1.0 / alpha
-        return jnp.where(
-            inside,
-            (u * alpha) ** power,
-            (1.0 / jnp.where(inside, 1.0, 2.0 - u * alpha)) ** power,
-        )
-
-    mid = low + high
-    c1 = 0.5 * (mid - spread(1.0 + 2.0 * (low - lower) / safe) * diff)
-    c2 = 0.5 * (mid + spread(1.0 + 2.0 * (upper - high) / safe) * diff)
-    c1, c2 = jnp.clip(c1, lower, upper), jnp.clip(c2, lower, upper)
-    swap = jax.random.uniform(k_swap, shape) < 0.5
-    a, b = jnp.where(swap, c2, c1), jnp.where(swap, c1, c2)
-    return jnp.where(cross, a, first), jnp.where(cross, b, second)
-
-
-def polynomial_mutation(key, x, lower, upper, eta: float, prob: float):
-    """Deb's bounded polynomial mutation: each variable with probability ``prob`` moves
-    by a perturbation of distribution index ``eta`` that stays within the bounds."""
-    k_which, k_u = jax.random.split(key)
-    mutate = jax.random.uniform(k_which, x.shape) < prob
-    u = jax.random.uniform(k_u, x.shape, x.dtype)
-    span = upper - lower
-    to_low, to_high = (x - lower) / span, (upper - x) / span
-    power = 1.0 / (eta + 1.0)
-    down = u < 0.5
-    # each power taken once, of the side each variable moves to (the same values)
-    near = jnp.where(down, 1.0 - to_low, 1.0 - to_high) ** (eta + 1.0)
-    base_down = 2.0 * u + (1.0 - 2.0 * u) * near
-    base_up = 2.0 * (1.0 - u) + 2.0 * (u - 0.5) * near
-    root = jnp.where(down, base_down, base_up) ** power
-    delta = jnp.where(down, root - 1.0, 1.0 - root)
-    return jnp.where(mutate, jnp.clip(x + delta * span, lower, upper), x)
-
 
 # --- the strategy ------------------------------------------------------------------------
 
@@ -127,8 +58,6 @@ class NSGAState:
     crowding: jax.Array  # (pop,) within each front; inf at its extremes
     born: jax.Array  # (pop,) int32: the generation that created each member (0: initial)
     generation: jax.Array  # int32, tells so far
-    best_solution: jax.Array  # (dims,) member 0: a non-dominated extreme
-    best_fitness: jax.Array  # (k,) its fitness, minimised
 
 
 class NSGA2Strategy:
@@ -194,8 +123,6 @@ class NSGA2Strategy:
             crowding=crowding,
             born=born,
             generation=generation,
-            best_solution=population[0],
-            best_fitness=fitness[0],
         )
 
     def init(self, key, population, fitness, params=None):
@@ -247,7 +174,8 @@ class NSGA2Strategy:
         return new, {}
 
     def get_mean(self, state: NSGAState):
-        return state.best_solution
+        """Member 0: a non-dominated extreme (the solution ``evorl-pop render`` shows)."""
+        return state.population[0]
 
 
 class OnEveryDevice:
@@ -259,14 +187,21 @@ class OnEveryDevice:
     loop over the fronts; on every device whole, it needs none.
     """
 
-    on_every_device = True  # its own shard_map: the engine calls it as it is
-
-    def __init__(self, strategy, mesh):
+    def __init__(self, strategy: NSGA2Strategy, mesh):
         self.inner = strategy
         self.mesh = mesh
+        self.population_size = strategy.population_size
+        self.num_dims = strategy.num_dims
 
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+    @property
+    def default_params(self):
+        return self.inner.default_params
+
+    def initial_population(self, key):
+        return self.inner.initial_population(key)
+
+    def get_mean(self, state):
+        return self.inner.get_mean(state)
 
     def _replicated(self, fn):
         return jax.shard_map(fn, mesh=self.mesh, in_specs=P(), out_specs=P())
@@ -281,122 +216,7 @@ class OnEveryDevice:
         return self._replicated(self.inner.tell)(key, population, fitness, state)
 
 
-# --- the config and the algorithm ---------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class NSGA2Config:
-    """Configuration of an NSGA-II run. Every field can be overridden.
-
-    Attributes:
-      task: a multi-objective problem (``mo/zdt1``, ``mo/zdt2``, ``mo/zdt3``,
-        ``mo/dtlz1``, ``mo/dtlz2``), a multi-objective brax task (``mo/halfcheetah``,
-        ``mo/hopper``, ``mo/hopper3``, ``mo/ant``), or any task of ``es``
-        (one objective).
-      population_size: members kept, and offspring made, each generation.
-      num_dims: the variables (``None``: the problem's default; 10 for a
-        black-box function).
-      num_objectives: DTLZ problems: the objectives (``None``: 3).
-      bounds: ``[lower, upper]`` of every variable (``None``: the problem's box,
-        ``[-10, 10]`` for a task without one, such as a policy's weights).
-      crossover_prob: SBX: the probability that a pair of parents crosses.
-      eta_crossover: SBX's distribution index (larger: children nearer their parents).
-      mutation_prob: polynomial mutation's probability per variable (``None``: 1 / num_dims).
-      eta_mutation: polynomial mutation's distribution index.
-      ref_point: the hypervolume's reference point, in the task's units, one
-        value per objective (``None``: the problem's; no hypervolume for a task
-        without one).
-      measures: compute the front's hypervolume, IGD and IGD+ every generation
-        (false: only its size, for timing the search alone).
-
-    The other fields are the task's settings, as ``es``'s (single-objective tasks).
-    """
-
-    task: str = "mo/zdt1"
-    population_size: int = 100
-    num_dims: int | None = None
-    num_objectives: int | None = None
-    bounds: tuple[float, ...] | None = None
-    crossover_prob: float = 0.9
-    eta_crossover: float = 15.0
-    mutation_prob: float | None = None
-    eta_mutation: float = 20.0
-    ref_point: tuple[float, ...] | None = None
-    measures: bool = True
-    x0: float = 3.0  # black-box functions: es's x0 (NSGA-II starts uniform in the bounds)
-    instance: int = 1  # BBOB tasks: the instance seed
-    hidden_sizes: tuple[int, ...] = (32,)  # control tasks: the policy's hidden layers
-    activation: str = "tanh"  # control tasks: 'tanh', 'relu' or 'elu'
-    policy: str = "auto"  # control tasks: 'auto', 'mlp', 'cnn' or 'keypoints', as es's
-    episode_length: int | None = None  # control tasks: steps per episode (None: the env's)
-    episodes: int = 1  # control tasks: episodes per candidate
-    backend: str | None = None  # brax tasks: the physics backend (None: spring, if it has)
-    impl: str = "jax"  # Playground tasks: the MJX implementation
-    vector: str = "sync"  # gym: tasks: 'sync' or 'async' stepping
-
-    @property
-    def multi_objective(self) -> bool:
-        """Whether ``task`` names a multi-objective problem (``mo/<problem>``)."""
-        return self.task.startswith(MO_PREFIX)
-
-    def _es_config(self) -> ESConfig:
-        """An ``es`` config with this one's task settings: it checks and builds the task."""
-        shared = {f.name for f in dataclasses.fields(ESConfig)} & {
-            f.name for f in dataclasses.fields(self)
-        }
-        values = {name: getattr(self, name) for name in shared}
-        for name in ("num_dims", "backend"):  # None: es's default
-            if values.get(name) is None:
-                values.pop(name, None)
-        return ESConfig(**values)
-
-    def validate(self) -> None:
-        """Raises a :class:`~evorl_pop.base.ConfigError` naming a value that cannot run."""
-        check_config(
-            self,
-            least={
-                "population_size": 2,
-                "num_dims": 1,
-                "num_objectives": 1,
-                "episodes": 1,
-                "eta_crossover": 0,
-                "eta_mutation": 0,
-            },
-        )
-        for name in ("crossover_prob", "mutation_prob"):
-            value = getattr(self, name)
-            if value is not None and not 0 <= value <= 1:
-                raise ConfigError(f"{name} must be a probability in [0, 1], got {value}.")
-        if self.bounds is not None and (
-            len(self.bounds) != 2 or not self.bounds[0] < self.bounds[1]
-        ):
-            raise ConfigError(f"bounds must be [lower, upper], lower < upper; got {self.bounds}.")
-        if self.multi_objective:
-            try:
-                task = self.make_task()
-            except ValueError as err:
-                raise ConfigError(f"task: {err}") from None
-        else:
-            if self.num_objectives not in (None, 1):
-                raise ConfigError(
-                    f"num_objectives: {self.task!r} has one objective; the multi-objective "
-                    f"problems are {MO_PREFIX}<problem> (mo/zdt1, mo/dtlz2, ...)."
-                )
-            self._es_config().validate()
-            task = None
-        k = task.num_objectives if task is not None else 1
-        if self.ref_point is not None and len(self.ref_point) != k:
-            raise ConfigError(
-                f"ref_point has {len(self.ref_point)} value(s); {self.task} has {k} objective(s)."
-            )
-
-    def make_task(self):
-        """The task ``task`` names, with this config's settings."""
-        if self.multi_objective:
-            control = ("hidden_sizes", "activation", "episodes", "episode_length", "backend")
-            settings = {name: getattr(self, name) for name in control}
-            return make_mo_task(self.task, self.num_dims, self.num_objectives, **settings)
-        return self._es_config().make_task()
+# --- the algorithm ---------------------------------------------------------------------
 
 
 class NSGA2(Engine):
@@ -404,6 +224,7 @@ class NSGA2(Engine):
     :class:`NSGA2Strategy`, multi-objective metrics and the exported front."""
 
     multi_objective = True
+    replicate_strategy = False  # OnEveryDevice runs it in a shard_map of its own
 
     def __init__(self, config: NSGA2Config, mesh=None, task=None):
         """Builds the strategy and the task, and the engine that runs them.
@@ -421,17 +242,19 @@ class NSGA2(Engine):
         task = config.make_task() if task is None else task
         super().__init__(self.make_strategy(config, task), task, mesh=mesh)
         self.strategy = OnEveryDevice(self.strategy, self.mesh)
-        self.population_based = True
         self.num_objectives = num_objectives(task)
-        ref = config.ref_point if config.ref_point is not None else getattr(task, "ref_point", None)
+        ref = config.ref_point
+        if ref is None and isinstance(task, ReferencePoint):
+            ref = task.ref_point
         self.ref_point = None if ref is None else tuple(float(r) for r in ref)
-        front = getattr(task, "pareto_front", None)
-        self.true_front = None if front is None else np.asarray(front())
+        known = isinstance(task, ParetoFront)
+        self.true_front = np.asarray(task.pareto_front()) if known else None
 
     @staticmethod
     def variation(config: NSGA2Config, task) -> dict:
         """The strategy's search box and variation settings, from ``config``."""
-        lower, upper = config.bounds or getattr(task, "bounds", DEFAULT_BOUNDS)
+        box = task.bounds if isinstance(task, ParetoFront) else DEFAULT_BOUNDS
+        lower, upper = config.bounds or box
         return {
             "lower": lower,
             "upper": upper,
@@ -475,9 +298,11 @@ class NSGA2(Engine):
         on_every_device = jax.shard_map(measures, mesh=self.mesh, in_specs=P(), out_specs=P())
         return {**metrics, **on_every_device(s.fitness, front)}
 
-    def _metrics(self, state, summary, key, extra):
-        """The population's statistics (per objective) and the front's measures."""
+    def report(self, state, summary, key, extra) -> dict:
+        """The population's statistics (per objective) and the front's measures: the
+        engine's :meth:`~evorl_pop.core.engine.Engine.report` hook, pure."""
         del key
+        extra = dict(extra)
         metrics = summary.metrics()
         metrics.update(
             generation=state.generation,
@@ -486,8 +311,7 @@ class NSGA2(Engine):
         )
         for name in ("env_steps", "episodes"):
             metrics[name] = metrics[name] + extra.pop(name, 0)
-        task_state = self.task.update_state(state.task_state, summary.info)
-        return {**metrics, **extra}, task_state
+        return {**metrics, **extra}
 
     def front(self, state) -> dict[str, np.ndarray]:
         """The final population's non-dominated members: ``index`` (in the population),
@@ -510,16 +334,7 @@ class NSGA2(Engine):
         reference point, ``hypervolume.png`` (the run's hypervolume per generation)."""
         run_dir = Path(run_dir)
         front = self.front(state)
-        k, dims = front["objectives"].shape[1], front["parameters"].shape[1]
-        with open(run_dir / "front.csv", "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(
-                ["index", *(f"f{i}" for i in range(k)), "born", *(f"x{j}" for j in range(dims))]
-            )
-            for i, obj, born, x in zip(
-                front["index"], front["objectives"], front["born"], front["parameters"], strict=True
-            ):
-                writer.writerow([int(i), *map(repr, map(float, obj)), int(born), *map(float, x)])
+        write_front_csv(front, run_dir / "front.csv")
         path = run_dir / "front.png"
         plot_front(front, path, self.task.name, self.true_front)
         figures = {"front": path}
@@ -529,61 +344,6 @@ class NSGA2(Engine):
             plot_curve(metrics["generation"], metrics["hypervolume"], curve, title)
             figures["hypervolume"] = curve
         return figures
-
-
-def plot_curve(generations, values, out: Path, title: str) -> None:
-    """The hypervolume over the run's generations."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.8), dpi=120)
-    ax.plot(generations, values, "-", color="C0")
-    ax.set(xlabel="generation", ylabel="hypervolume", title=title)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
-
-
-def plot_front(front: dict, out: Path, title: str, true_front=None) -> None:
-    """Draws the front's objectives: one scatter for 1 or 2 objectives, each pair of
-    objectives for more; the population in grey, the front coloured by generation born."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    objectives, population = front["objectives"], front["population"]
-    k = objectives.shape[1]
-    pairs = [(0, 0)] if k == 1 else list(itertools.combinations(range(k), 2))
-    fig, axes = plt.subplots(1, len(pairs), figsize=(4.5 * len(pairs), 4), squeeze=False)
-    for ax, (i, j) in zip(axes[0], pairs, strict=True):
-        if k == 1:
-            xs, ys, px, py = (
-                front["index"],
-                objectives[:, 0],
-                np.arange(len(population)),
-                population[:, 0],
-            )
-            ax.set_xlabel("member")
-            ax.set_ylabel("f0")
-        else:
-            xs, ys, px, py = objectives[:, i], objectives[:, j], population[:, i], population[:, j]
-            ax.set_xlabel(f"f{i}")
-            ax.set_ylabel(f"f{j}")
-            if true_front is not None:
-                ax.scatter(
-                    true_front[:, i], true_front[:, j], s=1, c="k", alpha=0.3, label="true front"
-                )
-        ax.scatter(px, py, s=8, c="lightgrey", label="population")
-        points = ax.scatter(xs, ys, s=12, c=front["born"], cmap="viridis", label="front")
-    fig.colorbar(points, ax=axes[0].tolist(), label="generation born")
-    axes[0][0].legend(loc="best", fontsize="small")
-    fig.suptitle(f"{title}: {len(objectives)} non-dominated")
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
 
 
 registry.register_algorithm(

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from evorl_pop import registry
 from evorl_pop.algorithms.nsga2 import NSGA2, NSGA2Config, NSGA2Strategy, NSGAState
 from evorl_pop.base import ConfigError
+from evorl_pop.core.engine import num_objectives
 from evorl_pop.core.pareto import nondominated_ranks
 from evorl_pop.tasks.multiobjective import das_dennis
 
@@ -147,7 +148,7 @@ class NSGA3(NSGA2):
     """NSGA-III on a task, its population evaluated on the mesh (see the module docstring)."""
 
     def make_strategy(self, config: NSGA3Config, task) -> NSGA3Strategy:
-        k = int(getattr(task, "num_objectives", 1))
+        k = num_objectives(task)  # 1 unless the task is MultiObjective
         p = config.ref_partitions or default_partitions(config.population_size, k)
         directions = das_dennis(p, k)
         return NSGA3Strategy(

@@ -29,7 +29,7 @@ from evosax.algorithms import Open_ES
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop.base import float_dtype
-from evorl_pop.core.engine import POP, Engine, State, summarize
+from evorl_pop.core.engine import POP, Engine, Generation, State, summarize
 from evorl_pop.core.interfaces import ReadsDirections
 from evorl_pop.distributed import POP_AXIS_NAME, psum
 
@@ -171,9 +171,9 @@ class LowCommunication:
         """All candidates' noise, as the full-matrix reference would draw it."""
         return jax.vmap(lambda i: self._noise(key, i))(jnp.arange(self.population_size))
 
-    def generation(self, state: State, key: jax.Array):
-        """:meth:`Engine.generation <evorl_pop.core.engine.Engine.generation>` on this path:
-        ``(strategy_state, None, summary, {})``, the same keys."""
+    def generation(self, state: State, key: jax.Array) -> Generation:
+        """:meth:`Engine.generation <evorl_pop.core.engine.Engine.generation>` on this path,
+        with the same keys; no learner, no metrics of its own."""
         k_ask, k_eval, _, _ = jax.random.split(key, 4)
         engine = self.engine
         es = self.strategy
@@ -231,12 +231,14 @@ class LowCommunication:
         strategy_state, summary = jax.shard_map(
             update_local, mesh=engine.mesh, in_specs=(POP, POP, POP, POP), out_specs=P()
         )(scores, info, ids, mask)
-        return strategy_state, None, summary, {}
+        best = s.mean + s.std * self._noise(k_ask, summary.best_index(n)[0])
+        return Generation(strategy_state, None, summary, {}, best)
 
 
 class LowCommunicationEngine(Engine):
     """An :class:`~evorl_pop.core.engine.Engine` whose generations take the
-    :class:`LowCommunication` path (same arguments, ``learner`` excepted)."""
+    :class:`LowCommunication` path (same arguments, ``learner`` excepted): its
+    :meth:`~evorl_pop.core.engine.Engine.generation` hook is replaced."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -249,5 +251,5 @@ class LowCommunicationEngine(Engine):
     def noise_matrix(self, key: jax.Array) -> jax.Array:
         return self.low_communication.noise_matrix(key)
 
-    def generation(self, state: State, key: jax.Array):
+    def generation(self, state: State, key: jax.Array) -> Generation:
         return self.low_communication.generation(state, key)

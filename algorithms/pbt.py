@@ -59,7 +59,7 @@ from jax.sharding import PartitionSpec as P
 from evorl_pop import distributed as dist
 from evorl_pop import registry
 from evorl_pop.algorithms import ppo, sac
-from evorl_pop.base import ConfigError, EvalInfo, did_you_mean
+from evorl_pop.base import ConfigError, EvalInfo, check_config, did_you_mean
 from evorl_pop.core.engine import check_pop_axis, evaluate, make_mesh
 from evorl_pop.core.interfaces import Acting
 from evorl_pop.rl.hybrid import HybridConfig
@@ -181,8 +181,7 @@ class Config(HybridConfig):
             raise ConfigError(f"search names a hyperparameter twice: {names}.")
         if not 0.0 <= self.resample_prob <= 1.0:
             raise ConfigError(f"resample_prob must be in [0, 1], got {self.resample_prob}.")
-        if self.updates_per_step <= 0:
-            raise ConfigError(f"updates_per_step must be > 0, got {self.updates_per_step}.")
+        check_config(self, positive=("updates_per_step",))
 
     def learner_config(self):
         """The members' settings, with PBT's ``task`` and ``episode_length`` where they
@@ -227,7 +226,9 @@ class PBT:
         #: The learner's spec part that builds the members.
         self.part = config.learner_part()
         #: One member's init, train and evaluate (pbt_members.Member).
-        self.members = self.part.member(config.learner_config(), config)
+        members = self.part.member(config.learner_config(), config)
+        where = f"learner {config.learner!r} (member.member)"
+        self.members = registry.check_built(where, members, "Member")
         self.env = self.members.env
         self.episode_length = self.env.spec.max_steps
         self.search = config.searched()
@@ -247,6 +248,12 @@ class PBT:
         best = jnp.argmax(state.returns)
         learner, own = jax.tree.map(lambda x: x[best], (state.learners, state.buffers))
         return self.members.acting(learner, own)
+
+    def evaluation(self, key: jax.Array, state: State) -> tuple[jax.Array, int]:
+        """The key and episodes of the best member's evaluation in the generation of ``key``
+        (``eval_return``: that member's return)."""
+        member = jax.random.fold_in(jax.random.split(key)[0], jnp.argmax(state.returns))
+        return jax.random.split(member)[1], self.config.eval_episodes
 
     # --- hyperparameters -----------------------------------------------------------
 

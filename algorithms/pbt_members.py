@@ -42,6 +42,7 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 import jax.numpy as jnp
 
+from evorl_pop import registry
 from evorl_pop.base import ConfigError
 from evorl_pop.core.interfaces import Acting, replica_index
 from evorl_pop.tasks.envs import steps_on_host
@@ -79,6 +80,9 @@ class Member(Protocol):
 
     def acting(self, learner: Any, own: Any) -> Acting:
         """The member's deterministic policy, as :meth:`evaluate` runs it."""
+
+
+registry.PROTOCOLS["Member"] = Member  # what a learner's member part builds, checked built
 
 
 class AlgorithmMember:

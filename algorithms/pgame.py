@@ -7,21 +7,25 @@ A generation's batch::
     ask:      the first population_size - n_pg candidates: isoline variation of
               parents drawn over the archive (as ``emitter: isoline``);
               then n_pg - 1 parents drawn over the archive, each moved by
-              pg_steps Adam steps (pg_policy_lr, a fresh Adam per candidate) of
-              the TD3 actor loss (minus the first critic's value of its actions)
-              on minibatches of the replay buffer; last, the TD3 greedy actor
+              ``steps`` TD3 actor steps (:meth:`~evorl_pop.rl.td3.TD3.actor_update`:
+              minus the first critic's value of its actions, on minibatches of the
+              replay buffer) with Adam at ``policy_lr``, fresh per candidate;
+              last, the TD3 greedy actor
     evaluate: the one evaluator; every step of every episode into the buffer
-    tell:     pg_critic_updates TD3 iterations (critic steps; every
+    tell:     ``critic_updates`` TD3 iterations (critic steps; every
               policy_delay-th also a greedy-actor step and the targets' update)
 
-with ``n_pg = round(pg_proportion * population_size)``. The TD3 state and the replay
-buffer are replicated; every gradient step goes through
+with ``n_pg = round(proportion * population_size)``; the settings are
+:class:`PgEmitterConfig`'s, a MAP-Elites config's ``pga_me`` (``--set pga_me.steps=5``).
+The TD3 state and the replay buffer are replicated; every gradient step goes through
 :func:`evorl_pop.distributed.agent_gradient_update` with its minibatch split over the
 ``DP`` axis of the archive's devices and the gradients averaged, so the archive is
 the same on any device count.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import flax.struct
 import jax
@@ -30,14 +34,64 @@ import optax
 from jax.flatten_util import ravel_pytree
 from jax.sharding import PartitionSpec as P
 
-from evorl_pop import distributed as dist
-from evorl_pop.algorithms.qd_emitters import isoline_variation
+from evorl_pop import registry
+from evorl_pop.algorithms.qd_emitters import isoline_variation, prefixed_checks
 from evorl_pop.base import ConfigError
 from evorl_pop.rl import data_parallel, replay
 from evorl_pop.rl.hybrid import example_transition
 from evorl_pop.rl.replay import ReplayBuffer
-from evorl_pop.rl.td3 import TD3, ActorState, TD3Config, TD3State, actor_part, with_actor_part
-from evorl_pop.tasks.qd import BraxQDTask
+from evorl_pop.rl.td3 import TD3, TD3Config, TD3State
+from evorl_pop.tasks.qd import QD_TASKS, BraxQDTask
+
+
+@dataclasses.dataclass(frozen=True)
+class PgEmitterConfig:
+    """PGA-ME's settings (``emitter: pga_me``; a MAP-Elites config's ``pga_me``).
+
+    Attributes:
+      proportion: the share of the batch from policy-gradient steps (the TD3 greedy
+        actor among them), the rest from isoline variation.
+      critic_hidden_sizes: each TD3 critic's hidden layers (the actor is the task's
+        policy, MAP-Elites' ``hidden_sizes``).
+      critic_updates: TD3 iterations per generation.
+      steps: policy-gradient (Adam) steps per candidate.
+      batch_size: the global minibatch, split over the devices.
+      critic_lr: the critics' Adam step size.
+      actor_lr: the greedy actor's Adam step size.
+      policy_lr: the candidates' Adam step size.
+      buffer_size: the replay buffer's capacity in steps.
+    """
+
+    proportion: float = 0.5
+    critic_hidden_sizes: tuple[int, ...] = (64, 64)
+    critic_updates: int = 30
+    steps: int = 10
+    batch_size: int = 64
+    critic_lr: float = 3e-4
+    actor_lr: float = 3e-4
+    policy_lr: float = 1e-3
+    buffer_size: int = 100_000
+
+    def validate(self, config) -> None:
+        """Raises a ConfigError naming a setting that cannot run with MAP-Elites' ``config``."""
+        if config.task in QD_TASKS and not issubclass(QD_TASKS[config.task], BraxQDTask):
+            raise ConfigError(
+                f"emitter: pga_me needs a task with an environment (qd/hopper_uni, "
+                f"qd/walker2d_uni, qd/halfcheetah_uni, qd/ant_uni, qd/ant_omni); {config.task} "
+                "is black-box."
+            )
+        if not 0.0 <= self.proportion <= 1.0:
+            raise ConfigError(f"pga_me.proportion must be in [0, 1], got {self.proportion}.")
+        _, n_pg = pg_split(config.population_size, self.proportion)
+        if n_pg < 1:
+            raise ConfigError(
+                f"pga_me.proportion={self.proportion} of population_size="
+                f"{config.population_size} leaves no candidate for the greedy actor: raise either."
+            )
+        least = dict.fromkeys(("critic_updates", "steps", "batch_size", "buffer_size"), 1)
+        positive = ("critic_lr", "actor_lr", "policy_lr")
+        widths = ("critic_hidden_sizes",)
+        prefixed_checks("pga_me.", self, least=least, positive=positive, widths=widths)
 
 
 @flax.struct.dataclass
@@ -62,7 +116,7 @@ class PGAMEEmitter:
     #: :class:`~evorl_pop.tasks.qd.BraxQDTask`'s) and calls :meth:`observe`.
     collect = True
 
-    def __init__(self, archive, task, config):
+    def __init__(self, archive, task, config, settings: PgEmitterConfig):
         if not isinstance(task, BraxQDTask):
             raise ConfigError(
                 f"emitter: pga_me needs a task with an environment (qd/hopper_uni, "
@@ -71,21 +125,23 @@ class PGAMEEmitter:
         self.archive = archive
         self.task = task
         self.config = config
-        self.num_iso, self.num_pg = pg_split(config.population_size, config.pg_proportion)
-        settings = TD3Config(
+        self.settings = settings
+        self.num_iso, self.num_pg = pg_split(config.population_size, settings.proportion)
+        td3_settings = TD3Config(
             actor_hidden_sizes=tuple(config.hidden_sizes),
-            critic_hidden_sizes=tuple(config.pg_critic_hidden_sizes),
-            actor_lr=config.pg_actor_lr,
-            critic_lr=config.pg_critic_lr,
-            batch_size=config.pg_batch_size,
+            critic_hidden_sizes=tuple(settings.critic_hidden_sizes),
+            actor_lr=settings.actor_lr,
+            critic_lr=settings.critic_lr,
+            batch_size=settings.batch_size,
             actor_activation=config.activation,
         )
-        self.td3 = TD3(task.spec, settings, policy=task.policy)
-        self.policy_optimizer = optax.adam(config.pg_policy_lr)
+        self.td3 = TD3(task.spec, td3_settings, policy=task.policy)
+        self.policy_optimizer = optax.adam(settings.policy_lr)
         self.dp_mesh = data_parallel.dp_mesh(archive.mesh)
         self.axis = self.dp_mesh.axis_names[0]
         what = "A PGA-ME minibatch's samples"
-        data_parallel.check_split("pg_batch_size", config.pg_batch_size, self.dp_mesh.size, what)
+        size = settings.batch_size
+        data_parallel.check_split("pga_me.batch_size", size, self.dp_mesh.size, what)
 
     def _data_parallel(self, fn, num_args):
         """``fn`` on every device of the ``DP`` mesh, arguments and results replicated."""
@@ -95,7 +151,7 @@ class PGAMEEmitter:
 
     def init(self, archive_state, key):
         del archive_state
-        buffer = ReplayBuffer.create(example_transition(self.task.spec), self.config.pg_buffer_size)
+        buffer = ReplayBuffer.create(example_transition(self.task.spec), self.settings.buffer_size)
         return PGAMEState(self.td3.init(key), buffer)
 
     def observe(self, emitter_state: PGAMEState, transitions, valid) -> PGAMEState:
@@ -105,31 +161,21 @@ class PGAMEEmitter:
     # --- ask -----------------------------------------------------------------------
 
     def policy_gradient(self, td3_state: TD3State, params, buffer, key, axis=None):
-        """``pg_steps`` Adam steps of the actor loss of ``params`` through the critic of
-        ``td3_state``, each on a fresh global minibatch of ``buffer`` (this device's
-        slice with ``axis``). Returns the stepped params."""
+        """``steps`` TD3 actor steps (:meth:`~evorl_pop.rl.td3.TD3.actor_update`) of
+        ``params`` through the critic of ``td3_state``, with a fresh Adam at ``policy_lr``,
+        each on a fresh global minibatch of ``buffer`` (this device's slice with
+        ``axis``). Returns the stepped params."""
+        optimizer = self.policy_optimizer
+        actor = td3_state.actor.replace(params=params, opt_state=optimizer.init(params))
+        state = td3_state.replace(actor=actor)
 
-        def loss_fn(state, obs):
-            return self.td3.actor_loss(state.actor.params, state.critic.params, obs)
+        def body(state, k):
+            batch, _ = replay.sample(buffer, k, self.settings.batch_size, axis)
+            state, _ = self.td3.actor_update(state, batch, axis, optimizer)
+            return state, None
 
-        step = dist.agent_gradient_update(
-            loss_fn,
-            self.policy_optimizer,
-            axis,
-            attach_fn=with_actor_part,
-            detach_fn=actor_part,
-        )
-        opt_state = self.policy_optimizer.init(params)
-        state = td3_state.replace(actor=ActorState(params, params, ()))
-
-        def body(carry, k):
-            state, opt_state = carry
-            batch, _ = replay.sample(buffer, k, self.config.pg_batch_size, axis)
-            _, state, opt_state = step(opt_state, state, batch.obs)
-            return (state, opt_state), None
-
-        keys = jax.random.split(key, self.config.pg_steps)
-        (state, _), _ = jax.lax.scan(body, (state, opt_state), keys)
+        keys = jax.random.split(key, self.settings.steps)
+        state, _ = jax.lax.scan(body, state, keys)
         return state.actor.params
 
     def _improve(self, td3_state, parents, buffer, key):
@@ -165,9 +211,9 @@ class PGAMEEmitter:
     # --- tell ----------------------------------------------------------------------
 
     def tell(self, before, after, emitter_state: PGAMEState, asked, quality, descriptors, key):
-        """``pg_critic_updates`` TD3 iterations on the buffer (the batch's steps in it)."""
+        """``critic_updates`` TD3 iterations on the buffer (the batch's steps in it)."""
         del before, after, asked, quality, descriptors
-        updates = self.config.pg_critic_updates
+        updates = self.settings.critic_updates
 
         def local(state, buffer, key):
             return self.td3.learn(state, buffer, key, updates, self.axis)
@@ -180,34 +226,11 @@ class PGAMEEmitter:
         return emitter_state.replace(td3=td3_state), metrics
 
 
-def check_config(config) -> None:
-    """Raises a :class:`ConfigError` for PGA-ME settings that cannot run."""
-    if config.emitter != "pga_me":
-        return
-    from evorl_pop.tasks.qd import QD_TASKS
+registry.register_emitter(
+    "pga_me",
+    PGAMEEmitter,
+    PgEmitterConfig,
+    "PGA-ME: TD3 policy-gradient steps beside isoline variation (brax tasks)",
+)
 
-    if not issubclass(QD_TASKS[config.task], BraxQDTask):
-        raise ConfigError(
-            f"emitter: pga_me needs a task with an environment (qd/hopper_uni, qd/walker2d_uni, "
-            f"qd/halfcheetah_uni, qd/ant_uni, qd/ant_omni); {config.task} is black-box."
-        )
-    if not 0.0 <= config.pg_proportion <= 1.0:
-        raise ConfigError(f"pg_proportion must be in [0, 1], got {config.pg_proportion}.")
-    _, n_pg = pg_split(config.population_size, config.pg_proportion)
-    if n_pg < 1:
-        raise ConfigError(
-            f"pg_proportion={config.pg_proportion} of population_size={config.population_size} "
-            f"leaves no candidate for the greedy actor: raise either."
-        )
-    for name in ("pg_critic_updates", "pg_steps", "pg_batch_size", "pg_buffer_size"):
-        if getattr(config, name) < 1:
-            raise ConfigError(f"{name} must be at least 1, got {getattr(config, name)}.")
-    for name in ("pg_critic_lr", "pg_actor_lr", "pg_policy_lr"):
-        if not getattr(config, name) > 0:
-            raise ConfigError(f"{name} must be > 0, got {getattr(config, name)}.")
-    if any(h < 1 for h in config.pg_critic_hidden_sizes):
-        widths = list(config.pg_critic_hidden_sizes)
-        raise ConfigError(f"pg_critic_hidden_sizes must be at least 1, got {widths}.")
-
-
-__all__ = ["PGAMEEmitter", "PGAMEState", "check_config", "pg_split"]
+__all__ = ["PGAMEEmitter", "PGAMEState", "PgEmitterConfig", "pg_split"]

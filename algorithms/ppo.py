@@ -44,6 +44,7 @@ from evorl_pop.core.interfaces import Acting
 from evorl_pop.rl import data_parallel, vec_env
 from evorl_pop.rl.ppo import Hyperparameters, Params, PPOLearner, Rollout, Samples, Segments
 from evorl_pop.tasks.obs_norm import ObsMoments, ObsNorm
+from evorl_pop.tasks.policies import ACTIVATIONS
 
 DP = dist.DP_AXIS_NAME
 
@@ -121,12 +122,18 @@ class Config(data_parallel.LearnerConfig):
         vec_env.check_task(self.task, "ppo")  # stepped in JAX or on the host
         check_config(self, least=vec_env.LEAST)
         choices = {
-            "activation": ("tanh", "relu", "elu"),
+            "activation": tuple(ACTIVATIONS),
             "network": ("auto", "mlp", "cnn"),
             "advantages": ("iteration", "minibatch"),
             "obs_norm_update": ("before", "after"),
         }
-        check_config(self, choices, {"num_minibatches": 1, "num_epochs": 1})
+        check_config(
+            self,
+            choices,
+            {"num_minibatches": 1, "num_epochs": 1},
+            positive=("policy_init_scale",),
+            nonnegative=("learning_rate", "entropy_cost", "vf_coefficient", "reward_scaling"),
+        )
         batch = self.num_envs * self.unroll_length
         if batch % self.num_minibatches:
             raise ConfigError(
@@ -141,11 +148,6 @@ class Config(data_parallel.LearnerConfig):
             value = getattr(self, name)
             if not low <= value <= high:
                 raise ConfigError(f"{name} must be in [{low}, {high}], got {value}.")
-        for name in ("learning_rate", "entropy_cost", "vf_coefficient", "reward_scaling"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}.")
-        if not self.policy_init_scale > 0:
-            raise ConfigError(f"policy_init_scale must be > 0, got {self.policy_init_scale}.")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             raise ConfigError(f"max_grad_norm must be > 0 or null, got {self.max_grad_norm}.")
         if self.advantages == "minibatch" and self.num_envs % self.num_minibatches:

@@ -12,10 +12,10 @@ Every emitter has the one generation shape of MAP-Elites
   drawn uniformly over the filled cells (Vassiliades & Mouret 2018); no state.
 * ``es`` (:class:`ESEmitter`, ME-ES, Colas et al. 2020): an OpenES (evosax's
   ``Open_ES``, built by :func:`~evorl_pop.algorithms.es.make_strategy`) whose centre is
-  an elite drawn uniformly over the filled cells, moved for ``es_period`` generations,
+  an elite drawn uniformly over the filled cells, moved for ``es.period`` generations,
   then started again from a newly drawn elite. Its candidates are rewarded by their
-  fitness (``es_reward: fitness``, ME-ES's exploitation) or by their novelty
-  (``novelty``: the mean distance of the descriptor to its ``novelty_neighbours``
+  fitness (``es.reward: fitness``, ME-ES's exploitation) or by their novelty
+  (``novelty``: the mean distance of the descriptor to its ``es.novelty_neighbours``
   nearest elites, ME-ES's exploration). Every candidate is offered to the archive.
 * ``cma_me`` (:class:`CMAMEEmitter`, CMA-ME's improvement emitter, Fontaine et al.
   2020): a CMA-ES (evosax's ``CMA_ES``) whose candidates are ranked by how they
@@ -27,6 +27,10 @@ Every emitter has the one generation shape of MAP-Elites
   Cully 2021): part of the batch from isoline variation, the rest from TD3
   policy-gradient steps on elites and the TD3 greedy actor; brax tasks only.
 
+Each emitter registers itself here (:func:`evorl_pop.registry.register_emitter`) with
+its settings dataclass (:class:`EsEmitterConfig`, :class:`CmaEmitterConfig`), which
+MAP-Elites' config holds in the field of the emitter's name (``--set es.sigma=0.1``).
+
 The emitters' states are small (the CMA-ES's covariance is ``num_dims^2``) and
 replicated: every device computes the same update from the same replicated batch,
 so the run does not depend on the device count.
@@ -34,6 +38,7 @@ so the run does not depend on the device count.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import flax.struct
@@ -41,12 +46,70 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from evorl_pop import registry
 from evorl_pop.algorithms.es import make_strategy
+from evorl_pop.base import ConfigError, check_config
 
-#: The emitters by name (``MapElitesConfig.emitter``).
-EMITTERS = ("isoline", "es", "cma_me", "pga_me")
 #: What an ES emitter's candidates are rewarded by.
 ES_REWARDS = ("fitness", "novelty")
+
+
+def prefixed_checks(prefix: str, settings, **checks) -> None:
+    """:func:`~evorl_pop.base.check_config` of an emitter's ``settings`` (``choices``,
+    ``least``, ``positive``, ``widths``), its messages naming each setting where a config
+    holds it (``es.period``)."""
+    try:
+        check_config(settings, **checks)
+    except ConfigError as err:
+        raise ConfigError(f"{prefix}{err}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class EsEmitterConfig:
+    """ME-ES's settings (``emitter: es``; a MAP-Elites config's ``es``).
+
+    Attributes:
+      sigma: the OpenES's noise width.
+      learning_rate: the OpenES's Adam learning rate.
+      period: generations from one centre before a new elite is drawn.
+      reward: ``'fitness'`` or ``'novelty'`` (the mean distance of the descriptor to its
+        ``novelty_neighbours`` nearest elites).
+      novelty_neighbours: with ``reward='novelty'``: the nearest elites.
+    """
+
+    sigma: float = 0.05
+    learning_rate: float = 0.05
+    period: int = 10
+    reward: str = "fitness"
+    novelty_neighbours: int = 10
+
+    def validate(self, config) -> None:
+        """Raises a ConfigError naming a setting that cannot run with MAP-Elites' ``config``."""
+        checks = {"choices": {"reward": ES_REWARDS}}
+        least = {"period": 1, "novelty_neighbours": 1}
+        prefixed_checks("es.", self, **checks, least=least, positive=("sigma", "learning_rate"))
+        if config.population_size % 2 or config.population_size < 2:
+            raise ConfigError(
+                f"population_size must be even and at least 2 with emitter=es (OpenES draws "
+                f"antithetic pairs), got {config.population_size}."
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class CmaEmitterConfig:
+    """CMA-ME's settings (``emitter: cma_me``; a MAP-Elites config's ``cma_me``).
+
+    Attributes:
+      sigma: the CMA-ES's initial step size.
+    """
+
+    sigma: float = 0.05
+
+    def validate(self, config) -> None:
+        """Raises a ConfigError naming a setting that cannot run with MAP-Elites' ``config``."""
+        prefixed_checks("cma_me.", self, positive=("sigma",))
+        if config.population_size < 2:
+            raise ConfigError("population_size must be at least 2 with emitter=cma_me.")
 
 
 def isoline_variation(key, x, y, iso_sigma: float, line_sigma: float, bounds=None):
@@ -101,7 +164,8 @@ class IsolineEmitter:
 
     collect = False  # its evaluations need no transitions
 
-    def __init__(self, archive, task, config):
+    def __init__(self, archive, task, config, settings=None):
+        del settings  # isoline variation's widths are the config's iso_sigma, line_sigma
         self.archive = archive
         self.task = task
         self.config = config
@@ -185,40 +249,42 @@ class _StrategyEmitter:
 class ESEmitter(_StrategyEmitter):
     """ME-ES: an OpenES centred on an elite, rewarded by fitness or novelty."""
 
-    def __init__(self, archive, task, config):
+    def __init__(self, archive, task, config, settings: EsEmitterConfig):
         strategy, params = make_strategy(
             "Open_ES",
             config.population_size,
             task.num_dims,
-            learning_rate=config.es_learning_rate,
-            sigma_init=config.es_sigma,
+            learning_rate=settings.learning_rate,
+            sigma_init=settings.sigma,
             noise="normal",
         )
         super().__init__(archive, task, strategy, params)
         self.config = config
+        self.settings = settings
 
     def tell(self, before, after, emitter_state, asked, quality, descriptors, key):
         del before
         valid = _valid(quality, descriptors)
-        if self.config.es_reward == "novelty":
+        if self.settings.reward == "novelty":
             safe = jnp.where(valid[:, None], descriptors, 0.0)
-            reward = self.archive.novelty(after, safe, self.config.novelty_neighbours)
+            reward = self.archive.novelty(after, safe, self.settings.novelty_neighbours)
         else:
             reward = quality
         loss = jnp.where(valid, -reward, jnp.inf)  # evosax minimises
-        restart = emitter_state.age + 1 >= self.config.es_period
+        restart = emitter_state.age + 1 >= self.settings.period
         return self._tell(after, emitter_state, asked, loss, restart, key)
 
 
 class CMAMEEmitter(_StrategyEmitter):
     """CMA-ME's improvement emitter: a CMA-ES ranked by archive improvement."""
 
-    def __init__(self, archive, task, config):
+    def __init__(self, archive, task, config, settings: CmaEmitterConfig):
         strategy, params = make_strategy(
-            "CMA_ES", config.population_size, task.num_dims, sigma_init=config.cma_sigma
+            "CMA_ES", config.population_size, task.num_dims, sigma_init=settings.sigma
         )
         super().__init__(archive, task, strategy, params)
         self.config = config
+        self.settings = settings
 
     def tell(self, before, after, emitter_state, asked, quality, descriptors, key):
         valid = _valid(quality, descriptors)
@@ -229,3 +295,14 @@ class CMAMEEmitter(_StrategyEmitter):
             after, emitter_state, asked, ranks.astype(quality.dtype), restart, key
         )
         return new, {**metrics, "emitter_improving": improving}
+
+
+registry.register_emitter(
+    "isoline", IsolineEmitter, None, "isoline variation of parents drawn over the archive"
+)
+registry.register_emitter(
+    "es", ESEmitter, EsEmitterConfig, "ME-ES: an OpenES centred on an elite, by fitness or novelty"
+)
+registry.register_emitter(
+    "cma_me", CMAMEEmitter, CmaEmitterConfig, "CMA-ME: a CMA-ES ranked by archive improvement"
+)

@@ -26,6 +26,14 @@ import numpy as np
 from evorl_pop.algorithms.cma_es import CMA_ES_pycma
 from evorl_pop.algorithms.es import ES, ESConfig, make_strategy
 from evorl_pop.base import float_dtype, objective_error
+from evorl_pop.core.interfaces import HasSearchWidth, KnowsOptimum
+from evorl_pop.core.strategy_states import (
+    CountsFlatFitness,
+    HasAxisLengths,
+    HasCovariance,
+    HasEigenbasis,
+    ScalesCoordinates,
+)
 
 #: Why a run ended; ``'running'`` never leaves :class:`Minimizer`.
 STOP_REASONS = (
@@ -175,7 +183,7 @@ def _rescale_covariance(s):
     drifted to ~1e-7 caps its condition number far below the 1e6 of an
     ill-conditioned function (BBOB f12 stalled at f - f* ~ 1e-5 in 2-D).
     """
-    if not all(hasattr(s, name) for name in ("C", "D", "p_c", "std")) or s.C.ndim != 2:
+    if not (isinstance(s, HasCovariance) and isinstance(s, HasAxisLengths)) or s.C.ndim != 2:
         return s
     k = jnp.max(s.D) * jnp.min(s.D)
     return s.replace(C=s.C / k, std=s.std * jnp.sqrt(k), p_c=s.p_c / jnp.sqrt(k))
@@ -190,15 +198,16 @@ _RUNS: collections.OrderedDict[tuple, object] = collections.OrderedDict()
 def _stop_checks(rules: StopRules, s, c, gen, sigma, n: int, lam: int, tolstagnation):
     """Whether each of pycma's criteria holds after generation ``gen``, in STOP_REASONS
     order from ``tolx`` on, and the new anchor of ``tolxstagnation``."""
-    covariance = hasattr(s, "C") and hasattr(s, "p_c")
-    scaling = getattr(s, "scaling", 1.0)  # pycma's sigma_vec
+    covariance = isinstance(s, HasCovariance)
+    axes = isinstance(s, HasAxisLengths)
+    scaling = s.scaling if isinstance(s, ScalesCoordinates) else 1.0  # pycma's sigma_vec
     spread = s.std * scaling * jnp.sqrt(jnp.diag(s.C)) if covariance else None
     false = jnp.bool_(False)
     checks = [
         jnp.all(spread < rules.tolx) & jnp.all(s.std * jnp.abs(scaling * s.p_c) < rules.tolx)
         if covariance
         else false,
-        jnp.max(s.D) > rules.tolconditioncov**0.5 * jnp.min(s.D) if hasattr(s, "D") else false,
+        jnp.max(s.D) > rules.tolconditioncov**0.5 * jnp.min(s.D) if axes else false,
     ]
     if rules.tolstagnation:
         long_size = c["long_size"]
@@ -217,12 +226,12 @@ def _stop_checks(rules: StopRules, s, c, gen, sigma, n: int, lam: int, tolstagna
         )
     else:
         checks.append(false)
-    flat = getattr(s, "flat_generations", None)
-    checks.append(flat > rules.tolflatfitness if flat is not None else false)
+    flat = isinstance(s, CountsFlatFitness)
+    checks.append(s.flat_generations > rules.tolflatfitness if flat else false)
     checks.append(jnp.any(spread > rules.tolfacupx * sigma) if covariance else false)
     noeffect = covariance and rules.noeffect
     checks.append(jnp.any(s.mean == s.mean + 0.2 * spread) if noeffect else false)
-    if rules.noeffect and hasattr(s, "B") and hasattr(s, "D"):
+    if rules.noeffect and isinstance(s, HasEigenbasis):
         axis = 0.1 * s.std * s.D[gen % n] * scaling * s.B[:, gen % n]
         checks.append(jnp.all(s.mean == s.mean + axis))
     else:
@@ -240,7 +249,7 @@ def _stop_checks(rules: StopRules, s, c, gen, sigma, n: int, lam: int, tolstagna
         checks.append(gen - anchor_gen > threshold)
     else:
         checks.append(false)
-    tolupsigma = hasattr(s, "D") and hasattr(s, "std")
+    tolupsigma = axes and isinstance(s, HasSearchWidth)
     checks.append(s.std / jnp.max(s.D) > rules.tolupsigma * sigma if tolupsigma else false)
     return checks, anchor, anchor_gen
 
@@ -293,7 +302,7 @@ class Minimizer:
         n = self.task.num_dims
         lam = population_size
         short = int(10 + 30 * n / lam)  # pycma keeps this many generations of the best
-        optimal_value = getattr(self.task, "optimal_value", None)
+        optimal_value = self.task.optimal_value if isinstance(self.task, KnowsOptimum) else None
         # CMA_ES_pycma has no absolute constants to keep C away from, and keeps σ and C as
         # pycma does (tolupsigma reads them)
         rescale = not isinstance(es.strategy, CMA_ES_pycma)
@@ -304,7 +313,7 @@ class Minimizer:
             init_key, run_key = jax.random.split(key)
             state = es.init(init_key, x0).replace(task_state=task_state)
             s = state.strategy_state
-            if hasattr(s, "std"):
+            if isinstance(s, HasSearchWidth):
                 state = state.replace(strategy_state=s.replace(std=jnp.asarray(sigma, s.std.dtype)))
             fopt = optimal_value(task_state) if optimal_value else 0.0
             dtype = s.mean.dtype
@@ -367,9 +376,7 @@ class Minimizer:
                 return dict(new, reason=reason, anchor=anchor, anchor_gen=anchor_gen)
 
             c = jax.lax.while_loop(lambda c: c["reason"] == 0, body, carry)
-            best_x = es.mean_solution(c["state"])
-            if hasattr(c["state"].strategy_state, "best_solution"):
-                best_x = c["state"].strategy_state.best_solution
+            best_x = c["state"].best_solution  # the engine's best so far
             return c["gen"], c["reason"], c["best"], c["best"] - fopt, best_x
 
         compiled = _RUNS[cache_key] = jax.jit(run)
@@ -508,7 +515,7 @@ class Minimizer:
                 break
             if irun + 1 - runs_with_small > restarts:
                 break
-        has_fopt = hasattr(task, "optimal_value")
+        has_fopt = isinstance(task, KnowsOptimum)
         return MinimizeResult(
             converged=converged,
             evaluations=used if spent is None else spent,

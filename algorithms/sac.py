@@ -97,8 +97,7 @@ class Config(SACSettings, data_parallel.LearnerConfig):
                 f"learning_starts={self.learning_starts} must be in [0, buffer_capacity="
                 f"{self.buffer_capacity}], or the updates never begin."
             )
-        if self.updates_per_step < 0:
-            raise ConfigError(f"updates_per_step must be >= 0, got {self.updates_per_step}.")
+        check_config(self, nonnegative=("updates_per_step",))
 
 
 @flax.struct.dataclass

@@ -74,13 +74,23 @@ def did_you_mean(value, valid, n: int = 1, cutoff: float = 0.6) -> str:
     return f" Did you mean {', '.join(repr(lower[c]) for c in close)}?" if close else ""
 
 
-def check_config(config, choices: dict | None = None, least: dict | None = None) -> None:
+def check_config(
+    config,
+    choices: dict | None = None,
+    least: dict | None = None,
+    positive: tuple[str, ...] = (),
+    nonnegative: tuple[str, ...] = (),
+    widths: tuple[str, ...] = (),
+) -> None:
     """The checks every config's ``validate()`` starts with, as :class:`ConfigError`.
 
     Args:
       config: a config dataclass.
       choices: field name to its valid values (the error names the nearest one).
       least: field name to its smallest allowed value (``None`` values pass).
+      positive: fields that must be ``> 0`` (NaN fails).
+      nonnegative: fields that must be ``>= 0`` (NaN fails).
+      widths: fields of a network's layer widths, each at least 1 (``hidden_sizes``).
     """
     for name, valid in (choices or {}).items():
         value = getattr(config, name)
@@ -92,6 +102,16 @@ def check_config(config, choices: dict | None = None, least: dict | None = None)
         value = getattr(config, name)
         if value is not None and value < bound:
             raise ConfigError(f"{name} must be at least {bound}, got {value}.")
+    for name in positive:
+        if not (value := getattr(config, name)) > 0:
+            raise ConfigError(f"{name} must be > 0, got {value}.")
+    for name in nonnegative:
+        if not (value := getattr(config, name)) >= 0:
+            raise ConfigError(f"{name} must be >= 0, got {value}.")
+    for name in widths:
+        value = getattr(config, name)
+        if any(width < 1 for width in value):
+            raise ConfigError(f"{name} must be at least 1, got {list(value)}.")
 
 
 # --- environments and numbers ---------------------------------------------------

@@ -348,8 +348,12 @@ def _cmd_train(args) -> int:
     _precheck(args, present, overrides)
     # After jax.distributed (whose preemption notifier takes SIGTERM): a signal before
     # the session's own handlers ends the command as Ctrl-C does.
-    for signum in stop.STOP_SIGNALS[1:]:
-        signal.signal(signum, stop.at_once)
+    if stop.held():  # evorl-pop: the signals set the flag the session takes over
+        stop.hold()
+        stop.check()
+    else:
+        for signum in stop.STOP_SIGNALS[1:]:
+            signal.signal(signum, stop.at_once)
     show = dict(progress=not args.quiet, figure=not args.no_figure, time_limit=args.time_limit)
     try:
         said = () if args.quiet else (_SayRunFolder(),)
@@ -387,6 +391,8 @@ def _cmd_train(args) -> int:
     finally:
         if jax.distributed.is_initialized():  # the exit waits for the other processes
             stop.ignore_stop_signals()
+    # A signal in the last chunk (or a program of a sweep) came when the run was complete.
+    stop.check(f"the run is complete in {result.run_dir}.", result.generation)
     if not args.quiet and store.is_writer():
         h = result.history
         parts = [f"generation {result.generation}", f"{result.env_steps:,} env steps"]
@@ -540,6 +546,8 @@ def main(argv=None) -> int:
     """
     args = build_parser().parse_args(argv)
     try:
+        if args.command not in ("train", "resume"):
+            stop.release()  # a command that is no run: Ctrl-C stops it at once
         status = globals()[f"_cmd_{args.command}"](args)
         sys.stdout.flush()  # a closed pipe shows here, not at exit
         return status

@@ -1,4 +1,4 @@
-"""Plug-ins: algorithms, strategies, learners and environment families by name.
+"""Plug-ins: algorithms, strategies, learners, environment families and emitters by name.
 
 Every plug-in registers itself in the file that defines it, at import::
 
@@ -18,8 +18,9 @@ config's ``plugins:``). A built-in module that needs a third-party package
 that is not installed makes its entries unavailable, with the package named;
 an import error inside the project's own code is raised.
 
-This module imports nothing of evorl_pop but :mod:`evorl_pop.base`, so any
-layer may register into it.
+This module imports nothing of evorl_pop but :mod:`evorl_pop.base` and
+:mod:`evorl_pop.conformance` (which checks each entry against its protocol as it is
+registered), so any layer may register into it.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
+import inspect
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
+from evorl_pop import conformance
 from evorl_pop.base import did_you_mean
 
 T = TypeVar("T")
@@ -59,6 +62,7 @@ BUILTIN: dict[str, tuple[str, ...]] = {
         "evorl_pop.tasks.gymnax_envs",
         "evorl_pop.tasks.playground_envs",
     ),
+    "emitter": ("evorl_pop.algorithms.qd_emitters", "evorl_pop.algorithms.pgame"),
 }
 
 
@@ -73,6 +77,49 @@ def _third_party(err: ImportError) -> bool:
 
 class PluginError(ValueError):
     """A plug-in module that cannot be imported, or an unknown or unavailable name."""
+
+
+# --- what a registered entry must have (evorl_pop.conformance) ------------------------
+
+#: The protocols entries are checked against, by name: :mod:`evorl_pop.core.interfaces`
+#: adds its own as it is imported (importing evorl_pop, and so this module, imports it).
+PROTOCOLS: dict[str, type] = {}
+
+
+def _protocol(name: str) -> type:
+    return PROTOCOLS[name]
+
+
+def check_class(where: str, cls: Any, name: str) -> None:
+    """Raises a :class:`PluginError` unless ``cls`` is a class with the methods of the
+    protocol ``core.interfaces.<name>``; ``where`` names the registration."""
+    if not isinstance(cls, type):
+        raise PluginError(f"{where}: takes a class that meets core.interfaces.{name}, got {cls!r}")
+    protocol = _protocol(name)
+    if missing := conformance.lacks(cls, protocol):
+        raise PluginError(conformance.lacking(where, cls.__name__, missing, protocol))
+
+
+def check_built(where: str, entry: Any, name: str, what: str = "") -> Any:
+    """Returns ``entry``, an object built from a plug-in, before anything compiles; raises
+    a :class:`PluginError` where it lacks a member of the protocol
+    ``core.interfaces.<name>`` (attributes set in ``__init__`` included). ``what``
+    names it in the message (default: ``the <class> built``)."""
+    protocol = _protocol(name)
+    if missing := conformance.lacks(entry, protocol):
+        what = what or f"the {type(entry).__name__} built"
+        raise PluginError(conformance.lacking(where, what, missing, protocol))
+    return entry
+
+
+def _check_settings(where: str, settings: Any, needs: tuple[str, ...]) -> None:
+    if problem := conformance.settings_problem(settings, needs):
+        raise PluginError(f"{where}: {problem}")
+
+
+def _check_callable(where: str, what: str, value: Any) -> None:
+    if not callable(value):
+        raise PluginError(f"{where}: {what} must be callable, got {type(value).__name__}")
 
 
 _loaded_entry_points = False
@@ -267,7 +314,24 @@ def register_algorithm(
 
     Returns:
       The new :class:`AlgorithmSpec`.
+
+    Raises:
+      PluginError: a config that is not a dataclass with ``validate``, or an algorithm
+        class that lacks a method of :class:`~evorl_pop.core.interfaces.Algorithm` or
+        is not built as ``algorithm(config, mesh=None)``.
     """
+    where = f"register_algorithm({name!r})"
+    if not isinstance(config, type):
+        raise PluginError(f"{where}: config takes the config class, got {config!r}")
+    _check_settings(where, config, ("validate",))
+    check_class(where, algorithm, "Algorithm")
+    try:
+        inspect.signature(algorithm).bind(object(), mesh=None)
+    except TypeError:
+        raise PluginError(
+            f"{where}: {algorithm.__name__} is not built as {algorithm.__name__}(config, "
+            f"mesh=None) (its signature: {inspect.signature(algorithm)})"
+        ) from None
     spec = AlgorithmSpec(name, config, algorithm, description, algorithm.__module__)
     return ALGORITHMS.register(name, spec)
 
@@ -280,7 +344,12 @@ STRATEGIES: Registry[type] = Registry("strategy", BUILTIN["strategy"], "strategi
 
 def register_strategy(name: str, cls: type) -> type:
     """Registers a strategy class with evosax's constructor and interface
-    (:class:`~evorl_pop.core.interfaces.Strategy`) under ``name``; returns ``cls``."""
+    (:class:`~evorl_pop.core.interfaces.Strategy`) under ``name``; returns ``cls``.
+
+    Raises:
+      PluginError: ``cls`` is not a class, or lacks a method of the protocol.
+    """
+    check_class(f"register_strategy({name!r})", cls, "Strategy")
     return STRATEGIES.register(name, cls)
 
 
@@ -376,8 +445,26 @@ def register_learner(name: str, spec: LearnerSpec) -> LearnerSpec:
         the algorithm's ``learner_settings``.
       spec: its :class:`LearnerSpec`.
     """
+    where = f"register_learner({name!r})"
     if not isinstance(spec, LearnerSpec):
-        raise TypeError(f"register_learner takes a LearnerSpec, got {type(spec).__name__}.")
+        raise PluginError(f"{where}: takes a LearnerSpec, got {type(spec).__name__}")
+    if spec.hybrid is None and spec.member is None:
+        raise PluginError(f"{where}: its LearnerSpec has neither a hybrid nor a member part")
+    if (hybrid := spec.hybrid) is not None:
+        _check_settings(f"{where} hybrid.defaults", hybrid.defaults, ("validate", "batch_size"))
+        _check_callable(where, "hybrid.actor_task", hybrid.actor_task)
+        _check_callable(where, "hybrid.learner", hybrid.learner)
+        if isinstance(hybrid.learner, type):
+            check_class(f"{where} hybrid.learner", hybrid.learner, "ReplayLearner")
+    if (member := spec.member) is not None:
+        _check_settings(f"{where} member.defaults", member.defaults, ("validate",))
+        _check_callable(where, "member.member", member.member)
+        unsearchable = [s[0] for s in member.default_search if s[0] not in member.searchable]
+        if unsearchable:
+            raise PluginError(
+                f"{where}: member.default_search names {', '.join(unsearchable)}, "
+                f"not in member.searchable ({', '.join(member.searchable)})"
+            )
     return LEARNERS.register(name, spec)
 
 
@@ -405,5 +492,79 @@ def register_env_family(name: str, family: Any) -> Any:
 
     Returns:
       ``family``.
+
+    Raises:
+      PluginError: ``family`` is a class (register an instance) or lacks a member of
+        the protocol.
     """
-    return ENV_FAMILIES.register(name, family)
+    where = f"register_env_family({name!r})"
+    if isinstance(family, type):
+        raise PluginError(
+            f"{where}: takes an instance, got the class {family.__name__} "
+            f"(register_env_family({name!r}, {family.__name__}()))"
+        )
+    return ENV_FAMILIES.register(
+        name, check_built(where, family, "EnvFamily", type(family).__name__)
+    )
+
+
+# --- quality-diversity emitters ----------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class EmitterSpec:
+    """One MAP-Elites emitter: what ``emitter: NAME`` builds.
+
+    Attributes:
+      name: the registry name (``'isoline'``, ``'es'``, ...).
+      emitter_class: ``emitter_class(archive, task, config, settings)``, an
+        :class:`~evorl_pop.core.interfaces.Emitter`.
+      settings: its frozen settings dataclass, whose defaults are the emitter's and whose
+        ``validate(config)`` raises a :class:`~evorl_pop.base.ConfigError` for settings
+        that cannot run with the MAP-Elites ``config``; ``None``: no settings.
+      description: one line for messages and listings.
+      module: the module that registered it.
+    """
+
+    name: str
+    emitter_class: type
+    settings: type | None = None
+    description: str = ""
+    module: str = ""
+
+
+#: Emitters by name (``emitter:`` of MAP-Elites; see :func:`register_emitter`).
+EMITTERS: Registry[EmitterSpec] = Registry("emitter", BUILTIN["emitter"])
+
+
+def register_emitter(
+    name: str, emitter: type, settings: type | None = None, description: str = ""
+) -> EmitterSpec:
+    """Registers a MAP-Elites emitter under ``name`` (``emitter=NAME`` in a config).
+
+    Args:
+      name: the emitter's name. A MAP-Elites config field of that name (``es``,
+        ``cma_me``, ``pga_me``) holds a built-in emitter's settings; any other emitter's
+        are its ``settings`` defaults changed by ``emitter_settings``.
+      emitter: its class (see :class:`~evorl_pop.core.interfaces.Emitter`).
+      settings: its frozen settings dataclass with ``validate(config)``, or ``None``.
+      description: one line.
+
+    Returns:
+      The new :class:`EmitterSpec`.
+
+    Raises:
+      PluginError: an emitter class without a member the interface declares (with
+        ``collect``: also ``observe``), or settings that are not a frozen dataclass with
+        ``validate``, in one line naming what is missing.
+    """
+    where = f"register_emitter({name!r})"
+    check_class(where, emitter, "Emitter")
+    if getattr(emitter, "collect", False):  # the class's flag; a built one's is checked again
+        check_class(where, emitter, "ObservesEpisodes")
+    if settings is not None:
+        _check_settings(where, settings, ("validate",))
+        if not settings.__dataclass_params__.frozen:
+            raise PluginError(f"{where}: {settings.__name__} must be a frozen dataclass")
+    spec = EmitterSpec(name, emitter, settings, description, emitter.__module__)
+    return EMITTERS.register(name, spec)

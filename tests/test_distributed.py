@@ -3,9 +3,11 @@
 import inspect
 import re
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -44,6 +46,17 @@ def test_public_names_and_constants():
         "tree_device_put",
     }
     assert expected <= set(dir(distributed))
+    # the constants name the axes: a mesh's population axis, a reduction over it
+    mesh = make_mesh(4)
+    assert mesh.axis_names == (distributed.POP_AXIS_NAME,)
+    x = jnp.arange(8.0)
+    total = jax.shard_map(
+        lambda v: distributed.psum(v.sum(), distributed.POP_AXIS_NAME),
+        mesh=mesh,
+        in_specs=P(distributed.POP_AXIS_NAME),
+        out_specs=P(),
+    )(x)
+    assert float(total) == 28.0
     from evorl_pop.distributed import comm, gradients, sharding
 
     assert callable(gradients.loss_and_pgrad)
@@ -283,3 +296,80 @@ def test_tree_device_put_places_pytree(n):
         np.testing.assert_array_equal(leaf, ref)
     one = distributed.tree_device_put(tree, jax.devices()[1])
     assert all(leaf.devices() == {jax.devices()[1]} for leaf in jax.tree.leaves(one))
+
+
+# --- the gradient updates against a least-squares gradient written in NumPy ------------
+
+
+@flax.struct.dataclass
+class _Agent:
+    params: dict
+    tag: jax.Array  # carried through, never trained
+
+
+def _least_squares():
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(16, 3)).astype(np.float32)
+    y = rng.normal(size=16).astype(np.float32)
+    w = rng.normal(size=3).astype(np.float32)
+    return x, y, w
+
+
+def _loss(params, x, y):
+    r = x @ params["w"] - y
+    return jnp.mean(r**2), {"residual_sum": jnp.sum(r)}
+
+
+def _numpy_step(x, y, w, lr):
+    """The loss at ``w`` and one SGD step on the full batch's gradient, in NumPy."""
+    r = x.astype(np.float64) @ w - y
+    return np.mean(r**2), w - lr * (2 / len(y)) * x.T @ r
+
+
+@pytest.mark.parametrize("n", [None, 1, 2, 4])
+def test_gradient_update_is_one_sgd_step_on_the_full_batch_gradient(n):
+    x, y, w = _least_squares()
+    opt = optax.sgd(0.1)
+    axis = None if n is None else distributed.DP_AXIS_NAME
+    update = distributed.gradient_update(lambda p, x, y: _loss(p, x, y)[0], opt, axis)
+
+    def run(p, x, y):
+        value, p, _ = update(opt.init(p), p, x, y)
+        return value[None], p  # the value: each device's loss on its part of the batch
+
+    if n is not None:  # the batch split over a real 'DP' mesh axis
+        mesh = make_mesh(n, axis_name=distributed.DP_AXIS_NAME)
+        specs = dict(in_specs=(P(), P("DP"), P("DP")), out_specs=(P("DP"), P()))
+        run = jax.shard_map(run, mesh=mesh, **specs)
+    values, params = jax.jit(run)({"w": jnp.asarray(w)}, x, y)
+    _, want_w = _numpy_step(x, y, w, 0.1)
+    parts = zip(np.split(x, len(values)), np.split(y, len(values)), strict=True)
+    want_values = [_numpy_step(xs, ys, w, 0.1)[0] for xs, ys in parts]
+    np.testing.assert_allclose(values, want_values, rtol=1e-5)
+    np.testing.assert_allclose(params["w"], want_w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("n", [None, 4])
+def test_agent_gradient_update_steps_the_agents_params_and_keeps_the_rest(n):
+    x, y, w = _least_squares()
+    opt = optax.sgd(0.05)
+    axis = None if n is None else distributed.DP_AXIS_NAME
+    update = distributed.agent_gradient_update(
+        lambda agent, x, y: _loss(agent.params, x, y), opt, dp_axis_name=axis, has_aux=True
+    )
+
+    def run(agent, x, y):
+        (value, aux), agent, _ = update(opt.init(agent.params), agent, x, y)
+        # each device's loss and aux, on its part of the batch: their mean and sum
+        return distributed.pmean(value, axis), distributed.psum(aux["residual_sum"], axis), agent
+
+    if n is not None:
+        mesh = make_mesh(n, axis_name=distributed.DP_AXIS_NAME)
+        run = jax.shard_map(run, mesh=mesh, in_specs=(P(), P("DP"), P("DP")), out_specs=P())
+    agent = _Agent(params={"w": jnp.asarray(w)}, tag=jnp.float32(7.0))
+    value, residual_sum, stepped = jax.jit(run)(agent, x, y)
+    want_value, want_w = _numpy_step(x, y, w, 0.05)
+    np.testing.assert_allclose(value, want_value, rtol=1e-5)
+    np.testing.assert_allclose(residual_sum, np.sum(x @ w - y), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(stepped.params["w"], want_w, rtol=1e-5, atol=1e-6)
+    assert float(stepped.tag) == 7.0

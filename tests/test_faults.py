@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 from evorl_pop import cli
 from evorl_pop.base import CheckpointError
-from evorl_pop.run import plotting, restore, shell, stop, store
+from evorl_pop.run import lock, plotting, restore, shell, stop, store
 
 # A black-box run whose chunks take milliseconds: a signal finds it mid-run.
 FAST = (
@@ -345,7 +345,7 @@ def test_a_run_folder_that_cannot_be_created_is_one_line(tmp_path, capsys, monke
     def full(path, data):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr(store, "write_atomic", full)
+    monkeypatch.setattr(lock, "write_atomic", full)
     status, err = _main(capsys, ["train", *FAST, "-g", "2", "--out", str(tmp_path / "run")])
     assert status == 1 and "No space left" in err and len(err.strip().splitlines()) == 1, err
 

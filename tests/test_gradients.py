@@ -308,7 +308,7 @@ def _sac():
         )
         target = polyak(state.critic.target_params, critic, learner.tau)
         return sac.SACState(
-            actor=sac.ActorState(actor, actor_opt_state),
+            actor=sac.ActorState(actor, None, actor_opt_state),
             critic=CriticState(critic, target, critic_opt_state),
             log_alpha=log_alpha,
             alpha_opt_state=alpha_opt_state,

@@ -226,8 +226,8 @@ def test_an_unknown_vector_mode_is_one_line():
 def test_settings_of_jax_stepping_are_refused_for_a_gymnasium_task():
     with pytest.raises(
         ConfigError,
-        match=r"^virtual_batch_norm applies to environments "
-        r"stepped in JAX; gym:CartPole-v1 steps on the host",
+        match=r"^virtual_batch_norm does not apply to the environment 'gym:CartPole-v1', "
+        r"stepped on the host",
     ):
         ESConfig(task="gym:CartPole-v1", virtual_batch_norm=True).validate()
     with pytest.raises(ConfigError, match=r"^vector: unknown value 'asyn'\. Did you mean"):

@@ -17,7 +17,7 @@ from evorl_pop import make_mesh
 from evorl_pop.algorithms import cemrl, erl
 from evorl_pop.rl import TD3, TD3Config, TD3State
 from evorl_pop.run import store
-from evorl_pop.run.shell import _rows
+from evorl_pop.run.session import _rows
 
 TINY_TD3 = TD3Config(actor_hidden_sizes=(8,), critic_hidden_sizes=(16,), batch_size=32)
 CEM_CONFIG = cemrl.Config(

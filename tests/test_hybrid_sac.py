@@ -147,7 +147,7 @@ def test_cemrl_actor_updates_equal_standalone_sac():
     for actor, k in zip(flat, jax.random.split(key, 2), strict=True):
         params = unravel(actor)
         fresh = ref.optimizers(hp)[0].init(params)
-        state = state.replace(actor=sac.ActorState(params, fresh))
+        state = state.replace(actor=sac.ActorState(params, None, fresh))
         state, metrics = train(state, k)
         expected.append(ravel_pytree(state.actor.params)[0])
         alpha_losses.append(metrics["alpha_loss"])

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = (
     ("evorl_pop.jax_private",),
     ("evorl_pop.base",),
-    ("evorl_pop.registry",),  # plug-ins by name: any layer above registers into it
+    # plug-ins by name: any layer above registers into it (its checks: conformance)
+    ("evorl_pop.registry", "evorl_pop.conformance"),
     ("evorl_pop.distributed",),
     ("evorl_pop.core",),
     ("evorl_pop.tasks",),

@@ -84,6 +84,12 @@ def test_low_communication_reads_the_same_table_rows(n):
         states[False].strategy_state.best_fitness,
         rtol=1e-6,
     )
+    # the engine's own best so far: the same candidate on both paths
+    np.testing.assert_allclose(states[True].best_fitness, states[False].best_fitness, rtol=1e-6)
+    np.testing.assert_allclose(
+        states[True].best_solution, states[False].best_solution, rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(states[True].best_fitness, states[True].strategy_state.best_fitness)
 
 
 def test_open_es_reads_the_table_by_default():

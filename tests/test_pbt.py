@@ -69,6 +69,30 @@ def test_same_members_on_any_device_count(reference, n):
     assert not np.allclose(states[0].hyperparameters, states[-1].hyperparameters)
 
 
+def test_every_member_trains_its_td3_learner(reference):
+    """Each interval's TD3 updates ran for every member (a copied member keeps its donor's
+    count: the same), and moved each member's actor and critic from where they began.
+    (Ten-step episodes for two intervals are too few for the returns to rise reliably.)"""
+    _, states, _ = reference
+    pop, delay = CONFIG.population_size, CONFIG.td3.policy_delay
+    # 0.5 updates a step: 5 an episode, from the first episode that fills learning_starts
+    for g, updates in enumerate((0, 5, 15)):
+        learners = states[g].learners
+        np.testing.assert_array_equal(learners.updates, np.full(pop, updates))
+        np.testing.assert_array_equal(learners.critic.opt_state[0].count, np.full(pop, updates))
+        actor_steps = -(-updates // delay)  # the actor every `delay`-th critic update
+        np.testing.assert_array_equal(learners.actor.opt_state[0].count, np.full(pop, actor_steps))
+    first, last = states[0].learners, states[-1].learners
+    for net in ("actor", "critic"):
+        for a, b in zip(
+            jax.tree.leaves(getattr(first, net).params),
+            jax.tree.leaves(getattr(last, net).params),
+            strict=True,
+        ):
+            moved = np.abs(np.asarray(b) - np.asarray(a)).reshape(pop, -1).max(axis=1)
+            assert (moved > 1e-4).all(), (net, moved)
+
+
 def test_metrics_hold_each_members_return_and_hyperparameters(reference):
     _, states, metrics = reference
     for g, m in enumerate(metrics):

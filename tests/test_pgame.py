@@ -10,6 +10,8 @@ gradients averaged over the devices sum in another order).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +19,7 @@ import pytest
 
 from evorl_pop import cli, make_mesh
 from evorl_pop.algorithms.mapelites import MapElites, MapElitesConfig
+from evorl_pop.algorithms.pgame import PgEmitterConfig
 from evorl_pop.algorithms.qd_emitters import isoline_variation
 from evorl_pop.base import ConfigError
 from evorl_pop.rl import replay
@@ -31,11 +34,9 @@ TINY = dict(
     hidden_sizes=(8,),
     episode_length=10,
     cells_per_dim=5,
-    pg_critic_hidden_sizes=(8,),
-    pg_batch_size=16,
-    pg_steps=2,
-    pg_critic_updates=2,
-    pg_buffer_size=1000,
+    pga_me=PgEmitterConfig(
+        critic_hidden_sizes=(8,), batch_size=16, steps=2, critic_updates=2, buffer_size=1000
+    ),
 )
 
 
@@ -76,7 +77,7 @@ def test_pgame_batch_policy_gradient_and_episodes():
     actor = jax.flatten_util.ravel_pytree(state.emitter.td3.actor.params)[0]
     np.testing.assert_array_equal(population[-1], actor)
 
-    # candidate 4: its parent moved by pg_steps Adam steps of the actor loss through the
+    # candidate 4: its parent moved by pga_me.steps Adam steps of the actor loss through the
     # first critic, on the minibatches its key draws, computed directly
     pg_parents = me.archive.sample(state.archive, k_pg_parents, 3)
     td3 = emitter.td3
@@ -87,15 +88,15 @@ def test_pgame_batch_policy_gradient_and_episodes():
         return td3.actor_loss(me.task.unravel(flat), critic, obs)
 
     grad = jax.jit(jax.grad(loss))
-    keys = jax.random.split(jax.random.fold_in(k_pg, 0), config.pg_steps)
+    keys = jax.random.split(jax.random.fold_in(k_pg, 0), config.pga_me.steps)
     flat = np.asarray(pg_parents[0], np.float64)
     grads = []
-    for t in range(config.pg_steps):
-        batch, _ = replay.sample(buffer, keys[t], config.pg_batch_size)
+    for t in range(config.pga_me.steps):
+        batch, _ = replay.sample(buffer, keys[t], config.pga_me.batch_size)
         # Adam's state carries over, so each gradient is taken at the stepped params
         g = grad(jnp.asarray(flat, jnp.float32), batch.obs)
         grads.append(g)
-        flat = _adam(pg_parents[0], grads, config.pg_policy_lr)
+        flat = _adam(pg_parents[0], grads, config.pga_me.policy_lr)
     assert np.abs(np.asarray(population[4]) - np.asarray(pg_parents[0])).max() > 1e-4
     np.testing.assert_allclose(population[4], flat, rtol=1e-5, atol=1e-6)
 
@@ -129,8 +130,8 @@ def test_pgame_batch_policy_gradient_and_episodes():
 def test_pgame_refuses_black_box_tasks():
     with pytest.raises(ConfigError, match="pga_me needs a task with an environment"):
         MapElitesConfig(task="qd/arm", emitter="pga_me").validate()
-    with pytest.raises(ConfigError, match="pg_proportion"):
-        MapElitesConfig(**{**TINY, "pg_proportion": 1.5}).validate()
+    with pytest.raises(ConfigError, match=r"pga_me\.proportion must be in \[0, 1\]"):
+        MapElitesConfig(**{**TINY, "pga_me": PgEmitterConfig(proportion=1.5)}).validate()
 
 
 def _rows(run):
@@ -140,10 +141,11 @@ def _rows(run):
 @pytest.mark.exhaustive
 def test_pgame_resume_equals_uninterrupted_run(tmp_path):
     args = ["-a", "mapelites", "--task", "qd/hopper_uni", "--chunk", "1", "-q", "--no-figure"]
-    for name, value in TINY.items():
-        if name != "task":
-            text = f"[{','.join(map(str, value))}]" if isinstance(value, tuple) else value
-            args += ["--set", f"{name}={text}"]
+    settings = {k: v for k, v in TINY.items() if k not in ("task", "pga_me")}
+    settings.update({f"pga_me.{k}": v for k, v in dataclasses.asdict(TINY["pga_me"]).items()})
+    for name, value in settings.items():
+        text = f"[{','.join(map(str, value))}]" if isinstance(value, tuple) else value
+        args += ["--set", f"{name}={text}"]
     whole = tmp_path / "whole"
     part = tmp_path / "part"
     assert cli.main(["train", *args, "--devices", "1", "-g", "2", "--out", str(whole)]) == 0

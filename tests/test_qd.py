@@ -393,7 +393,7 @@ def _brax_reference(task, solution, key, forward: bool):
     step = jax.jit(env.step)
     contacts = jax.jit(lambda x: contact.get(env.sys, x))
     feet = [i for i, name in enumerate(env.sys.link_names) if name == ""]  # the lower legs
-    params = task._policy_params(solution, None)
+    params = task.policy_params(solution, None)
     _, reset_key = jax.random.split(jax.random.split(key, 1)[0])
     state = jax.jit(env.reset)(reset_key)
     ret, touching, steps = 0.0, np.zeros(len(feet)), 0

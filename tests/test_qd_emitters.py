@@ -15,7 +15,7 @@ import pytest
 
 from evorl_pop import cli, make_mesh
 from evorl_pop.algorithms.mapelites import MapElites, MapElitesConfig
-from evorl_pop.algorithms.qd_emitters import improvement_ranks
+from evorl_pop.algorithms.qd_emitters import CmaEmitterConfig, EsEmitterConfig, improvement_ranks
 from evorl_pop.base import ConfigError
 from evorl_pop.run import store
 
@@ -61,7 +61,9 @@ def test_incumbents_read_from_the_sharded_archive_equal_numpy(n):
 
 @pytest.mark.parametrize("n", [1, 2])
 def test_novelty_equals_numpy(n):
-    me = MapElites(_config("es", es_reward="novelty", population_size=40), mesh=make_mesh(n))
+    me = MapElites(
+        _config("es", es=EsEmitterConfig(reward="novelty"), population_size=40), mesh=make_mesh(n)
+    )
     state = me.init(jax.random.key(0))
     data = me.archive.to_numpy(state.archive)
     elites = data["descriptors"][data["filled"]].astype(np.float64)
@@ -122,7 +124,7 @@ def test_cma_me_restarts_from_an_elite_when_nothing_improves():
 
 
 def test_es_draws_a_new_centre_every_period():
-    me = MapElites(_config("es", es_period=3), mesh=make_mesh(1))
+    me = MapElites(_config("es", es=EsEmitterConfig(period=3)), mesh=make_mesh(1))
     state = jax.jit(me.init)(jax.random.key(0))
     step = jax.jit(me.step)
     for g in range(7):
@@ -137,12 +139,14 @@ def test_es_draws_a_new_centre_every_period():
 
 
 def test_emitter_settings_are_checked():
-    with pytest.raises(ConfigError, match="even with emitter=es"):
+    with pytest.raises(ConfigError, match="even and at least 2 with emitter=es"):
         _config("es", population_size=7).validate()
     with pytest.raises(ConfigError, match="emitter"):
         _config("pga").validate()
-    with pytest.raises(ConfigError, match="es_reward"):
-        _config("es", es_reward="curiosity").validate()
+    with pytest.raises(ConfigError, match=r"es\.reward: unknown value 'curiosity'"):
+        _config("es", es=EsEmitterConfig(reward="curiosity")).validate()
+    with pytest.raises(ConfigError, match=r"cma_me\.sigma must be > 0"):
+        _config("cma_me", cma_me=CmaEmitterConfig(sigma=0.0)).validate()
 
 
 def _run(config, n, generations):
@@ -160,8 +164,8 @@ def _run(config, n, generations):
 @pytest.mark.parametrize(
     "emitter, extra, devices",
     [
-        ("es", {"es_period": 2}, (2,)),
-        ("es", {"es_reward": "novelty"}, (2, 4)),
+        ("es", {"es": EsEmitterConfig(period=2)}, (2,)),
+        ("es", {"es": EsEmitterConfig(reward="novelty")}, (2, 4)),
         ("cma_me", {}, (2,)),
     ],
 )
@@ -191,7 +195,7 @@ def _rows(run):
 def test_resume_equals_uninterrupted_run(tmp_path, emitter):
     args = ["-a", "mapelites", "--task", "qd/arm", "--devices", "2", "--chunk", "2", "-q"]
     args += ["--set", "population_size=16", "--set", "cells_per_dim=8"]
-    args += ["--set", f"emitter={emitter}", "--set", "es_period=3", "--no-figure"]
+    args += ["--set", f"emitter={emitter}", "--set", "es.period=3", "--no-figure"]
     whole, part = tmp_path / "whole", tmp_path / "part"
     assert cli.main(["train", *args, "-g", "5", "--out", str(whole)]) == 0
     assert cli.main(["train", *args, "-g", "2", "--out", str(part)]) == 0

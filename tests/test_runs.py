@@ -15,7 +15,7 @@ import pytest
 from _env import cli_env
 
 from evorl_pop import cli
-from evorl_pop.run import config, restore, store
+from evorl_pop.run import config, restore, shell, store
 
 SMALL = (
     "--strategy CMA_ES --task sphere --pop 8 --set num_dims=3 --chunk 2 --devices 2 --quiet "
@@ -181,7 +181,7 @@ def test_ctrl_c_after_the_folder_is_taken_but_before_training_says_what_it_holds
         raise KeyboardInterrupt
 
     with monkeypatch.context() as patch:
-        patch.setattr(store, "Run", ctrl_c)
+        patch.setattr(shell, "Run", ctrl_c)
         assert _train(run, "--generations", "4") == 130
     line = _last_line(capsys.readouterr().err)
     assert (run / "config.yaml").exists() and not (run / store.CHECKPOINT_FILENAME).exists()

@@ -187,11 +187,11 @@ SWEEP_RUN = ["--strategy", "Open_ES", "--pop", "16", "-g", "4", "--chunk", "2", 
 
 @pytest.mark.slow  # a shape-changing sweep's programs stay in the default tier
 def test_a_sweeps_settings_share_one_program_and_each_is_its_single_run(tmp_path, monkeypatch):
-    from evorl_pop.run import shell
+    from evorl_pop.run import loop
 
     programs = []
-    chunk_fn = shell.chunk_fn
-    monkeypatch.setattr(shell, "chunk_fn", lambda a, n: programs.append(a) or chunk_fn(a, n))
+    chunk_fn = loop.chunk_fn
+    monkeypatch.setattr(loop, "chunk_fn", lambda a, n: programs.append(a) or chunk_fn(a, n))
     sweep = ["--sweep", "learning_rate=0.01,0.1", "--sweep", "sigma_init=0.05,0.2"]
     args = [*SWEEP_RUN, "--seeds", "2", *sweep, "--out", str(tmp_path / "sweep")]
     assert cli.main(["train", *args]) == 0
@@ -222,11 +222,11 @@ def test_a_sweeps_settings_share_one_program_and_each_is_its_single_run(tmp_path
 
 
 def test_a_shape_changing_key_compiles_once_per_value(tmp_path, monkeypatch):
-    from evorl_pop.run import shell
+    from evorl_pop.run import loop
 
     programs = []
-    chunk_fn = shell.chunk_fn
-    monkeypatch.setattr(shell, "chunk_fn", lambda a, n: programs.append(a) or chunk_fn(a, n))
+    chunk_fn = loop.chunk_fn
+    monkeypatch.setattr(loop, "chunk_fn", lambda a, n: programs.append(a) or chunk_fn(a, n))
     sweep = ["--sweep", "population_size=8,16", "--sweep", "learning_rate=0.01,0.1"]
     out = tmp_path / "sweep"
     assert cli.main(["train", *SWEEP_RUN, *sweep, "--out", str(out)]) == 0

@@ -4,12 +4,19 @@ The engine, the run shell and the algorithms call only what these declare::
 
     Strategy    init / ask / tell            (evosax's; any evosax strategy is one)
     Task        evaluate a flat candidate    (black-box functions, environments)
+                (MultiObjective, ReferencePoint, ParetoFront: tasks of several objectives)
     Learner     step / observe beside a population (CEM-RL's, ERL's RL part)
     ReplayLearner  actors trained from a population's replay buffer (TD3, SAC, yours)
     Algorithm   init(key) -> state, step(state, key) -> (state, metrics)
+    Emitter     init / ask / tell on a MAP-Elites archive (quality-diversity)
     Exports     an algorithm's result beyond one solution (an archive, a front)
+    Acts        the policy an algorithm's state holds (``evorl-pop render``)
     Recorder    what a run records (metrics.csv, TensorBoard, W&B, yours)
     Env         reset / step in JAX; EnvFamily builds them by name
+
+An algorithm on :class:`~evorl_pop.core.engine.Engine` changes a generation
+through its declared hooks, ``generation`` and ``report`` (documented there),
+never through its private methods.
 
 A capability that only some implementations have is a protocol of its own
 (``BatchTask``, ``EpisodicTask``, ...), checked with ``isinstance`` where it
@@ -28,7 +35,12 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
 
+from evorl_pop import registry
 from evorl_pop.base import EnvSpec, EvalInfo
+
+#: How the engine evaluates a device's slice of the population: ``'vmap'`` vectorised,
+#: ``'map'`` one candidate at a time (lower memory).
+EVAL_MODES = ("vmap", "map")
 
 #: ``fold_in(key, LEARNER_STREAM)``: the learner's key, at ``init`` and in every generation.
 LEARNER_STREAM = 4
@@ -59,6 +71,18 @@ class Strategy(Protocol):
     Every evosax strategy is one, and so are the CEM and GA of the hybrids.
     evosax minimises: ``fitness`` is lower-is-better (the engine converts a
     task's scores once, :func:`~evorl_pop.core.engine.to_minimization`).
+
+    What the engine (:class:`~evorl_pop.core.engine.Engine`) reads, and nothing
+    more: ``population_size``, ``num_dims``, ``default_params`` (when it is given
+    no params), ``init``, ``ask``, ``tell`` (its metrics unused) and ``get_mean``
+    (the solution ``eval_return`` reports, but for a population-based strategy
+    on one objective, whose reported solution is the engine's best so far).
+    A strategy is population-based when it is evosax's ``PopulationBasedAlgorithm``
+    or :class:`SeedsPopulation`: its ``init`` takes the evaluated initial
+    population. The state is the strategy's own: the engine passes it along and
+    reads only ``std`` where it is :class:`HasSearchWidth`. The best so far
+    (``best_so_far``) is the engine's (``State.best_fitness``, ``best_solution``):
+    a state needs no ``best_fitness`` or ``best_solution``.
     """
 
     population_size: int
@@ -81,7 +105,8 @@ class Strategy(Protocol):
         """``(state, metrics)`` after the population's ``fitness`` (minimised, finite)."""
 
     def get_mean(self, state: Any) -> jax.Array:
-        """The distribution's mean: the solution a generation reports."""
+        """The distribution's mean: the solution a generation reports (evosax's
+        population-based strategies have none: they report their best candidate)."""
 
 
 @runtime_checkable
@@ -185,11 +210,47 @@ class MultiObjective(Protocol):
 
 
 @runtime_checkable
+class ReferencePoint(Protocol):
+    """A multi-objective task with a reference point for the hypervolume, in its own
+    units, one value per objective (``mo/zdt1``'s, a multi-objective brax task's)."""
+
+    ref_point: tuple[float, ...]
+
+
+@runtime_checkable
+class ParetoFront(ReferencePoint, Protocol):
+    """A multi-objective benchmark problem that knows its true Pareto front (IGD and IGD+
+    against it), its reference point and its search box (``mo/zdt1``, ``mo/dtlz2``)."""
+
+    #: ``(lower, upper)``: the bounds of every variable.
+    bounds: tuple[float, float]
+
+    def pareto_front(self, size: int = 1000) -> Any:
+        """About ``size`` points of the true front, a NumPy ``(n, num_objectives)``
+        array in the task's units."""
+
+
+@runtime_checkable
 class KnowsOptimum(Protocol):
     """A benchmark function with a known optimal value (``f_minus_fopt``)."""
 
     def optimal_value(self, task_state: Any) -> jax.Array:
         """The optimal value, in the task's units."""
+
+
+@runtime_checkable
+class PolicyTask(Protocol):
+    """A task on an environment whose candidates are a policy's flat weights
+    (:class:`~evorl_pop.tasks.control.ControlTask`): the policy a candidate is."""
+
+    env: Any
+    policy: Any
+    episode_length: int | None
+    normalize_obs: bool
+
+    def policy_params(self, solution: jax.Array, obs_norm: Any) -> Any:
+        """The policy's parameters of the flat ``solution``, as its episodes run them
+        (``obs_norm``: the observation normaliser, or ``None``)."""
 
 
 # --- learners beside a population ------------------------------------------------------
@@ -282,6 +343,66 @@ class ReplayLearner(Protocol):
         turn trained by :meth:`learn` against ``shared``, which trains along."""
 
 
+# --- quality-diversity emitters --------------------------------------------------------
+
+
+@runtime_checkable
+class Emitter(Protocol):
+    """How MAP-Elites' candidates come from its archive (``emitter:`` of its config).
+
+    Built as ``cls(archive, task, config, settings)``: the
+    :class:`~evorl_pop.core.archive.ShardedArchive`, the task (with descriptors,
+    :class:`Describes`), the MAP-Elites config (``population_size``, ``iso_sigma``, ...)
+    and the emitter's own settings (the frozen dataclass it is registered with,
+    :func:`evorl_pop.registry.register_emitter`; ``None`` for an emitter without
+    settings). A generation::
+
+        ask:      (archive, emitter state) -> population_size candidates
+        evaluate: MAP-Elites' one evaluator, sharded over the devices
+        tell:     (archive before and after the insertion, the candidates' fitness
+                  and descriptors) -> the emitter's new state and metrics
+
+    The emitter state is a pytree, replicated on every device (``()``: none); every
+    method is pure and jittable. Candidates are flat genotypes of ``task.num_dims``,
+    clipped to ``task.genotype_bounds`` where the task has them.
+    """
+
+    #: Whether the evaluations return their episodes' transitions (a task with an
+    #: environment), which MAP-Elites then gives to ``observe`` (:class:`ObservesEpisodes`).
+    collect: bool
+
+    def init(self, archive_state: Any, key: jax.Array) -> Any:
+        """The first emitter state, from the archive after the initial batch (``None``
+        where ``collect``: the state exists before that batch, whose episodes it observes)."""
+
+    def ask(self, archive_state: Any, emitter_state: Any, key: jax.Array) -> tuple[jax.Array, Any]:
+        """``(candidates, asked)``: ``(population_size, num_dims)`` candidates, and what
+        :meth:`tell` needs of them (``None``: nothing)."""
+
+    def tell(
+        self,
+        before: Any,
+        after: Any,
+        emitter_state: Any,
+        asked: Any,
+        quality: jax.Array,
+        descriptors: jax.Array,
+        key: jax.Array,
+    ) -> tuple[Any, dict]:
+        """``(emitter_state, metrics)`` after the batch: ``before`` and ``after`` the archive
+        states around its insertion, ``quality`` its fitness (maximised, ``(batch,)``) and
+        ``descriptors`` (``(batch, descriptor_size)``), replicated. Metrics are scalars,
+        named ``emitter_*`` by convention."""
+
+
+@runtime_checkable
+class ObservesEpisodes(Protocol):
+    """An emitter whose ``collect`` is true: it sees every evaluated episode's steps."""
+
+    def observe(self, emitter_state: Any, transitions: Any, valid: jax.Array) -> Any:
+        """The emitter state after the batch's transitions (``valid``: the real steps)."""
+
+
 # --- algorithms and what records them ----------------------------------------------------
 
 
@@ -320,7 +441,9 @@ class Acting(NamedTuple):
 @runtime_checkable
 class Acts(Protocol):
     """An algorithm on an environment whose state holds a policy to show (``evorl-pop
-    render``): a learner's deterministic policy, PBT's best member."""
+    render``): the solution an engine reports (ES and the hybrids,
+    :class:`~evorl_pop.core.acting.EngineActing`), a learner's deterministic policy,
+    PBT's best member."""
 
     def acting(self, state: Any) -> Acting:
         """The policy the algorithm's evaluation runs, from ``state``."""
@@ -340,7 +463,7 @@ class Exports(Protocol):
 
 @runtime_checkable
 class Recorder(Protocol):
-    """What a run records, one method per moment (:class:`evorl_pop.run.store.Recorder`
+    """What a run records, one method per moment (:class:`evorl_pop.run.recorders.Recorder`
     implements each as doing nothing: subclass it and override the ones you need).
 
     The run shell calls, on every process (only ``run.writer`` should write
@@ -435,3 +558,21 @@ class EnvFamily(Protocol):
         returns the frames written. Each episode is a
         :class:`~evorl_pop.tasks.drawing.Trajectory`: the environment's states after
         each step, its observations, the return so far."""
+
+
+#: What a plug-in is checked against as it registers, and once built (:mod:`evorl_pop.registry`).
+registry.PROTOCOLS.update(
+    {
+        p.__name__: p
+        for p in (
+            Strategy,
+            Task,
+            ReplayLearner,
+            Algorithm,
+            Env,
+            EnvFamily,
+            Emitter,
+            ObservesEpisodes,
+        )
+    }
+)

@@ -30,11 +30,8 @@ def replicated(fn, mesh: Mesh):
       mesh: the mesh whose program calls it.
 
     Returns:
-      ``fn``, with the same signature; ``fn`` itself when it is the method of a
-      strategy that runs on every device by itself (its ``on_every_device``).
+      ``fn``, with the same signature.
     """
-    if getattr(getattr(fn, "__self__", None), "on_every_device", False):
-        return fn
 
     def isolated(*args):
         return jax.lax.optimization_barrier(fn(*jax.lax.optimization_barrier(args)))

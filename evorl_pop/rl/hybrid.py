@@ -256,7 +256,9 @@ class EvoRLConfig(HybridConfig):
         """
         settings = self.learner_config()
         part = self.learner_part()
-        return part.learner(task, self, settings, mesh, num_updates, algorithm)
+        learner = part.learner(task, self, settings, mesh, num_updates, algorithm)
+        where = f"learner {self.learner!r} (hybrid.learner)"
+        return registry.check_built(where, learner, "ReplayLearner")
 
 
 def example_transition(spec: EnvSpec) -> Transition:
@@ -304,6 +306,8 @@ class ReplayLearner:
     collect = True  # the engine's evaluations return transitions
     #: The losses a generation that does not learn reports as NaN.
     LOSSES = ("critic_loss", "actor_loss")
+    #: ``(state, buffer, key) -> (state, losses)``, set by a subclass's ``__init__``.
+    learn: Callable
 
     def __init__(self, task, config: HybridConfig, mesh: Mesh, batch_size: int, learner: str):
         self.task = task

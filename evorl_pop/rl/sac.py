@@ -50,6 +50,7 @@ from evorl_pop.rl.hybrid import HybridConfig, ReplayLearner, check_continuous
 from evorl_pop.rl.replay import ReplayBuffer
 from evorl_pop.rl.td3 import (
     ActorCriticConfig,
+    ActorState,
     CriticState,
     actor_part,
     critic_part,
@@ -81,14 +82,8 @@ class Hyperparameters:
 
 
 @flax.struct.dataclass
-class ActorState:
-    params: Any
-    opt_state: Any
-
-
-@flax.struct.dataclass
 class SACState:
-    actor: ActorState
+    actor: ActorState  # without a target copy (target_params None)
     critic: CriticState  # the twin critics, stacked: every leaf has a leading axis of 2
     log_alpha: jax.Array  # float32 scalar
     alpha_opt_state: Any
@@ -259,7 +254,7 @@ class SACLearner:
         log_alpha = jnp.log(jnp.float32(self.init_alpha))
         actor_opt, critic_opt, alpha_opt = self.optimizers(hp)
         return SACState(
-            actor=ActorState(actor, actor_opt.init(actor)),
+            actor=ActorState(actor, None, actor_opt.init(actor)),
             critic=CriticState(critic, critic, critic_opt.init(critic)),
             log_alpha=log_alpha,
             alpha_opt_state=alpha_opt.init(log_alpha),
@@ -399,7 +394,7 @@ class SACLearner:
         actor_params = actor_part(stepped)
         target = polyak(state.critic.target_params, critic_params, self.tau)
         new = SACState(
-            actor=ActorState(actor_params, actor_opt_state),
+            actor=ActorState(actor_params, None, actor_opt_state),
             critic=CriticState(critic_params, target, critic_opt_state),
             log_alpha=log_alpha,
             alpha_opt_state=alpha_opt_state,
@@ -531,7 +526,7 @@ class SACHybridLearner(ReplayLearner):
     def with_actor(self, shared: SoftCritic, params: Any) -> SACState:
         """SAC on ``params`` (a fresh Adam) beside the critics and temperature ``shared``."""
         actor_optimizer = self.sac.optimizers(self.hyperparameters)[0]
-        actor = ActorState(params, actor_optimizer.init(params))
+        actor = ActorState(params, None, actor_optimizer.init(params))
         return SACState(actor, shared.critic, shared.log_alpha, shared.alpha_opt_state)
 
     def shared(self, state: SACState) -> SoftCritic:

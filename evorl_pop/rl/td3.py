@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import flax.serialization
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -108,9 +109,38 @@ class TD3Config(ActorCriticConfig):
 
 @flax.struct.dataclass
 class ActorState:
+    """An actor-critic learner's actor: its parameters, their target copy (``None``: an
+    actor without one, SAC's) and its optimizer state."""
+
     params: Any
     target_params: Any
     opt_state: Any
+
+
+def _actor_to_state_dict(actor: ActorState) -> dict:
+    """An actor's checkpoint entries; without ``target_params`` where it has no target (so
+    a SAC checkpoint holds what it held before the actor states were one class)."""
+    out = {"params": actor.params, "opt_state": actor.opt_state}
+    if actor.target_params is not None:
+        out["target_params"] = actor.target_params
+    return {k: flax.serialization.to_state_dict(v) for k, v in out.items()}
+
+
+def _actor_from_state_dict(actor: ActorState, state: dict) -> ActorState:
+    def field(name):
+        template = getattr(actor, name)
+        if name == "target_params" and template is None:
+            return None
+        if name not in state:
+            raise ValueError(f"Missing field {name} in an actor's state dict.")
+        return flax.serialization.from_state_dict(template, state[name])
+
+    return ActorState(field("params"), field("target_params"), field("opt_state"))
+
+
+flax.serialization.register_serialization_state(
+    ActorState, _actor_to_state_dict, _actor_from_state_dict, override=True
+)
 
 
 @flax.struct.dataclass
@@ -313,6 +343,7 @@ class TD3:
         state: TD3State,
         batch: Transition,
         dp_axis_name: str | None = None,
+        optimizer: optax.GradientTransformation | None = None,
     ) -> tuple[TD3State, jax.Array]:
         """One deterministic policy-gradient step of the actor, following the first critic.
 
@@ -320,6 +351,8 @@ class TD3:
           state: the learner (replicated over ``dp_axis_name``).
           batch: this device's slice of the global minibatch.
           dp_axis_name: the data-parallel axis, or ``None``.
+          optimizer: the step's optimizer, whose state ``state.actor.opt_state`` is
+            (``None``: the actor's own Adam; PGA-ME steps its candidates with another).
 
         Returns:
           ``(state, loss)``: the state with the actor and its optimizer state
@@ -331,7 +364,7 @@ class TD3:
 
         step = dist.agent_gradient_update(
             loss_fn,
-            self.actor_optimizer,
+            self.actor_optimizer if optimizer is None else optimizer,
             dp_axis_name,
             attach_fn=with_actor_part,
             detach_fn=actor_part,

@@ -25,6 +25,7 @@ import sys
 import tomllib
 import types
 import typing
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from evorl_pop import registry
 from evorl_pop.base import ConfigError, did_you_mean, read_text, write_atomic
+from evorl_pop.core.capabilities import RenamesSettings
 from evorl_pop.core.interfaces import SetsOwnSettings
 
 
@@ -154,16 +156,52 @@ def _key_error(err: ConfigKeyError, algorithm: str) -> ConfigError:
     return ConfigError(f"Unknown key {key!r} in the {algorithm} run config.{hint}")
 
 
-def _renamed(data: Mapping) -> Mapping:
-    """``data`` with renamed algorithm keys under their new names (a note for each)."""
-    algorithm = data.get("algorithm_config")
-    if not isinstance(algorithm, Mapping) or not RENAMED.keys() & algorithm.keys():
-        return data
+_noted: set[str] = set()
+
+
+def _moved(algorithm: Mapping, name: str | None) -> Mapping:
+    """``algorithm`` (an algorithm config mapping) with the keys its config class moved
+    (:class:`~evorl_pop.core.capabilities.RenamesSettings`: old name to the new, dotted
+    where nested) at their new place, with a DeprecationWarning for each; a value already
+    at the new place is kept. Only a built-in algorithm's module is imported for it (a
+    plug-in's is not loaded yet)."""
+    builtin = {module.rsplit(".", 1)[-1] for module in registry.BUILTIN["algorithm"]}
+    spec = registry.ALGORITHMS.find(name) if isinstance(name, str) and name in builtin else None
+    renames = spec is not None and isinstance(spec.config_class, RenamesSettings)
+    moved = spec.config_class.RENAMED if renames else {}
+    if not moved.keys() & algorithm.keys():
+        return algorithm
     algorithm = dict(algorithm)
-    for old, new in RENAMED.items():
-        if old in algorithm:
-            print(f"note: {old} is now called {new}; read as {new}", file=sys.stderr)
-            algorithm.setdefault(new, algorithm.pop(old))
+    for old, new in moved.items():
+        if old not in algorithm:
+            continue
+        message = f"{old} is now {new} (--set {new}=...); read as {new}"
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
+        if message not in _noted:  # a command line merges its layers more than once
+            _noted.add(message)
+            print(f"note: {message}", file=sys.stderr)
+        *sections, last = new.split(".")
+        node = algorithm
+        for section in sections:
+            node[section] = node = dict(node.get(section) or {})
+        value = algorithm.pop(old)
+        node.setdefault(last, value)
+    return algorithm
+
+
+def _renamed(data: Mapping, algorithm_name: str | None = None) -> Mapping:
+    """``data`` with renamed algorithm keys under their new names (a note for each);
+    ``algorithm_name``: the algorithm where ``data`` does not name it."""
+    algorithm = data.get("algorithm_config")
+    if not isinstance(algorithm, Mapping):
+        return data
+    algorithm = _moved(algorithm, data.get("algorithm", algorithm_name))
+    if RENAMED.keys() & algorithm.keys():
+        algorithm = dict(algorithm)
+        for old, new in RENAMED.items():
+            if old in algorithm:
+                print(f"note: {old} is now called {new}; read as {new}", file=sys.stderr)
+                algorithm.setdefault(new, algorithm.pop(old))
     return {**data, "algorithm_config": algorithm}
 
 
@@ -234,7 +272,8 @@ def merge(sources: Iterable = (), overrides: Iterable[str] = ()) -> dict:
     """
     merged = OmegaConf.create()
     for source in [*sources, _override_layer(overrides)]:
-        layer = _renamed(source if isinstance(source, Mapping) else read_mapping(source))
+        layer = source if isinstance(source, Mapping) else read_mapping(source)
+        layer = _renamed(layer, merged.get("algorithm"))
         if "algorithm" in merged and layer.get("algorithm", merged.algorithm) != merged.algorithm:
             merged.pop("algorithm_config", None)
         merged = OmegaConf.merge(merged, layer)

@@ -148,7 +148,7 @@ def launch(
         if gpus_per_process is not None:
             ids = range(i * gpus_per_process, (i + 1) * gpus_per_process)
             env["JAX_LOCAL_DEVICE_IDS"] = ",".join(map(str, ids))
-        argv = [python, "-m", "evorl_pop.cli", *command, *joining, "--process-id", str(i)]
+        argv = [python, "-m", "evorl_pop", *command, *joining, "--process-id", str(i)]
         # Own process groups: a terminal's Ctrl-C reaches the launcher only, which
         # passes it on once to each process.
         children.append(

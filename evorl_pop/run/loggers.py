@@ -3,7 +3,7 @@
 A run config names them (``loggers: [csv, tensorboard, wandb]``; ``csv`` is
 always on, since ``resume`` and ``plot`` read ``metrics.csv``), the command
 line adds them (``--log tensorboard --log wandb``), and from Python they are
-:class:`~evorl_pop.run.store.Recorder` objects passed to a run::
+:class:`~evorl_pop.run.recorders.Recorder` objects passed to a run::
 
     shell.train(config, recorders=[TensorBoard(), WandB(project="sweep")])
 
@@ -39,9 +39,8 @@ from typing import Any
 
 from evorl_pop.base import ConfigError, did_you_mean, write_atomic
 from evorl_pop.run import config as config_lib
-from evorl_pop.run import store
 from evorl_pop.run.config import RunConfig
-from evorl_pop.run.store import Recorder, Run
+from evorl_pop.run.recorders import Recorder, Run, logger
 
 TB_DIRNAME = "tb"
 WANDB_ID_FILENAME = "wandb-id"
@@ -333,7 +332,7 @@ class WandB(Recorder):
             self.thread.join()
             if self.errors:
                 text = f"W&B did not take {len(self.errors)} row(s): {self.errors[0]}"
-                store.logger.warning("warning: %s", text)
+                logger.warning("warning: %s", text)
                 print(f"warning: {text}", file=sys.stderr)
             self.run.finish(exit_code=0 if completed else 1)
             self.run = None

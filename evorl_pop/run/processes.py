@@ -41,6 +41,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from evorl_pop import jax_private
+from evorl_pop.core.capabilities import OnTask, Populated, VectorEnvs
 from evorl_pop.tasks.blackbox import BLACKBOX_TASKS
 from evorl_pop.tasks.gym_envs import GYM_PREFIX
 
@@ -165,11 +166,11 @@ def mesh_devices(config) -> int | None:
     if jax.default_backend() == "cpu" and host_device_count() is None:
         limit = min(limit, available_cores())
     algorithm = config.algorithm_config
-    population = getattr(algorithm, "population_size", None)
+    population = algorithm.population_size if isinstance(algorithm, Populated) else None
     if population is None:
         return limit
-    task = getattr(algorithm, "task", None)
-    sync = getattr(algorithm, "vector", "sync") == "sync"
+    task = algorithm.task if isinstance(algorithm, OnTask) else None
+    sync = not isinstance(algorithm, VectorEnvs) or algorithm.vector == "sync"
     if isinstance(task, str) and task.startswith(GYM_PREFIX) and sync:
         # A process's sync vector envs step one device at a time (Python's lock): more
         # devices add host callbacks, not stepping. Worker processes step in parallel.
@@ -250,6 +251,7 @@ def detect_cluster() -> str | None:
     """The class name of the cluster environment (SLURM, Open MPI, ...) JAX detects, if any."""
     for env in CLUSTER_TYPES:
         try:
+            # JAX's cluster classes: only some declare opt_in_only_method (foreign objects)
             if not getattr(env, "opt_in_only_method", False) and env.is_env_present():
                 return env.__name__
         except Exception:  # a detector that needs a missing package, e.g. kubernetes

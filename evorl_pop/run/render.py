@@ -43,17 +43,18 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import functools
 import os
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import PartitionSpec as P
 
 from evorl_pop.base import CheckpointError, RunError
-from evorl_pop.core.interfaces import Acts
+from evorl_pop.core.capabilities import EvaluatesReturn, OnTask, ReportsReturn, SearchesTask
+from evorl_pop.core.interfaces import (
+    Acts,
+)
 from evorl_pop.run import config as config_lib
 from evorl_pop.run import restore, shell, store, sweep
 from evorl_pop.run.replicas import Replicas
@@ -86,38 +87,29 @@ class Episodes:
 def _policy(algorithm, state):
     """``(env, policy, params, obs_norm, episode_length, evaluate)``: the best policy and
     ``evaluate(key, episodes) -> mean return`` by the run's own evaluation path."""
-    task = getattr(algorithm, "task", None)
-    if hasattr(algorithm, "mean_solution"):  # the engine: ES and the hybrids on it
-        solution = algorithm.mean_solution(state)
-        obs_norm = state.task_state if task.normalize_obs else None
-        params = task._policy_params(solution, obs_norm)
-
-        def evaluate(key, episodes):
-            one = functools.partial(task.evaluate_return, episodes=episodes)
-            # as the engine's _metrics
-            fn = jax.shard_map(
-                one, mesh=algorithm.mesh, in_specs=P(), out_specs=P(), check_vma=False
-            )
-            return jax.jit(fn)(solution, key, state.task_state)
-
-        return task.env, task.policy, params, obs_norm, task.episode_length, evaluate
     if not isinstance(algorithm, Acts):
         raise CheckpointError(
-            f"{type(algorithm).__name__} has no policy to render: it defines neither "
-            "mean_solution (the engine's) nor acting (core.interfaces.Acts)."
+            f"{type(algorithm).__name__} has no policy to render: it does not define "
+            "acting (core.interfaces.Acts)."
         )
-    # a learner's policy, PBT's best member
+    # the engine's reported solution, a learner's policy, PBT's best member
     acting = algorithm.acting(state)
-    length = rollout_lib._length(acting.env, acting.episode_length)
+    length = rollout_lib.step_limit(acting.env, acting.episode_length)
+    if isinstance(algorithm, EvaluatesReturn):  # the engine: its task's evaluation
 
-    def evaluate(key, episodes):
-        def run(p, n, k):
-            stats = rollout_lib.evaluate_episodes(
-                acting.env, acting.policy, p, k, episodes, n, length
-            )
-            return stats.episode_return
+        def evaluate(key, episodes):
+            return jax.jit(algorithm.evaluate_return, static_argnums=2)(state, key, episodes)
 
-        return jax.jit(run)(acting.params, acting.obs_norm, key)
+    else:  # a learner's, PBT's: a rollout of the acting policy
+
+        def evaluate(key, episodes):
+            def run(p, n, k):
+                stats = rollout_lib.evaluate_episodes(
+                    acting.env, acting.policy, p, k, episodes, n, length
+                )
+                return stats.episode_return
+
+            return jax.jit(run)(acting.params, acting.obs_norm, key)
 
     return acting.env, acting.policy, acting.params, acting.obs_norm, length, evaluate
 
@@ -125,22 +117,17 @@ def _policy(algorithm, state):
 def _evaluation_key(algorithm, run_key, generation: int, state):
     """The key, and the episode count, of the run's last reported evaluation."""
     key = jax.random.fold_in(run_key, max(generation - 1, 0))  # 0: no evaluation yet
-    if hasattr(algorithm, "mean_solution"):
-        return jax.random.split(key, 4)[3], algorithm.eval_episodes
-    returns = getattr(state, "returns", None)
-    if returns is None:  # a learner: its run reports no evaluation
+    if not isinstance(algorithm, ReportsReturn):  # a learner: its run reports no evaluation
         return key, None
-    best = int(np.argmax(np.asarray(returns)))  # PBT: the best member's evaluation
-    member = jax.random.fold_in(jax.random.split(key)[0], best)
-    return jax.random.split(member)[1], algorithm.config.eval_episodes
+    return algorithm.evaluation(key, state)
 
 
 def _trajectory(env, policy, params, obs_norm, episode_length, key) -> tuple[Trajectory, float]:
     """One episode with the rollout's own compiled step and key schedule: the episode as
     it was stepped, and its return."""
-    length = rollout_lib._length(env, episode_length)
+    length = rollout_lib.step_limit(env, episode_length)
     track = obs_norm is not None
-    step, start = rollout_lib._compiled(env, policy, length, track, False, False)
+    step, start = rollout_lib.compiled_step(env, policy, length, track, False, False)
     obs, env_state, keys = start(key, length)
     zero = jnp.zeros_like(obs, dtype=jnp.float32)
     scalar = zero.reshape(-1)[0]
@@ -227,8 +214,8 @@ def run_episodes(run_dir, episodes: int = 1, seed: int | None = None) -> Episode
             _trajectory(env, policy, params, obs_norm, length, k)
             for k in jax.random.split(key, episodes)
         ]
-    elif not isinstance(algorithm, Acts):  # Gymnasium: the evaluation's episodes replayed
-        from evorl_pop.tasks.gym_envs import play  # by a plain loop on the host
+    elif isinstance(algorithm, SearchesTask):  # Gymnasium: the evaluation's episodes
+        from evorl_pop.tasks.gym_envs import play  # replayed by a plain loop on the host
 
         solution = algorithm.mean_solution(state)
         runs = play(algorithm.task, solution, key, state.task_state, episodes)
@@ -270,7 +257,7 @@ def render(
     if told := sweep.top_folder(run_dir, "render"):
         raise ValueError(told)
     config = config_lib.from_dict(restore.load_checkpoint(run_dir).config, check=False)
-    task = getattr(config.algorithm_config, "task", None)
+    task = config.algorithm_config.task if isinstance(config.algorithm_config, OnTask) else None
     family = env_family(task) if isinstance(task, str) else None
     many = isinstance(task, str) and task.startswith(("qd/", "mo/"))
     chosen = member is not None or cell is not None or descriptor is not None
@@ -445,7 +432,7 @@ def _render_one(run_dir: Path, config, episodes, seed, out, member, cell, descri
     task = algorithm.task
     if archive:
         solution = jnp.asarray(archive["genotypes"][index])
-        params = task._policy_params(solution, None)
+        params = task.policy_params(solution, None)
     else:
         state = restore.restore_state(template, ckpt)
         s = state.strategy_state
@@ -459,7 +446,7 @@ def _render_one(run_dir: Path, config, episodes, seed, out, member, cell, descri
         episode_keys = [jax.random.split(k, 1)[0] for k in keys]
     else:
         episode_keys = list(keys)
-    length = rollout_lib._length(task.env, task.episode_length)
+    length = rollout_lib.step_limit(task.env, task.episode_length)
     runs = [_trajectory(task.env, task.policy, params, None, length, k) for k in episode_keys]
     trajectories = [trajectory for trajectory, _ in runs]
     frames = _draw(BraxFamily().draw, task.env, trajectories, out)

@@ -24,15 +24,10 @@ import numpy as np
 
 from evorl_pop.base import CheckpointError, read_text, write_atomic
 from evorl_pop.run import processes
+from evorl_pop.run.checkpoint import FORMAT_VERSION, MAGIC, Checkpoint, precision
+from evorl_pop.run.folder import CHECKPOINT_FILENAME
+from evorl_pop.run.metrics_csv import _whole_lines
 from evorl_pop.run.state_dicts import serializable
-from evorl_pop.run.store import (
-    CHECKPOINT_FILENAME,
-    FORMAT_VERSION,
-    MAGIC,
-    Checkpoint,
-    _whole_lines,
-    precision,
-)
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
@@ -127,7 +122,8 @@ def restore_state(template: Any, ckpt: Checkpoint):
         saved = np.asarray(saved)
         # Only shapes and dtypes are compared: no transfer of arrays that span processes.
         shape = np.shape(like)
-        dtype = np.dtype(getattr(like, "dtype", np.asarray(like).dtype))
+        typed = isinstance(like, jax.Array | jax.ShapeDtypeStruct | np.ndarray | np.generic)
+        dtype = np.dtype(like.dtype if typed else np.asarray(like).dtype)
         if saved.shape != shape or saved.dtype != dtype:
             raise CheckpointError(
                 f"{unfit} an array of {saved.shape} {saved.dtype} where {shape} {dtype} was "

@@ -147,7 +147,7 @@ def train(
         seed, generations and devices, which come from ``args``.
 
     Returns:
-      Run name to the :class:`~evorl_pop.run.shell.RunResult` of its first seed.
+      Run name to the :class:`~evorl_pop.run.session.RunResult` of its first seed.
     """
     from evorl_pop.run import plotting  # matplotlib: only when a figure is drawn
 

@@ -14,9 +14,13 @@ import jax
 
 def _child_name(entry) -> str:
     """A pytree key entry (an attribute, a dict key, an index) as a state-dict key."""
-    for field in ("name", "key", "idx"):
-        if hasattr(entry, field):
-            return str(getattr(entry, field))
+    # jax.tree_util's key entries (foreign objects): by their type
+    if isinstance(entry, jax.tree_util.GetAttrKey):
+        return str(entry.name)
+    if isinstance(entry, jax.tree_util.DictKey | jax.tree_util.FlattenedIndexKey):
+        return str(entry.key)
+    if isinstance(entry, jax.tree_util.SequenceKey):
+        return str(entry.idx)
     return str(entry)
 
 

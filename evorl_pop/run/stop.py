@@ -9,7 +9,8 @@
     the session's time limit            stops before a chunk would pass it   124
     the launcher is gone (kill -9)      SIGTERM to itself; exits within a
                                         minute in any case
-    a signal before the session         stops at once                        as above
+    a signal before the session         stops at the next safe point         as above
+                                        (`evorl-pop`), or at once (the API)
 
 A stop after a chunk is the same on every process (:class:`Poll` asks them
 all), so they checkpoint the same generation. The run shell then raises
@@ -19,23 +20,30 @@ go on; the command line prints it (:func:`report`) and exits with its status.
 The run shell arms the controller: a :class:`Flag` handles the stop signals
 during a session (:data:`STOP_SIGNALS`), and the session reads it between
 chunks, through a :class:`Poll` when there is a time limit or other
-processes. The command line stops at once on a signal before the session
-(:func:`at_once`) and follows a launcher (:func:`watch_launcher`). A run that
-nothing stops runs none of this module's code.
+processes. ``evorl-pop`` holds the stop signals from its first instant
+(:func:`hold`, before JAX is imported): a signal sets the flag its session takes
+over, and the command stops where it checks (:func:`check`), never inside an
+import or a callback that would drop the interrupt. The Python entry points
+stop at once on a signal before the session (:func:`at_once`). The command line
+follows a launcher (:func:`watch_launcher`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import jax
+if TYPE_CHECKING:
+    from evorl_pop.run.recorders import Run
 
-from evorl_pop.run import processes, store
+# This module imports no JAX at its top: ``evorl-pop`` holds the stop signals with it
+# (:func:`hold`) before anything heavy is imported.
 
 #: Signals that stop a run at the end of its chunk (SIGUSR1: SLURM's early notice).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
@@ -69,7 +77,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 class Requested(KeyboardInterrupt):
-    """:func:`~evorl_pop.run.shell.train_loop` stopped between chunks, as its ``stop`` asked."""
+    """:func:`~evorl_pop.run.loop.train_loop` stopped between chunks, as its ``stop`` asked."""
 
 
 def signal_name(signum: int) -> str:
@@ -120,6 +128,10 @@ class Poll:
         self.out_of_time = False
 
     def __call__(self) -> bool:
+        import jax
+
+        from evorl_pop.run import processes
+
         now = time.monotonic()
         chunk = now - self.last
         self.last = now
@@ -143,7 +155,7 @@ def reason(flag: Flag, poll) -> tuple[str, int]:
     return "another process was stopped", 128 + signal.SIGTERM
 
 
-def interrupted(err: KeyboardInterrupt, flag: Flag, poll, run: store.Run) -> Interrupted:
+def interrupted(err: KeyboardInterrupt, flag: Flag, poll, run: Run) -> Interrupted:
     """The :class:`Interrupted` a session ends with, for the ``err`` that stopped it.
 
     Args:
@@ -163,7 +175,9 @@ def interrupted(err: KeyboardInterrupt, flag: Flag, poll, run: store.Run) -> Int
         signum = flag.signum or signal.SIGINT
         why = signal_name(signum)
         status = 128 + signum
-    return Interrupted(store.resume_hint(run.run_dir), status, why, run.generation)
+    from evorl_pop.run import folder
+
+    return Interrupted(folder.resume_hint(run.run_dir), status, why, run.generation)
 
 
 def told(err: KeyboardInterrupt, run_dir: Path) -> KeyboardInterrupt:
@@ -175,11 +189,84 @@ def told(err: KeyboardInterrupt, run_dir: Path) -> KeyboardInterrupt:
       command line then says the run stopped before training began); else an
       :class:`Interrupted` with the command that starts or resumes the run.
     """
-    if str(err) or not (run_dir / store.CONFIG_FILENAME).exists():
+    from evorl_pop.run import folder
+
+    if str(err) or not (run_dir / folder.CONFIG_FILENAME).exists():
         return err
-    status = getattr(err, "status", 130)
-    why = getattr(err, "why", "Ctrl-C")
-    return Interrupted(store.resume_hint(run_dir), status, why)
+    status, why = (err.status, err.why) if isinstance(err, Interrupted) else (130, "Ctrl-C")
+    return Interrupted(folder.resume_hint(run_dir), status, why)
+
+
+#: The command's flag while :func:`hold` holds the stop signals (``None``: not held).
+_held: Flag | None = None
+
+
+def hold() -> Flag:
+    """Holds the stop signals for ``evorl-pop`` from its first instant, before JAX is imported.
+
+    A signal only sets the returned flag: raising ``KeyboardInterrupt`` in whatever
+    runs then could lose it (one raised in a garbage-collector callback or a
+    finalizer is printed as "Exception ignored" and dropped). The command stops
+    where it checks (:func:`check`: after the imports, after joining the other
+    processes, after building the state), and a session takes the flag as its own,
+    so a signal before it stops the run before its first chunk. A second signal
+    stops at once. Calling it again re-installs the handlers (after
+    ``jax.distributed``'s, which takes SIGTERM) and keeps the flag.
+
+    Returns:
+      The flag (its ``signum``: the first signal).
+    """
+    global _held
+    if _held is None:
+        _held = Flag()
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _on_held)
+    return _held
+
+
+def _on_held(signum: int, frame) -> None:
+    flag = _held
+    if flag is None or flag.is_set():
+        raise KeyboardInterrupt  # the second signal: at once
+    flag.signum = signum
+    flag.set()
+    name = signal_name(signum)
+    # Never raises: stderr may be closed, or be written by the code it interrupted.
+    with contextlib.suppress(Exception):
+        print(f"\n{name}: stopping ({name} again to stop at once)", file=sys.stderr, flush=True)
+
+
+def held() -> Flag | None:
+    """The flag of :func:`hold`, while the stop signals are held."""
+    return _held
+
+
+def check(message: str = "", generation: int | None = None) -> None:
+    """Raises :class:`Interrupted` when a stop signal came while they are held.
+
+    Args:
+      message: what the run folder holds (empty: nothing was written).
+      generation: the generations completed, if a session ran.
+    """
+    flag = _held
+    if flag is not None and flag.is_set():
+        raise Interrupted(message, 128 + flag.signum, signal_name(flag.signum), generation)
+
+
+def release() -> None:
+    """Ends :func:`hold` (for a command that is no run): Ctrl-C raises
+    ``KeyboardInterrupt`` again and the other stop signals end the process; a signal
+    that came while held raises :class:`Interrupted` now."""
+    global _held
+    if _held is None:
+        return
+    for signum in STOP_SIGNALS:
+        default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+        signal.signal(signum, default)
+    try:
+        check()
+    finally:
+        _held = None
 
 
 def at_once(signum: int, frame) -> None:
@@ -203,12 +290,12 @@ def ignore_stop_signals() -> None:
 
 def report(err: KeyboardInterrupt, command: str) -> int:
     """Prints the line that ends an interrupted command; returns its exit status."""
-    why = getattr(err, "why", "Ctrl-C")
-    generation = getattr(err, "generation", None)
+    told = isinstance(err, Interrupted)
+    why, generation = (err.why, err.generation) if told else ("Ctrl-C", None)
     when = "" if generation is None else f" after generation {generation}"
-    what = str(err) or "stopped before training began"
+    what = str(err) or "stopped before training began; nothing was written"
     print(f"\nevorl-pop {command}: interrupted ({why}){when}; {what}", file=sys.stderr)
-    return getattr(err, "status", 130)
+    return err.status if told else 130
 
 
 def watch_launcher(grace: float = 60.0, every: float = 0.5) -> None:

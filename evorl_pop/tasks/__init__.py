@@ -80,7 +80,8 @@ def make_task(name: str, **kwargs):
         return make_mo_task(name, **kwargs)
     family = env_family(name)
     if family is not None:
-        return family.make_task(name, **kwargs)
+        where = f"{type(family).__name__}.make_task({name!r})"
+        return registry.check_built(where, family.make_task(name, **kwargs), "Task")
     names = task_names()
     hint = did_you_mean(name, names, 3)
     unlisted = "".join(

@@ -164,7 +164,10 @@ class ControlTask:
     def init_state(self):
         return ObsNorm.create(self.spec.obs_shape) if self.normalize_obs else ()
 
-    def _policy_params(self, solution, obs_norm):
+    def policy_params(self, solution, obs_norm):
+        """The policy's parameters of the flat ``solution``, as its episodes run them
+        (virtual batch norm folded in against ``obs_norm``'s view of the reference batch,
+        or the raw one's where ``obs_norm`` is ``None``)."""
         params = self.unravel(solution)
         if self.reference is not None:
             seen = self.vbn_reference if obs_norm is None else obs_norm.normalize(self.reference)
@@ -173,7 +176,7 @@ class ControlTask:
 
     def _episodes(self, solution, key, task_state, episodes) -> EpisodeStats:
         obs_norm = task_state if self.normalize_obs else None
-        params = self._policy_params(solution, obs_norm)
+        params = self.policy_params(solution, obs_norm)
         return evaluate_episodes(
             self.env, self.policy, params, key, episodes, obs_norm, self.episode_length, self.lanes
         )
@@ -211,7 +214,7 @@ class ControlTask:
 
     def _batch_episodes(self, solutions, keys, task_state, episodes) -> EpisodeStats:
         obs_norm = task_state if self.normalize_obs else None
-        params = jax.vmap(self._policy_params, (0, None))(solutions, obs_norm)
+        params = jax.vmap(self.policy_params, (0, None))(solutions, obs_norm)
         keys = jax.vmap(lambda k: jax.random.split(k, episodes))(keys)
         runs = population_episodes(
             self.env, self.policy, params, keys, obs_norm, self.episode_length, self.lanes
@@ -220,7 +223,7 @@ class ControlTask:
 
     def _collect(self, solution, key, task_state, episodes: int):
         obs_norm = task_state if self.normalize_obs else None
-        params = self._policy_params(solution, obs_norm)
+        params = self.policy_params(solution, obs_norm)
 
         def run(k):
             return rollout(

@@ -261,7 +261,7 @@ class BraxQDTask(ControlTask):
         EvalInfo, (descriptor, transitions, valid))``, each step's
         :class:`~evorl_pop.tasks.rollout.Transition` and whether it was taken before
         the episode ended (a learner's data, PGA-ME's)."""
-        params = self._policy_params(solution, None)
+        params = self.policy_params(solution, None)
         _, reset_key = jax.random.split(jax.random.split(key, 1)[0])
         obs, state = self.env.reset(reset_key)
         zero = jnp.zeros((), jnp.float32)

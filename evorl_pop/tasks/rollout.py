@@ -75,11 +75,11 @@ def add_exploration_noise(env: Env, action: jax.Array, key: jax.Array, noise_std
     return jnp.clip(action + noise, low, high)
 
 
-#: Jitted steps and resets, by environment and policy (see :func:`_compiled`).
+#: Jitted steps and resets, by environment and policy (see :func:`compiled_step`).
 _COMPILED: dict[tuple, tuple] = {}
 
 
-def _compiled(
+def compiled_step(
     env: Env,
     policy,
     episode_length: int,
@@ -154,7 +154,7 @@ def _compiled(
     return entry[2:]
 
 
-def _length(env: Env, episode_length: int | None) -> int:
+def step_limit(env: Env, episode_length: int | None) -> int:
     """``episode_length``, or the environment's limit; ValueError below 1."""
     length = env.spec.max_steps if episode_length is None else int(episode_length)
     if length < 1:
@@ -205,14 +205,14 @@ def rollout(
     """
     if sample and noise_std is not None:
         raise ValueError("rollout samples the policy or adds noise_std, not both: drop one.")
-    episode_length = _length(env, episode_length)
+    episode_length = step_limit(env, episode_length)
     num_segments = -(-episode_length // max(1, min(check_every, episode_length)))
     segment = -(-episode_length // num_segments)  # segments of equal length covering episode_length
     # split(key, n) keys are a prefix of split(key, m) for n <= m: padding the
     # last segment leaves the first episode_length keys as they are
     track = obs_norm is not None
     noisy = noise_std is not None
-    step, begin = _compiled(env, policy, episode_length, track, noisy, collect, sample)
+    step, begin = compiled_step(env, policy, episode_length, track, noisy, collect, sample)
     obs, state, step_keys = begin(key, num_segments * segment)
     # Re-made here: a jitted function's constant outputs carry no mesh inside
     # shard_map, and the step traced with them would not be the work queue's.
@@ -321,7 +321,7 @@ def rollout_queue(
       (no transitions).
     """
     n = keys.shape[0]
-    episode_length = _length(env, episode_length)
+    episode_length = step_limit(env, episode_length)
     if lanes is not None and lanes < 1:
         raise ValueError(f"lanes must be at least 1 (or None for the default), got {lanes}.")
     if lanes is None:
@@ -331,7 +331,7 @@ def rollout_queue(
             params, keys
         )
 
-    step, begin = _compiled(env, policy, episode_length, obs_norm is not None, False, False)
+    step, begin = compiled_step(env, policy, episode_length, obs_norm is not None, False, False)
     first_obs, first_state, step_keys = jax.vmap(lambda k: begin(k, episode_length))(keys)
 
     def start(items):
