@@ -224,6 +224,7 @@ class NSGA2(Engine):
     :class:`NSGA2Strategy`, multi-objective metrics and the exported front."""
 
     multi_objective = True
+    replicate_strategy = False  # OnEveryDevice runs it in a shard_map of its own
 
     def __init__(self, config: NSGA2Config, mesh=None, task=None):
         """Builds the strategy and the task, and the engine that runs them.

@@ -14,6 +14,7 @@ import importlib.util
 import inspect
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -46,6 +47,16 @@ ENV = cli_env(NO_MKDOCS_2_WARNING="1", EVORL_POP_DOCS_NOTEBOOK_CACHE="false")
 MARKER = re.compile(r"<!--\s*(not run:.*?)\s*-->\s*$")
 
 
+#: The output a block prints, shown on its page, is a ``text`` block right after it, marked
+#: the same way: ``<!-- output -->``. The tests compare it with what the block prints: each
+#: shown line is a printed line (a progress bar's redrawn states are lines of their own), in
+#: order; text matches exactly, numbers to ``OUTPUT_RTOL`` (``<!-- output: numbers within 5%
+#: -->`` states another tolerance), and what varies from machine to machine (times, rates,
+#: dates: ``VARIES``) matches any value.
+OUTPUT = re.compile(r"<!--\s*output(?::\s*numbers within ([\d.]+)%)?\s*-->\s*$")
+OUTPUT_RTOL = 0.01
+
+
 @dataclasses.dataclass(frozen=True)
 class Block:
     page: Path
@@ -54,6 +65,8 @@ class Block:
     title: str
     code: str
     marker: str = ""  # "not run: why", from the comment before the fence
+    output: str | None = None  # the printed output shown under it, if any
+    rtol: float = OUTPUT_RTOL  # the tolerance of its numbers
 
     @property
     def runs(self) -> bool:
@@ -69,19 +82,95 @@ def blocks() -> tuple[Block, ...]:
     out = []
     for page in PAGES:
         text = page.read_text()
-        for m in FENCE.finditer(text):
+        fences = list(FENCE.finditer(text))
+        for m, after in zip(fences, [*fences[1:], None], strict=False):
             kind = RUN_LANGUAGES.get(m.group(1))
             if kind is None:
                 continue
             title = re.search(r'title="([^"]*)"', m.group(2))
             line = text[: m.start()].count("\n") + 1
-            before = text[: m.start()].rstrip("\n").rpartition("\n")[2]
-            marker = MARKER.search(before)
+            marker = MARKER.search(_line_before(text, m))
             title = title.group(1) if title else ""
+            shown = after and after.group(1) == "text" and OUTPUT.search(_line_before(text, after))
             out.append(
-                Block(page, line, kind, title, m.group(3), marker.group(1) if marker else "")
+                Block(
+                    page,
+                    line,
+                    kind,
+                    title,
+                    m.group(3),
+                    marker.group(1) if marker else "",
+                    after.group(3) if shown else None,
+                    float(shown.group(1)) / 100 if shown and shown.group(1) else OUTPUT_RTOL,
+                )
             )
     return tuple(out)
+
+
+def _line_before(text: str, fence: re.Match) -> str:
+    """The line just before a fence (where a block's marker is)."""
+    return text[: fence.start()].rstrip("\n").rpartition("\n")[2]
+
+
+#: What varies from machine to machine in printed output, matched by its form alone: a
+#: date and time, a progress bar's clock (``00:02<00:00``), a rate (``1.20s/gen``,
+#: ``steps/s=1.15e+04``) and elapsed seconds (``2.4s``).
+VARIES = (
+    r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d|\d+:\d\d(?::\d\d)?"
+    r"|[\d.]+(?:e[-+]?\d+)?(?:s/gen|gen/s|s/it|it/s)|steps/s=[\d.]+(?:e[-+]?\d+)?"
+    r"|(?<![\w.])\d+(?:\.\d+)?s\b"
+)
+NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:e[-+]?\d+)?"
+TOKEN = re.compile(f"(?P<varies>{VARIES})|(?P<number>{NUMBER})")
+
+
+def _line_pattern(shown: str) -> tuple[re.Pattern, list[float]]:
+    """A shown line as a pattern of the printed line: its text verbatim (a run of spaces
+    any run: a progress bar pads a value to its width), its numbers captured, what
+    varies matched by its form; and the shown numbers."""
+    pattern, numbers, end = "", [], 0
+    literal = lambda text: re.sub(r" +", " +", re.escape(text))  # noqa: E731
+    for m in TOKEN.finditer(shown):
+        pattern += literal(shown[end : m.start()])
+        if m.group("varies"):
+            pattern += f"(?:{VARIES})"
+        else:
+            pattern += f"({NUMBER})"
+            numbers.append(float(m.group().replace(",", "")))
+        end = m.end()
+    return re.compile(pattern + literal(shown[end:])), numbers
+
+
+def output_differences(shown: str, printed: str, rtol: float) -> list[str]:
+    """The shown lines that no printed line matches, in order (see ``OUTPUT``)."""
+    lines = [line.rstrip() for line in re.split(r"[\r\n]+", printed)]
+    missing, at = [], 0
+    for want in (line.rstrip() for line in shown.splitlines()):
+        if not want:
+            continue
+        pattern, numbers = _line_pattern(want)
+        for i in range(at, len(lines)):
+            m = pattern.fullmatch(lines[i])
+            got = [float(g.replace(",", "")) for g in m.groups()] if m else None
+            if got is not None and all(
+                math.isclose(g, w, rel_tol=rtol) for g, w in zip(got, numbers, strict=True)
+            ):
+                at = i + 1
+                break
+        else:
+            missing.append(want)
+    return missing
+
+
+def check_output(block: Block, printed: str) -> None:
+    """The output shown under ``block`` is what it printed (``printed``)."""
+    if block.output is None:
+        return
+    missing = output_differences(block.output, printed, block.rtol)
+    assert not missing, (
+        f"{block}: the output shown under the block is not what it prints; shown, not "
+        "printed:\n" + "\n".join(missing) + "\nprinted:\n" + printed[-3000:]
+    )
 
 
 def _gen_ref():
@@ -133,6 +222,39 @@ def test_no_page_shows_a_test_marker(site):
         assert not re.search(r"\bnot run:", shown, re.I), html
 
 
+def test_every_output_shown_under_a_block_is_checked():
+    """A ``text`` block right after a runnable block shows what it prints, and is marked so
+    (``<!-- output -->``); an output marker stands only under a runnable block."""
+    runnable = {(b.page, b.line) for b in blocks() if b.runs}
+    shown = 0
+    for page in PAGES:
+        text = page.read_text()
+        fences = list(FENCE.finditer(text))
+        for before, m in zip(fences, fences[1:], strict=False):
+            where = f"{page.relative_to(ROOT)}:{text[: m.start()].count(chr(10)) + 1}"
+            marked = OUTPUT.search(_line_before(text, m))
+            under_runnable = (page, text[: before.start()].count("\n") + 1) in runnable
+            if marked:
+                assert under_runnable and m.group(1) == "text", f"{where}: output of what?"
+                shown += 1
+            elif under_runnable and m.group(1) == "text":
+                raise AssertionError(f"{where}: mark the block's shown output <!-- output -->")
+    assert shown == sum(b.output is not None for b in blocks()) >= 3
+
+
+def test_shown_output_matches_by_line_number_and_form():
+    shown = "done: generation 3, 27,553 env steps, best 114.018, 3.8s\nruns/x.png"
+    bar = "es: 100%|##| 3/3 [00:03<00:00,  1.26s/gen, best=114]"
+    printed = f"run folder\r{bar}\ndone: generation 3, 27,553 env steps, best 114.02, 12.1s\n"
+    assert output_differences(shown, printed + "runs/x.png\n", 1e-3) == []
+    assert output_differences(shown, printed, 1e-3) == ["runs/x.png"]  # a line missing
+    wrong = printed.replace("114.02", "141.34") + "runs/x.png"
+    assert output_differences(shown, wrong, 1e-3) == [shown.splitlines()[0]]
+    assert output_differences(shown, printed.replace("27,553", "27,554"), 1e-6) != []
+    assert output_differences(bar.replace(" 1.26s/gen", "13.5gen/s"), bar, 0) == []
+    assert output_differences(bar.replace("3/3", "2/3"), bar, 0) == [bar.replace("3/3", "2/3")]
+
+
 RUNNER = textwrap.dedent("""\
     import json, sys, traceback
     for name, code in json.load(open(sys.argv[1])):
@@ -173,6 +295,13 @@ def test_python_blocks_run_as_written(tmp_path):
         )
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
         assert out.stdout.count("--- ") == len(group)
+        names = re.findall(r"^--- (.*)$", out.stdout, re.M)
+        outputs = re.split(r"^--- .*$", out.stdout, flags=re.M)[1:]
+        printed = dict(zip(names, outputs, strict=True))
+        for name, code in group:
+            for block in blocks():
+                if block.code == code:
+                    check_output(block, printed[name])
 
 
 def _shell_pages() -> list[Path]:
@@ -191,18 +320,21 @@ def test_shell_blocks_run_as_written(page, tmp_path):
     """A page's runnable shell blocks, in order in one folder, with the installed
     evorl-pop (a page per test: the pages share no files); after the getting-started
     page's, the first run's metrics.csv columns are all documented."""
-    env = {**ENV, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{ENV['PATH']}"}
+    path = f"{Path(sys.executable).parent}{os.pathsep}{ENV['PATH']}"
+    env = {**ENV, "PATH": path, "PYTHONUNBUFFERED": "1"}  # both streams in the order printed
     for block in blocks():
         if block.page == page and block.runs and block.kind == "shell":
             out = subprocess.run(
                 ["bash", "-e", "-o", "pipefail", "-c", block.code],
                 cwd=tmp_path,
                 env=env,
-                capture_output=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
                 text=True,
                 timeout=600,
             )
-            assert out.returncode == 0, f"{block}:\n{out.stdout[-2000:]}{out.stderr[-3000:]}"
+            assert out.returncode == 0, f"{block}:\n{out.stdout[-5000:]}"
+            check_output(block, out.stdout)
     if page == FIRST_RUN_PAGE:
         header = (tmp_path / "runs" / "first" / "metrics.csv").read_text().splitlines()[0]
         documented = (DOCS / "reference" / "metrics.md").read_text()

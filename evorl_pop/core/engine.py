@@ -82,6 +82,7 @@ from evorl_pop.core.interfaces import (
     ReportsSolution,
     SeedsPopulation,
 )
+from evorl_pop.core.replicated import replicated
 from evorl_pop.distributed import POP_AXIS_NAME
 
 # --- the population loop -------------------------------------------------------------
@@ -127,6 +128,10 @@ class Engine(EngineActing):
 
     #: Whether the engine's metrics and strategy take several objectives (a subclass's).
     multi_objective = False
+    #: Whether the strategy's ``init``, ``ask`` and ``tell`` run whole on every device
+    #: (:func:`~evorl_pop.core.replicated.replicated`, the same on any device count);
+    #: ``False`` for a strategy that runs in a ``shard_map`` of its own (NSGA-II's).
+    replicate_strategy = True
 
     def __init__(
         self,
@@ -248,7 +253,8 @@ class Engine(EngineActing):
             if learner is not None:
                 learner_state, _ = learner.observe(learner_state, summary, episodes)
             fitness = summary.fitness(self.population_size)
-            strategy_state = self.strategy.init(k_init, population, fitness, self.params)
+            init = self._replicated(self.strategy.init)
+            strategy_state = init(k_init, population, fitness, self.params)
             if not self.multi_objective:
                 index, best_fitness = summary.best_index(self.population_size)
                 best_solution = population[index]
@@ -265,6 +271,10 @@ class Engine(EngineActing):
         # has the same types and placement, so the compiled step is reused
         state = jax.tree.map(jnp.asarray, state, jax.tree.map(jnp.result_type, state))
         return jax.lax.with_sharding_constraint(state, NamedSharding(self.mesh, P()))
+
+    def _replicated(self, fn):
+        """``fn``, a strategy method, run whole on every device (:attr:`replicate_strategy`)."""
+        return replicated(fn, self.mesh) if self.replicate_strategy else fn
 
     def mean_solution(self, state: State) -> jax.Array:
         """The solution ``eval_return`` reports: the learner's, else the strategy's mean
@@ -331,7 +341,8 @@ class Engine(EngineActing):
         learner = self.learner
         learner_state = state.learner_state
         extra = {}
-        population, strategy_state = self.strategy.ask(k_ask, state.strategy_state, self.params)
+        ask, tell = (self._replicated(f) for f in (self.strategy.ask, self.strategy.tell))
+        population, strategy_state = ask(k_ask, state.strategy_state, self.params)
         if learner is not None:
             population, learner_state, extra = learner.step(
                 jax.random.fold_in(key, LEARNER_STREAM), learner_state, population, strategy_state
@@ -339,9 +350,7 @@ class Engine(EngineActing):
         collect = learner is not None and learner.collect
         summary, episodes = self.evaluate(population, k_eval, state.task_state, collect)
         fitness = summary.fitness(self.population_size)
-        strategy_state, _ = self.strategy.tell(
-            k_tell, population, fitness, strategy_state, self.params
-        )
+        strategy_state, _ = tell(k_tell, population, fitness, strategy_state, self.params)
         if learner is not None:
             learner_state, observed = learner.observe(learner_state, summary, episodes)
             extra = {**extra, **observed}

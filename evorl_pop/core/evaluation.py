@@ -241,16 +241,18 @@ def summarize(scores, info, mask, maximize: bool, axis_name: str | None = POP_AX
         m = mask.reshape(mask.shape + (1,) * (x.ndim - 1))
         return jnp.sum(jnp.where(m, x, jnp.zeros_like(x)), axis=0)
 
-    # one psum for the counts, the score total and every info leaf
-    total = jnp.sum(jnp.where(finite, scores, 0.0), axis=0)
-    local = (jnp.sum(finite, axis=0), jnp.sum(failed), total)
-    (count, num_nonfinite, total), info = psum((local, jax.tree.map(masked, info)), axis_name)
+    # one psum for the counts and every info leaf
+    local = (jnp.sum(finite, axis=0), jnp.sum(failed))
+    (count, num_nonfinite), info = psum((local, jax.tree.map(masked, info)), axis_name)
     hi = pmax(jnp.max(jnp.where(finite, scores, -jnp.inf), axis=0), axis_name)
     lo = pmin(jnp.min(jnp.where(finite, scores, jnp.inf), axis=0), axis_name)
     gathered = all_gather(scores, axis_name, tiled=True, to="invarying")
+    # mean and std from the gathered scores: a psum of partial sums rounds by device count
+    everywhere = all_gather(finite, axis_name, tiled=True, to="invarying")
+    gathered, everywhere = jax.lax.optimization_barrier((gathered, everywhere))
     denom = jnp.maximum(count, 1).astype(jnp.result_type(scores, jnp.float32))
-    mean = total / denom
-    var = psum(jnp.sum(jnp.where(finite, (scores - mean) ** 2, 0.0), axis=0), axis_name) / denom
+    mean = jnp.sum(jnp.where(everywhere, gathered, 0.0), axis=0) / denom
+    var = jnp.sum(jnp.where(everywhere, (gathered - mean) ** 2, 0.0), axis=0) / denom
     none_finite = count == 0
     if isinstance(maximize, tuple):  # per objective
         up = jnp.asarray(maximize)
