@@ -97,10 +97,16 @@ def _not_run(name: str):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["float32", "float64"])
 @pytest.mark.parametrize("name", [_not_run(name) for name in STRATEGIES.names()])
-def test_every_strategy_is_device_count_invariant(name, precision):
-    check_invariant(name, precision)
+def test_every_strategy_is_device_count_invariant_in_float64(name):
+    """Bit for bit in float64, where rounding cannot hide a difference of order."""
+    check_invariant(name, "float64")
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("name", [_not_run(name) for name in STRATEGIES.names()])
+def test_every_strategy_is_device_count_invariant_in_float32(name):
+    check_invariant(name, "float32")
 
 
 def test_the_exceptions_are_listed_strategies():
