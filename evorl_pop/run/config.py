@@ -165,8 +165,12 @@ def _moved(algorithm: Mapping, name: str | None) -> Mapping:
     where nested) at their new place, with a DeprecationWarning for each; a value already
     at the new place is kept. Only a built-in algorithm's module is imported for it (a
     plug-in's is not loaded yet)."""
-    builtin = {module.rsplit(".", 1)[-1] for module in registry.BUILTIN["algorithm"]}
-    spec = registry.ALGORITHMS.find(name) if isinstance(name, str) and name in builtin else None
+    modules = {module.rsplit(".", 1)[-1]: module for module in registry.BUILTIN["algorithm"]}
+    spec = None
+    # Not imported here before JAX is set up (merge's first pass settles the devices); the
+    # checked pass (from_dict) maps the keys once the config class is imported.
+    if isinstance(name, str) and modules.get(name) in sys.modules:
+        spec = registry.ALGORITHMS.find(name)
     renames = spec is not None and isinstance(spec.config_class, RenamesSettings)
     moved = spec.config_class.RENAMED if renames else {}
     if not moved.keys() & algorithm.keys():
@@ -226,6 +230,7 @@ def from_dict(data: Mapping, check: bool = True) -> RunConfig:
     algorithm = data.get("algorithm", "es")
     cls = _spec(algorithm).config_class
     if isinstance(data.get("algorithm_config"), Mapping):
+        data = {**data, "algorithm_config": _moved(data["algorithm_config"], algorithm)}
         _check_scalars(data["algorithm_config"], cls)
     elif data.get("algorithm_config") is not None:
         raise ConfigError(
