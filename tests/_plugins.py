@@ -3,8 +3,9 @@
 
 import os
 import subprocess
-import sys
 from pathlib import Path
+
+import _env
 
 #: The folder of the test plug-ins: each one file that touches no package file.
 PLUGINS_DIR = Path(__file__).parent / "plugins"
@@ -34,11 +35,4 @@ def install_entry_points(site: Path, modules: dict[str, str], dist: str = "toy_p
 
 def run_cli(*args, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
     """``evorl-pop ARGS`` in a new process (10 minutes at most)."""
-    return subprocess.run(
-        [sys.executable, "-m", "evorl_pop.cli", *args],
-        env=plugin_env() if env is None else env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=cwd,
-    )
+    return _env.run_cli(*args, env=plugin_env() if env is None else env, cwd=cwd)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _env import cli_env
+from _env import cli_env, run_cli
 from flax.traverse_util import flatten_dict
 
 from evorl_pop import cli
@@ -33,14 +33,7 @@ def _env():
 
 
 def _cli(*args, **kwargs):
-    return subprocess.run(
-        [sys.executable, "-m", "evorl_pop.cli", *args],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        **kwargs,
-    )
+    return run_cli(*args, env=_env(), **kwargs)
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _env import cli_env
+from _env import cli_env, run_cli
 
 from evorl_pop import make_mesh
 from evorl_pop.algorithms.es import ES, ESConfig
@@ -251,13 +251,7 @@ def _env():
 
 
 def _cli(*args, **env):
-    return subprocess.run(
-        [sys.executable, "-m", "evorl_pop.cli", *args],
-        env={**_env(), **env},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return run_cli(*args, env={**_env(), **env})
 
 
 JOB = (

@@ -4,15 +4,14 @@ of plug-in that lacks a part its protocol declares is refused in one line as it
 registers (or as it is built), before anything compiles."""
 
 import dataclasses
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _env import cli_env, run_cli, with_path
 
 from evorl_pop import registry
 from evorl_pop.run import store
@@ -20,23 +19,9 @@ from evorl_pop.run import store
 EXAMPLES = Path(__file__).parent.parent / "examples" / "plugins"
 
 
-def _env() -> dict:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = ""  # the CLI's --devices sets the device count itself
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join([str(EXAMPLES), env.get("PYTHONPATH", "")])
-    return env
-
-
 def _cli(*args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "evorl_pop.cli", *args],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=cwd,
-    )
+    """``evorl-pop ARGS`` as a user runs it, the example plug-ins' folder on the path."""
+    return run_cli(*args, env=with_path(cli_env(), EXAMPLES), cwd=cwd)
 
 
 def _ok(result: subprocess.CompletedProcess) -> str:

@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import flax.serialization
 import numpy as np
 import pytest
 import yaml
+from _env import cli_env, run_cli
 
 from evorl_pop import cli, conformance, registry
 from evorl_pop.algorithms.mapelites import RENAMED_SETTINGS, MapElites, MapElitesConfig
@@ -198,16 +196,7 @@ def test_a_run_folder_with_the_old_flat_names_resumes_as_the_uninterrupted_run(t
 
 def _run_cli(*args, cwd):
     """``evorl-pop ARGS`` in a new process that can import the example plug-ins."""
-    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
-    env["PYTHONPATH"] = str(EXAMPLE_PLUGINS)
-    return subprocess.run(
-        [sys.executable, "-m", "evorl_pop.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=cwd,
-    )
+    return run_cli(*args, env=cli_env(PYTHONPATH=str(EXAMPLE_PLUGINS)), cwd=cwd)
 
 
 # three commands in new processes, each importing JAX and compiling: half a minute on 2 cores
