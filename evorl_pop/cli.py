@@ -512,6 +512,7 @@ def _cmd_list(args) -> int:
     for title, names in (
         ("strategies (es --strategy)", STRATEGIES.names()),
         ("learners (cemrl, erl, pbt: --set learner=NAME)", registry.LEARNERS.names()),
+        ("quality-diversity emitters (mapelites: --set emitter=NAME)", registry.EMITTERS.names()),
         ("environments (--task)", tasks.envs.env_names()),
         ("black-box tasks (--task, with --set num_dims=N)", tasks.blackbox.BLACKBOX_FUNCTIONS),
         (

@@ -340,11 +340,13 @@ def test_list(capsys):
     for word in [*words, "playground/CheetahRun", "gym:ID"]:
         assert word in out
     # every name whole, never split at a line end ("Freeway-" / "MinAtar")
+    from evorl_pop import registry
     from evorl_pop.algorithms.es import STRATEGIES
     from evorl_pop.tasks.blackbox import bbob_task_names
     from evorl_pop.tasks.envs import env_names
 
-    names = {*STRATEGIES.names(), *env_names(), *bbob_task_names()}
+    names = {*STRATEGIES.names(), *env_names(), *bbob_task_names(), *registry.EMITTERS.names()}
+    assert {"isoline", "es", "cma_me", "pga_me"} <= set(registry.EMITTERS.names())
     tokens = set(re.split(r"[,\s]+", out))
     assert names <= tokens, names - tokens
 
