@@ -340,8 +340,8 @@ class PBT:
 
         Returns:
           ``(eval_return, EvalInfo, (learner, own, hyperparameters, losses))``: the
-          info counts the training steps and episodes, ``losses`` are the means over
-          the interval of the learner's losses (NaN before learning starts).
+            info counts the training steps and episodes, ``losses`` are the means over
+            the interval of the learner's losses (NaN before learning starts).
         """
         learner, own, hyperparameters = member
         values = {n: hyperparameters[j] for j, n in enumerate(self.names)}
@@ -361,7 +361,7 @@ class PBT:
 
         Returns:
           ``(donor, replaced)``: ``donor[i]`` is the member ``i`` copies (itself
-          when it is kept), ``replaced[i]`` whether it is in the bottom fraction.
+            when it is kept), ``replaced[i]`` whether it is in the bottom fraction.
         """
         pop = fitness.shape[0]
         k = self.num_replaced
@@ -387,7 +387,7 @@ class PBT:
 
         Returns:
           ``(learners, hyperparameters)``: the bottom fraction holds copies of
-          their donors' states and explored copies of their hyperparameters.
+            their donors' states and explored copies of their hyperparameters.
         """
         axis = dist.POP_AXIS_NAME
         pop = self.config.population_size
@@ -432,10 +432,10 @@ class PBT:
 
         Returns:
           ``(state, metrics)``: the members' evaluation returns (``fitness_best``,
-          ``fitness_mean``, ``fitness_worst``, ``fitness_std``), training
-          ``env_steps`` and ``episodes`` of this interval, ``replaced`` members,
-          the learner's mean losses, and per member ``member{i}_return`` with the
-          hyperparameters it trained with, ``member{i}_{name}``.
+            ``fitness_mean``, ``fitness_worst``, ``fitness_std``), training
+            ``env_steps`` and ``episodes`` of this interval, ``replaced`` members,
+            the learner's mean losses, and per member ``member{i}_return`` with the
+            hyperparameters it trained with, ``member{i}_{name}``.
         """
         cfg = self.config
         pop = cfg.population_size

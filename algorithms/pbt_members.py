@@ -71,8 +71,8 @@ class Member(Protocol):
 
         Returns:
           ``(learner, own, steps, episodes, metrics)``: the environment steps and
-          episodes it trained on, and the metrics of each of its iterations (leading
-          axis the iterations; PBT reports the mean of the spec's ``losses``).
+            episodes it trained on, and the metrics of each of its iterations (leading
+            axis the iterations; PBT reports the mean of the spec's ``losses``).
         """
 
     def evaluate(self, learner: Any, own: Any, key: jax.Array, episodes: int) -> jax.Array:

@@ -135,10 +135,10 @@ def improvement_ranks(quality, incumbent, valid):
 
     Returns:
       ``(ranks, improving)``: each candidate's rank, ``0`` the best: first the
-      candidates that fill an empty cell, by fitness (highest first), then those that
-      beat their cell's elite, by the improvement ``quality - incumbent``, then the
-      others by that (negative) difference, then the invalid ones; ties keep the batch
-      order. ``improving`` counts the first two groups.
+        candidates that fill an empty cell, by fitness (highest first), then those that
+        beat their cell's elite, by the improvement ``quality - incumbent``, then the
+        others by that (negative) difference, then the invalid ones; ties keep the batch
+        order. ``improving`` counts the first two groups.
     """
     new = valid & ~jnp.isfinite(incumbent)
     improved = valid & ~new & (quality > incumbent)

@@ -542,8 +542,8 @@ def main(argv=None) -> int:
 
     Returns:
       The exit status: 0 on success, 1 for a run or checkpoint error, 2 for a
-      bad config or usage, 130 when interrupted, 141 when the reader of its
-      output has gone (``evorl-pop list | head``).
+        bad config or usage, 130 when interrupted, 141 when the reader of its
+        output has gone (``evorl-pop list | head``).
     """
     args = build_parser().parse_args(argv)
     try:

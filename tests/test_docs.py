@@ -454,6 +454,33 @@ def _resolves(name: str) -> bool:
     return True
 
 
+def _sections_of_several_items(module) -> list[str]:
+    """Every Returns or Yields section of ``module``'s docstrings (and its members') that
+    parses as several items: a wrapped sentence whose continuation lines start at the
+    item's indentation, shown as one row per line on the API pages."""
+    found = []
+    for member in module.members.values():
+        if member.is_alias:
+            continue
+        for section in member.docstring.parse("google") if member.docstring else ():
+            if section.kind.value in ("returns", "yields") and len(section.value) > 1:
+                found.append(f"{member.path}: {section.kind.value} in {len(section.value)} rows")
+        if member.is_module or member.is_class:
+            found += _sections_of_several_items(member)
+    return found
+
+
+def test_each_returns_section_is_one_row():
+    """A Returns section is one item (its wrapped lines indented under the first), so the
+    API pages show one row with the function's return type, not one row per line."""
+    griffe = pytest.importorskip("griffe")
+    found = []
+    for name in ("evorl_pop", "algorithms"):
+        module = griffe.load(name, search_paths=[str(ROOT)], resolve_aliases=False)
+        found += _sections_of_several_items(module)
+    assert found == [], "\n".join(found)
+
+
 def test_every_dotted_evorl_pop_name_resolves():
     """Every ``evorl_pop.…`` name in the package's docstrings and comments, the docs and the
     README names a module, or an attribute of one, that exists."""

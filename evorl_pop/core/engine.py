@@ -199,8 +199,8 @@ class Engine(EngineActing):
 
         Returns:
           ``(summary, episodes)``: a :class:`Summary` (replicated) and, when
-          collecting, the episodes, padded and sharded (else ``None``), the
-          padded candidates' steps marked not ``valid``.
+            collecting, the episodes, padded and sharded (else ``None``), the
+            padded candidates' steps marked not ``valid``.
         """
 
         task = self.task

@@ -85,7 +85,7 @@ def pad_to_multiple(tree, multiple: int, axis: int = 0):
 
     Returns:
       ``(padded_tree, mask)`` where ``mask`` is a boolean vector that is
-      ``True`` for real rows.
+        ``True`` for real rows.
     """
     size = jax.tree.leaves(tree)[0].shape[axis]
     total = padded_size(size, multiple)
@@ -185,8 +185,8 @@ class Summary:
 
         Returns:
           ``(index, fitness)``: the first candidate of lowest finite fitness (evosax's
-          minimisation convention) and that fitness; ``(0, inf)`` when none is finite,
-          so a generation that failed whole cannot enter a best-so-far archive.
+            minimisation convention) and that fitness; ``(0, inf)`` when none is finite,
+            so a generation that failed whole cannot enter a best-so-far archive.
         """
         fitness = to_minimization(self.scores[:size], self.maximize)
         archive = jnp.where(jnp.isfinite(fitness), fitness, jnp.inf)
@@ -294,7 +294,7 @@ def evaluate(fn, candidates, key, mesh: Mesh, maximize: bool, eval_mode: str = "
 
     Returns:
       ``(summary, outs)``: the :class:`Summary` (replicated), and the ``out``
-      of every candidate, padded and sharded ``P('POP')``.
+        of every candidate, padded and sharded ``P('POP')``.
     """
     candidates, mask = pad_to_multiple(candidates, mesh.shape[POP_AXIS_NAME])
     ids = jnp.arange(mask.shape[0], dtype=jnp.int32)

@@ -127,7 +127,7 @@ def all_gather(x, axis_name: str | None = None, **kwargs):
 
     Returns:
       The gathered array(s): with ``tiled=True`` and local slices of a sharded
-      population, the whole population in global order.
+        population, the whole population in global order.
     """
     return _collective(jax.lax.all_gather, "all_gather", x, axis_name, **kwargs)
 
@@ -141,7 +141,7 @@ def split_key_to_devices(key: chex.PRNGKey, devices: Sequence[jax.Device]):
 
     Returns:
       An array of ``len(devices)`` distinct keys whose ``i``-th row lives on
-      ``devices[i]``, sharded along its leading axis.
+        ``devices[i]``, sharded along its leading axis.
     """
     devices = list(devices)
     if not devices:
@@ -179,7 +179,7 @@ def get_global_ranks():
 
     Returns:
       An int32 array of shape ``(jax.local_device_count(),)`` whose ``i``-th
-      element is the global rank of ``jax.local_devices()[i]`` and lives on it.
+        element is the global rank of ``jax.local_devices()[i]`` and lives on it.
     """
     local = jax.local_devices()
     global_index = {d.id: i for i, d in enumerate(jax.devices())}

@@ -30,8 +30,8 @@ def loss_and_pgrad(loss_fn: Callable[..., float], dp_axis_name: str | None, has_
 
     Returns:
       A function with the arguments of ``loss_fn`` returning
-      ``(value, grads)``: ``value`` is this device's loss (and aux), ``grads``
-      the gradient averaged over ``dp_axis_name``.
+        ``(value, grads)``: ``value`` is this device's loss (and aux), ``grads``
+        the gradient averaged over ``dp_axis_name``.
     """
     value_and_grad = jax.value_and_grad(loss_fn, has_aux=has_aux)
     if dp_axis_name is None:
@@ -87,7 +87,7 @@ def gradient_update(
 
     Returns:
       ``update(opt_state, params, *args, **kwargs) -> (value, params, opt_state)``
-      applying one step of ``optimizer`` with the (DP-averaged) gradient.
+        applying one step of ``optimizer`` with the (DP-averaged) gradient.
     """
     grad_fn = loss_and_pgrad(loss_fn, dp_axis_name, has_aux=has_aux)
 
@@ -140,7 +140,7 @@ def agent_gradient_update(
 
     Returns:
       ``update(opt_state, agent_state, *args, **kwargs) -> (value, agent_state,
-      opt_state)``.
+        opt_state)``.
     """
 
     def params_loss(params, agent_state, *args, **kwargs):

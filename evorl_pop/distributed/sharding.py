@@ -139,7 +139,7 @@ def shmap_vmap(fn: Callable, mesh, in_specs, out_specs, **kwargs):
 
     Returns:
       A function of the same positional arguments returning the stacked
-      outputs, laid out according to ``out_specs``.
+        outputs, laid out according to ``out_specs``.
 
     Raises:
       ValueError: when a spec names an axis the mesh lacks, or a sharded axis
@@ -164,7 +164,7 @@ def shmap_map(fn: Callable, mesh, in_specs, out_specs, **kwargs):
 
     Returns:
       A function of the same positional arguments returning the stacked
-      outputs, laid out according to ``out_specs``.
+        outputs, laid out according to ``out_specs``.
 
     Raises:
       ValueError: as :func:`shmap_vmap`.

@@ -115,7 +115,7 @@ def advance(state: Any, metrics: dict, steps: int, mesh: Mesh) -> tuple[Any, dic
 
     Returns:
       ``(state, metrics)``: the state placed by :func:`place_state`, the
-      metrics with this step's ``env_steps``.
+        metrics with this step's ``env_steps``.
     """
     state = state.replace(generation=state.generation + 1)
     return place_state(state, mesh), {**metrics, "env_steps": jnp.int32(steps)}
@@ -201,9 +201,9 @@ class DataParallel:
 
         Returns:
           ``(envs, (obs, recorded, result))``: the lanes after the unroll, and their
-          observations, what ``act`` recorded and the environments' step results
-          (:class:`~evorl_pop.tasks.rollout.StepResult`), leaves ``(unroll_length,
-          local_envs, ...)``.
+            observations, what ``act`` recorded and the environments' step results
+            (:class:`~evorl_pop.tasks.rollout.StepResult`), leaves ``(unroll_length,
+            local_envs, ...)``.
         """
         index = replay.global_batch_index(envs.steps.shape[0], dp_axis_name)
         return self.envs.unroll(envs, act, key, self.config.unroll_length, index)
@@ -238,9 +238,9 @@ class DataParallel:
 
         Returns:
           ``(state, metrics)``, as :func:`advance`: ``fitness_*`` over the returns of
-          the environments' last finished episodes (NaN before any has finished
-          one), ``episodes`` finished and ``env_steps`` taken this step, and the
-          learner's mean losses (its class docstring names them).
+            the environments' last finished episodes (NaN before any has finished
+            one), ``episodes`` finished and ``env_steps`` taken this step, and the
+            learner's mean losses (its class docstring names them).
         """
         state, metrics = self._sharded_step(state, key)
         steps = self.config.num_envs * self.config.unroll_length

@@ -313,7 +313,7 @@ class PPOLearner:
 
         Returns:
           ``(raw, action, log_prob)``: the distribution's sample, the action
-          the environment takes, and its log-probability.
+            the environment takes, and its log-probability.
         """
         out = self.policy_net.apply(params.policy, self._normalize(obs_norm, obs))
         raw, log_prob = self.distribution.sample_and_log_prob(out, key)
@@ -405,7 +405,7 @@ class PPOLearner:
 
         Returns:
           ``(loss, parts)`` with ``policy_loss``, ``value_loss``,
-          ``entropy`` and ``approx_kl``.
+            ``entropy`` and ``approx_kl``.
         """
         obs = self._normalize(obs_norm, batch.obs)
         out = self.policy_net.apply(params.policy, obs)
@@ -454,7 +454,7 @@ class PPOLearner:
 
         Returns:
           ``(params, opt_state, metrics)``: the metrics are global minibatch means
-          (``local_metrics``: the slice's).
+            (``local_metrics``: the slice's).
         """
         metrics_axis = None if local_metrics else dp_axis_name
         if self.normalize_advantage:

@@ -155,8 +155,8 @@ def sample(
 
     Returns:
       ``(items, index)``: the items of this device's slice of the global
-      minibatch, and their positions in it (:func:`global_batch_index`), which
-      per-sample randomness is drawn from.
+        minibatch, and their positions in it (:func:`global_batch_index`), which
+        per-sample randomness is drawn from.
     """
     indices = jax.random.randint(key, (batch_size,), 0, jnp.maximum(buffer.size, 1))
     local = dp_slice(indices, dp_axis_name)
@@ -190,7 +190,7 @@ def updates(
 
     Returns:
       ``(state, metrics)``: the state after the last step and every step's metrics,
-      stacked along a leading axis.
+        stacked along a leading axis.
     """
 
     def body(state, key):

@@ -352,7 +352,7 @@ class SACLearner:
 
         Returns:
           ``(state, metrics)``: ``critic_loss``, ``actor_loss``, ``alpha_loss``
-          (global minibatch means) and the temperature ``alpha`` used.
+            (global minibatch means) and the temperature ``alpha`` used.
         """
         index = replay.global_batch_index(batch.reward.shape[0], dp_axis_name)
         alpha_key, critic_key, actor_key = jax.random.split(key, 3)

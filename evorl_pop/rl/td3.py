@@ -315,7 +315,7 @@ class TD3:
 
         Returns:
           ``(state, loss)``: the state with the critics and their optimizer state
-          stepped; the loss is the global minibatch mean.
+            stepped; the loss is the global minibatch mean.
         """
         if index is None:
             index = replay.global_batch_index(batch.reward.shape[0], dp_axis_name)
@@ -356,7 +356,7 @@ class TD3:
 
         Returns:
           ``(state, loss)``: the state with the actor and its optimizer state
-          stepped, the actor's target not yet moved.
+            stepped, the actor's target not yet moved.
         """
 
         def loss_fn(state, obs):
@@ -393,7 +393,7 @@ class TD3:
 
         Returns:
           ``(state, metrics)`` with ``critic_loss`` and ``actor_loss`` (NaN
-          when the actor was not updated).
+            when the actor was not updated).
         """
         state, critic_loss = self.critic_update(state, batch, key, dp_axis_name, index)
         tau = self.config.tau

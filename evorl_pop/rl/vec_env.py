@@ -196,7 +196,7 @@ def step(
 
     Returns:
       ``(batch, result)``: the batch after the step (restarted where an
-      episode ended) and the step's :class:`~evorl_pop.tasks.rollout.StepResult`.
+        episode ended) and the step's :class:`~evorl_pop.tasks.rollout.StepResult`.
     """
     next_obs, state, reward, done = jax.vmap(env.step)(keys, batch.state, action)
     steps = batch.steps + 1
@@ -245,8 +245,8 @@ def unroll(
 
     Returns:
       ``(batch, (obs, extra, result))``: the lanes after the unroll, and the
-      observations acted on, ``act``'s extras and the :class:`~evorl_pop.tasks.rollout.StepResult`,
-      leaves ``(length, lanes, ...)``.
+        observations acted on, ``act``'s extras and the :class:`~evorl_pop.tasks.rollout.StepResult`,
+        leaves ``(length, lanes, ...)``.
     """
     refresh_key, key = jax.random.split(key)
     batch = refresh(env, batch, lane_keys(refresh_key, index))
@@ -271,9 +271,9 @@ def metrics(before: EnvBatch, after: EnvBatch, axis_name: str | None = None) -> 
 
     Returns:
       ``fitness_best``, ``fitness_mean``, ``fitness_worst``, ``fitness_std`` over
-      the returns of the lanes' last finished episodes (NaN while no lane has
-      finished one; lanes that have not are left out), and ``episodes``: the
-      episodes that ended in between, all global.
+        the returns of the lanes' last finished episodes (NaN while no lane has
+        finished one; lanes that have not are left out), and ``episodes``: the
+        episodes that ended in between, all global.
     """
     score = after.last_return
     summary = summarize(score, None, jnp.ones(score.shape, bool), True, axis_name)

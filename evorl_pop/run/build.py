@@ -27,8 +27,8 @@ def build(config: RunConfig):
 
     Returns:
       ``(algorithm, mesh, state, run_key, yaml)``: ``init`` is traced once, its
-      shapes checked, then run; its state is replicated where it was not placed;
-      ``yaml`` is the config as ``config.yaml`` holds it.
+        shapes checked, then run; its state is replicated where it was not placed;
+        ``yaml`` is the config as ``config.yaml`` holds it.
     """
     text = config_lib.dumps(config)
     config_lib.validate(config, algorithm=False)  # the algorithm checks its own config

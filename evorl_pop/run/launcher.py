@@ -104,7 +104,7 @@ def launch(
 
     Returns:
       0 when every process succeeded; else the failed process's exit code
-      (128 + the signal number when it was killed), 130 after Ctrl-C.
+        (128 + the signal number when it was killed), 130 after Ctrl-C.
     """
     out = out or sys.stdout
     err = err or sys.stderr

@@ -322,7 +322,7 @@ def initialize(
 
     Returns:
       Whether ``jax.distributed`` was initialised (here or before); ValueError
-      for incomplete settings, a bad address, or no coordinator in time.
+        for incomplete settings, a bad address, or no coordinator in time.
     """
     if jax.distributed.is_initialized():
         return True

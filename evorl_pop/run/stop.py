@@ -186,8 +186,8 @@ def told(err: KeyboardInterrupt, run_dir: Path) -> KeyboardInterrupt:
 
     Returns:
       ``err`` itself when it says so already, or when nothing was written (the
-      command line then says the run stopped before training began); else an
-      :class:`Interrupted` with the command that starts or resumes the run.
+        command line then says the run stopped before training began); else an
+        :class:`Interrupted` with the command that starts or resumes the run.
     """
     from evorl_pop.run import folder
 

@@ -192,7 +192,7 @@ class ControlTask:
 
         Returns:
           ``(return, EvalInfo)``; with ``collect``, ``(return, EvalInfo,
-          Episode)``, the episode's leaves leading with the episodes.
+            Episode)``, the episode's leaves leading with the episodes.
         """
         if not collect:
             stats = self._episodes(solution, key, task_state, self.episodes)

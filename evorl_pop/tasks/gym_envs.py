@@ -250,7 +250,7 @@ def play(task: GymTask, solution, key: jax.Array, task_state, episodes: int) -> 
 
     Returns:
       Per episode ``(Trajectory, return)``: its states the frames drawn after each
-      step, its return summed as the task sums it.
+        step, its return summed as the task sums it.
 
     Raises:
       ValueError: the environment draws no ``rgb_array`` frames, or cannot draw them.

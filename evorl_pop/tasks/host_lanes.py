@@ -203,8 +203,8 @@ class HostEnvs:
 
         Returns:
           float32 ``(lanes, 2 x observation size + 3)``: each lane's observation after
-          the step, its observation after any reset, its reward, terminal and
-          truncated flags (one result: each costs a conversion).
+            the step, its observation after any reset, its reward, terminal and
+            truncated flags (one result: each costs a conversion).
         """
         words = np.asarray(words)
         actions = np.ascontiguousarray(words[:, 2:]).view(

@@ -318,7 +318,7 @@ def rollout_queue(
 
     Returns:
       An :class:`Episode` whose leaves have a leading axis of ``len(keys)``
-      (no transitions).
+        (no transitions).
     """
     n = keys.shape[0]
     episode_length = step_limit(env, episode_length)

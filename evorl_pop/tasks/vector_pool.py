@@ -147,7 +147,7 @@ class VectorPool:
 
         Returns:
           A ``SyncVectorEnv`` or ``AsyncVectorEnv`` whose ended episodes idle in
-          resets (Gymnasium's next-step autoreset) until the next ``reset``.
+            resets (Gymnasium's next-step autoreset) until the next ``reset``.
         """
         import gymnasium as gym  # imported once a rollout needs an environment
 
@@ -184,7 +184,7 @@ class VectorPool:
 
         Returns:
           The words (uint32, ``batch + (size,)``, laid out as :class:`Words`):
-          each candidate's first observations, the lease id, running.
+            each candidate's first observations, the lease id, running.
         """
         seeds = np.asarray(seeds)  # JAX hands callbacks its own arrays
         width = seeds.size
@@ -213,9 +213,9 @@ class VectorPool:
 
         Returns:
           The words (as :meth:`reset`'s): the next observations and whether any
-          episode of the lease is still running (the same for every candidate);
-          once none is, the episodes' returns, steps and observation sums, the
-          vector env back in the pool.
+            episode of the lease is still running (the same for every candidate);
+            once none is, the episodes' returns, steps and observation sums, the
+            vector env back in the pool.
         """
         words = np.asarray(words)  # JAX hands callbacks its own arrays
         lease_id = int(words.flat[-1])  # the same for every episode
