@@ -5,18 +5,21 @@ Quality-diversity (Mouret & Clune 2015): the descriptor space of a task
 is cut into cells, a grid or a CVT, and each cell keeps its elite. A generation has
 the shape of every other algorithm's::
 
-    ask:      the emitter's candidates (:mod:`~evorl_pop.algorithms.qd_emitters`);
+    ask:      the emitter's candidates;
               by default parents drawn uniformly over the filled cells of every
               device ─► isoline variation (Vassiliades & Mouret 2018):
                  x + iso_sigma * N(0, I) + line_sigma * N(0, 1) * (y - x),
                  clipped to the task's genotype bounds; or ME-ES's OpenES
                  (``emitter: es``), or CMA-ME's CMA-ES (``emitter: cma_me``), or
                  PGA-ME's TD3 policy-gradient steps beside isoline variation
-                 (``emitter: pga_me``, :mod:`~evorl_pop.algorithms.pgame`), or a
-                 plug-in's (:func:`evorl_pop.registry.register_emitter`)
+                 (``emitter: pga_me``), or a plug-in's
     evaluate: the one evaluator (score, descriptor), sharded P('POP')
     tell:     the candidates inserted into the archive, each device into its cells;
               the emitter told the batch (and the archive before and after)
+
+The emitters are in :mod:`~evorl_pop.algorithms.qd_emitters` and
+:mod:`~evorl_pop.algorithms.pgame`; a plug-in adds its own with
+:func:`evorl_pop.registry.register_emitter`.
 
 The archive (:mod:`evorl_pop.core.archive`) is sharded across the devices by cell,
 so memory per device is proportional to cells / devices, and a run gives the same
