@@ -10,9 +10,9 @@ the shape of every other algorithm's::
               device ─► isoline variation (Vassiliades & Mouret 2018):
                  x + iso_sigma * N(0, I) + line_sigma * N(0, 1) * (y - x),
                  clipped to the task's genotype bounds; or ME-ES's OpenES
-                 (``emitter: es``), or CMA-ME's CMA-ES (``emitter: cma_me``), or
+                 (emitter: es), or CMA-ME's CMA-ES (emitter: cma_me), or
                  PGA-ME's TD3 policy-gradient steps beside isoline variation
-                 (``emitter: pga_me``), or a plug-in's
+                 (emitter: pga_me), or a plug-in's
     evaluate: the one evaluator (score, descriptor), sharded P('POP')
     tell:     the candidates inserted into the archive, each device into its cells;
               the emitter told the batch (and the archive before and after)

@@ -5,17 +5,17 @@ Policy Gradient Assisted MAP-Elites (Nilsson & Cully 2021), MAP-Elites'
 A generation's batch::
 
     ask:      the first population_size - n_pg candidates: isoline variation of
-              parents drawn over the archive (as ``emitter: isoline``);
+              parents drawn over the archive (as emitter: isoline);
               then n_pg - 1 parents drawn over the archive, each moved by
-              ``steps`` TD3 actor steps (:meth:`~evorl_pop.rl.td3.TD3.actor_update`:
+              steps TD3 actor steps (TD3.actor_update:
               minus the first critic's value of its actions, on minibatches of the
-              replay buffer) with Adam at ``policy_lr``, fresh per candidate;
+              replay buffer) with Adam at policy_lr, fresh per candidate;
               last, the TD3 greedy actor
     evaluate: the one evaluator; every step of every episode into the buffer
-    tell:     ``critic_updates`` TD3 iterations (critic steps; every
+    tell:     critic_updates TD3 iterations (critic steps; every
               policy_delay-th also a greedy-actor step and the targets' update)
 
-with ``n_pg = round(proportion * population_size)``; the settings are
+with n_pg = round(proportion * population_size); the settings are
 :class:`PgEmitterConfig`'s, a MAP-Elites config's ``pga_me`` (``--set pga_me.steps=5``).
 The TD3 state and the replay buffer are replicated; every gradient step goes through
 :func:`evorl_pop.distributed.agent_gradient_update` with its minibatch split over the

@@ -10,7 +10,7 @@ The engine, the run shell and the algorithms call only what these declare::
     Algorithm   init(key) -> state, step(state, key) -> (state, metrics)
     Emitter     init / ask / tell on a MAP-Elites archive (quality-diversity)
     Exports     an algorithm's result beyond one solution (an archive, a front)
-    Acts        the policy an algorithm's state holds (``evorl-pop render``)
+    Acts        the policy an algorithm's state holds (evorl-pop render)
     Recorder    what a run records (metrics.csv, TensorBoard, W&B, yours)
     Env         reset / step in JAX; EnvFamily builds them by name
 
