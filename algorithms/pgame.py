@@ -15,7 +15,7 @@ A generation's batch::
     tell:     critic_updates TD3 iterations (critic steps; every
               policy_delay-th also a greedy-actor step and the targets' update)
 
-with n_pg = round(proportion * population_size); the settings are
+with ``n_pg = round(proportion * population_size)``; the settings are
 :class:`PgEmitterConfig`'s, a MAP-Elites config's ``pga_me`` (``--set pga_me.steps=5``).
 The TD3 state and the replay buffer are replicated; every gradient step goes through
 :func:`evorl_pop.distributed.agent_gradient_update` with its minibatch split over the
