@@ -558,7 +558,9 @@ class _Html(html_parser.HTMLParser):
         self.links: list[str] = []
         self.images: list[str] = []
         self.prose: list[str] = []
+        self.blocks: list[str] = []  # the text of the code blocks (<pre>)
         self._in_code = 0
+        self._in_pre = 0
         self.feed(text)
 
     def handle_starttag(self, tag, attrs):
@@ -571,14 +573,21 @@ class _Html(html_parser.HTMLParser):
             self.images.append(a.get("src", ""))
         if tag in self.CODE:
             self._in_code += 1
+        if tag == "pre":
+            self._in_pre += 1
+            self.blocks.append("")
 
     def handle_endtag(self, tag):
         if tag in self.CODE:
             self._in_code -= 1
+        if tag == "pre":
+            self._in_pre -= 1
 
     def handle_data(self, data):
         if not self._in_code:
             self.prose.append(data)
+        if self._in_pre:
+            self.blocks[-1] += data
 
 
 @pytest.fixture(scope="module")
@@ -595,6 +604,18 @@ def test_no_page_shows_raw_markup(parsed):
         prose = " ".join(html.prose)
         for raw in (":func:", ":class:", ":meth:", ":mod:", "::", "RUNS_ROOT/---"):
             assert raw not in prose, f"{page}: {raw!r} near {prose[prose.find(raw) - 80 :][:160]!r}"
+
+
+@pytest.mark.slow
+def test_no_api_code_block_shows_raw_markup(parsed):
+    """The API pages' code blocks (docstrings' literal blocks) show neither a role, nor
+    the tag a cross-reference becomes inside a block, nor a reST code span's backticks."""
+    for page, html in parsed.items():
+        if "reference/api" not in str(page):
+            continue
+        for block in html.blocks:
+            for raw in ("<autoref", ":func:`", ":class:`", ":meth:`", ":mod:`", "``"):
+                assert raw not in block, f"{page}: {raw!r} in the block {block[:300]!r}"
 
 
 @pytest.mark.slow
