@@ -57,6 +57,21 @@ def cli_options(parser: argparse.ArgumentParser) -> list[tuple[str, ...]]:
     return rows
 
 
+def _default_of(action: argparse.Action) -> tuple[str, str]:
+    """``(meaning, default)`` of an option's row: its parser default, else the one its
+    help names (``(default: X)``, taken out of the meaning); a flag that is off shows none."""
+    meaning = action.help or ""
+    default = action.default
+    if default not in (None, False, [], argparse.SUPPRESS):
+        return meaning, f"`{default}`"
+    named = re.search(r"(?:^|\s*\(|,?\s+)default: (.+?)\)?$", meaning)
+    if not named or action.nargs == 0 and "default" not in meaning:
+        return meaning, ""
+    shown = named.group(1)
+    meaning = meaning[: named.start()].rstrip(" ,;")
+    return meaning, f"`{shown}`" if re.fullmatch(r"[\w./<>:-]+", shown) else shown
+
+
 def cli_markdown() -> str:
     """Every ``evorl-pop`` command with a table of its options, from the parser itself."""
     from evorl_pop.cli import build_parser
@@ -86,9 +101,8 @@ def cli_markdown() -> str:
                 value = "(flag)"
             else:
                 value = f"`{action.metavar or action.dest.upper()}`"
-            default = action.default
-            shown = "" if default in (None, False, [], argparse.SUPPRESS) else f"`{default}`"
-            out.append(f"| {flags} | {value} | {_cell(action.help or '')} | {shown} |")
+            meaning, shown = _default_of(action)
+            out.append(f"| {flags} | {value} | {_cell(meaning)} | {shown} |")
         notes = [g for g in sub._action_groups if g.description and g._group_actions]
         for group in notes:  # e.g. the processes' defaults from the environment
             out += ["", f"*{group.title}*: {_cell(group.description)}"]

@@ -51,7 +51,7 @@ class RunConfig:
     # a checkpoint once this many generations have passed since the last (and at the end)
     checkpoint_every: int = 10
     devices: int | str | None = "auto"  # a count, None (all) or auto: processes.mesh_devices
-    precision: str = "float32"  # or float64: JAX's 64-bit mode
+    precision: str = "float32"  # float32, or float64 (JAX's 64-bit mode for the whole run)
     # where metrics go besides metrics.csv (always written): tensorboard, wandb (run/loggers.py)
     loggers: tuple[str, ...] = ("csv",)
     wandb_project: str | None = None  # None: $WANDB_PROJECT, else evorl-pop
