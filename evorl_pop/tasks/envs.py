@@ -93,6 +93,11 @@ def check_environment(name: str, who: str) -> None:
       ConfigError: a black-box function, an environment stepped on the host, an unknown name.
     """
     family = env_family(name)
+    if family is not None and getattr(family, "multi_agent", False):
+        raise ConfigError(
+            f"task: {who} learns one agent's policy, and {name!r} is a multi-agent task "
+            f"({family.pattern}); -a es evolves its whole team (--set team=shared|per_agent)."
+        )
     if family is not None and family.steps_in_jax:
         return
     if family is not None:
