@@ -17,8 +17,10 @@ Observations narrower than the widest agent's are zero-padded; an action is
 (continuous, each agent reading its first dimensions). The team's reward is
 JaxMARL's shared reward (``rewards['__all__']``, MABrax) where the task has
 one, else the sum of the agents' rewards (MPE). An episode ends at
-``dones['__all__']`` or after ``episode_length`` steps; it is then frozen (no
-auto-reset: later steps return the same state and zero reward).
+``dones['__all__']`` or after exactly ``episode_length`` steps (JaxMARL's MPE
+reports its own time limit one step later: it compares the step count before the
+step); it is then frozen (no auto-reset: later steps return the same state and
+zero reward).
 
 A candidate of an ES population is a whole team (:mod:`evorl_pop.tasks.teams`:
 ``team='shared'`` or ``'per_agent'``), scored by the team's return.
