@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import sys
 import warnings
 from typing import Any
 
@@ -80,12 +81,27 @@ MPE_EPISODE_LENGTH = 25
 MABRAX_EPISODE_LENGTH = 1000
 
 
-def _import_jaxmarl():
-    """JaxMARL, its import notices hidden (it prints which optional environments it
-    found, and MABrax warns that brax is no longer maintained)."""
+@contextlib.contextmanager
+def _quiet():
+    """Hides JaxMARL's notices: it prints which optional environments it found, and
+    MABrax warns that brax is no longer maintained. MABrax's module hides brax's own
+    output by swapping ``sys.stdout`` and then sets it back to ``sys.__stdout__``: that
+    one is swapped too, and everything restored after."""
+    saved = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
+    sink = io.StringIO()
+    sys.stdout = sys.__stdout__ = sink
     try:
-        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            yield
+    finally:
+        sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__ = saved
+
+
+def _import_jaxmarl():
+    """JaxMARL, imported quietly (:func:`_quiet`)."""
+    try:
+        with _quiet():
             import jaxmarl
     except ImportError as err:
         raise ConfigError(
@@ -129,8 +145,7 @@ class MultiAgentEnv:
         self.mabrax = name in MABRAX_TASKS
         if self.mabrax:
             length = episode_length or MABRAX_EPISODE_LENGTH
-            with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+            with _quiet():
                 env = jaxmarl.make(MABRAX_TASKS[name], episode_length=length, auto_reset=False)
             terminates = name not in MABRAX_FIXED_LENGTH
         else:
