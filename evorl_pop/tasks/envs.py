@@ -20,6 +20,7 @@ every other family in turn::
     gymnax       CartPole-v1, Breakout-MinAtar, ...   :mod:`evorl_pop.tasks.gymnax_envs`
     brax         brax/hopper, ...                     :mod:`evorl_pop.tasks.brax_envs`
     playground   playground/CheetahRun, ...           :mod:`evorl_pop.tasks.playground_envs`
+    marl         marl/MPE_simple_spread_v3, ...       :mod:`evorl_pop.tasks.marl_envs`
     gym          gym:<id>, stepped on the host        :mod:`evorl_pop.tasks.gym_envs`
 
 A family of your own registers itself in its own module
