@@ -34,7 +34,8 @@ ALGORITHMS = [spec.name for spec in config_lib.specs()]
 #: The project's own pairs that must be refused: the learners and the hybrids take no
 #: black-box functions.
 LEARNING = ("cemrl", "erl", "pbt", "ppo", "sac")
-REFUSED = {(a, f) for a in LEARNING for f in ("black-box",)}
+#: ... nor multi-agent tasks (a learner learns one agent's policy; ES evolves a team).
+REFUSED = {(a, f) for a in LEARNING for f in ("black-box", "marl")}
 #: The only columns render draws nothing for, and what it says of their task: a function
 #: is no environment. Every other column's cell, whatever the algorithm, draws its policy.
 NOTHING_TO_RENDER = {"black-box": "a black-box function, not an environment"}

@@ -20,6 +20,7 @@ every other family in turn::
     gymnax       CartPole-v1, Breakout-MinAtar, ...   :mod:`evorl_pop.tasks.gymnax_envs`
     brax         brax/hopper, ...                     :mod:`evorl_pop.tasks.brax_envs`
     playground   playground/CheetahRun, ...           :mod:`evorl_pop.tasks.playground_envs`
+    marl         marl/MPE_simple_spread_v3, ...       :mod:`evorl_pop.tasks.marl_envs`
     gym          gym:<id>, stepped on the host        :mod:`evorl_pop.tasks.gym_envs`
 
 A family of your own registers itself in its own module
@@ -93,6 +94,11 @@ def check_environment(name: str, who: str) -> None:
       ConfigError: a black-box function, an environment stepped on the host, an unknown name.
     """
     family = env_family(name)
+    if family is not None and getattr(family, "multi_agent", False):
+        raise ConfigError(
+            f"task: {who} learns one agent's policy, and {name!r} is a multi-agent task "
+            f"({family.pattern}); -a es evolves its whole team (--set team=shared|per_agent)."
+        )
     if family is not None and family.steps_in_jax:
         return
     if family is not None:

@@ -16,7 +16,7 @@ the task does not read them::
     qd/<brax task>          hidden_sizes, activation, episode_length, backend
     mo/<brax task>          hidden_sizes, activation, episodes, episode_length, backend
     environments            hidden_sizes, activation, policy, episodes, episode_length,
-                            normalize_obs, the family's own (backend, impl, vector);
+                            normalize_obs, the family's own (backend, impl, vector, team);
                             stepped in JAX: rollout_lanes, virtual_batch_norm
 """
 
@@ -67,6 +67,8 @@ class TaskSettings:
       backend: brax tasks: the physics backend, ``'spring'`` (the fastest),
         ``'positional'``, ``'generalized'`` (the most accurate) or ``'mjx'``.
       impl: Playground tasks: the MJX implementation, ``'jax'`` or ``'warp'``.
+      team: ``marl/`` tasks: a team's weights, ``'shared'`` (one network for every
+        agent, told apart by a one-hot id) or ``'per_agent'`` (a network each).
       vector: ``gym:`` tasks: ``'sync'`` (each device steps its slice's episodes in
         turn, in this process) or ``'async'`` (a worker process per episode).
       normalize_obs: environments: running observation normalisation.
@@ -88,6 +90,7 @@ class TaskSettings:
     backend: str | None = "spring"
     impl: str = "jax"
     vector: str = "sync"
+    team: str = "shared"
     normalize_obs: bool = False
     virtual_batch_norm: bool = False
     rollout_lanes: int | None = None
