@@ -38,11 +38,15 @@ from evorl_pop import registry
 from evorl_pop.base import ConfigError, EnvSpec, check_config
 from evorl_pop.core.interfaces import Acting
 from evorl_pop.rl import data_parallel, replay, vec_env
-from evorl_pop.rl.hybrid import HybridConfig, ReplayLearner, ReplayMember, check_continuous
-from evorl_pop.rl.hybrid import example_transition
+from evorl_pop.rl.hybrid import (
+    HybridConfig,
+    ReplayLearner,
+    ReplayMember,
+    check_continuous,
+    example_transition,
+)
 from evorl_pop.rl.replay import ReplayBuffer
-from evorl_pop.rl.td3 import TD3, ActorCriticConfig, CriticState, TD3Learner, TD3State
-from evorl_pop.rl.td3 import actor_task
+from evorl_pop.rl.td3 import TD3, ActorCriticConfig, CriticState, TD3Learner, TD3State, actor_task
 from evorl_pop.tasks.control import ControlTask
 from evorl_pop.tasks.policies import ACTIVATIONS, Policy
 from evorl_pop.tasks.rollout import Transition

@@ -220,7 +220,9 @@ class DQNLearner:
         self.spec = spec
         self.settings = settings
         #: The greedy policy: argmax of the Q-network's values (one output per action).
-        self.policy: Policy = make_policy(spec, settings.hidden_sizes, settings.activation, kind="mlp")
+        self.policy: Policy = make_policy(
+            spec, settings.hidden_sizes, settings.activation, kind="mlp"
+        )
 
     def q_values(self, params: Any, obs: jax.Array) -> jax.Array:
         """The Q-values of a batch of observations, shape ``(batch, actions)``."""

@@ -231,9 +231,7 @@ def test_dqn_solves_cartpole():
     with about 31 s of compilation (the steps themselves: about 25k env steps/s
     with 0.5 updates per step).
     """
-    config = Config(
-        n_step=3, updates_per_step=0.5, target_update_period=200, learning_rate=5e-4
-    )
+    config = Config(n_step=3, updates_per_step=0.5, target_update_period=200, learning_rate=5e-4)
     algo = DQN(config)
     state = algo.init(jax.random.key(0))
     chunk = jax.jit(lambda s, k: jax.lax.scan(algo.step, s, jax.random.split(k, 10)))
