@@ -59,7 +59,11 @@ EXPLORATION = ("ou", "gaussian")
 @dataclasses.dataclass(frozen=True)
 class DDPGSettings(ActorCriticConfig):
     """DDPG's learning settings: those of :class:`~evorl_pop.rl.td3.ActorCriticConfig`
-    and the actor's activation (``'relu'``, ``'tanh'`` or ``'elu'``)."""
+    and this.
+
+    Attributes:
+      actor_activation: the actor's ``'relu'``, ``'tanh'`` or ``'elu'`` (the critic uses relu).
+    """
 
     actor_activation: str = "relu"
 
