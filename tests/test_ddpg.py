@@ -230,4 +230,4 @@ def test_ddpg_improves_on_pendulum():
     assert returns[-1] >= -300, f"{returns} after {int(state.generation) * 200} steps"
     assert returns[0] < -900, returns  # it started far from there
     assert np.isfinite(metrics["critic_loss"]).all()
-    assert seconds < 240, f"{seconds:.0f} s"
+    assert seconds < 300, f"{seconds:.0f} s"

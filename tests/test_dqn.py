@@ -246,4 +246,4 @@ def test_dqn_solves_cartpole():
     seconds = time.perf_counter() - start
     assert returns[-1] >= 475, f"{returns} after {int(state.env_steps)} steps"
     assert np.isfinite(metrics["loss"]).all() and np.isclose(metrics["epsilon"][-1], 0.05)
-    assert seconds < 120, f"{seconds:.0f} s"
+    assert seconds < 300, f"{seconds:.0f} s"
