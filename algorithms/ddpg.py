@@ -18,7 +18,9 @@ slice of the minibatch. The paper's L2 weight decay on the critic is left out.
 ``x' = (1 - theta) x + sigma N(0, 1)`` per lane, restarted at 0 with each episode) or
 independent Gaussian noise (``'gaussian'``), in half action ranges; lane ``i`` draws
 its noise, steps and resets from ``fold_in(key, i)``, ``i`` its global index, so 1, 2
-and 4 devices give the same step. Beside a population (CEM-RL's and ERL's
+and 4 devices give the same step. A step runs its unroll one environment step at a
+time, the noise carried between them (so each lane draws its pending start at every
+step rather than once per unroll). Beside a population (CEM-RL's and ERL's
 ``learner='ddpg'``, the pairing of the ERL paper) and as a PBT member it is TD3's
 learner with these networks, exploring with Gaussian action noise.
 """
