@@ -211,9 +211,9 @@ def test_ddpg_improves_on_pendulum():
     """The default config (OU noise) brings the actor's mean return over 10 episodes from
     about -1500 to -300 or better within 16k steps.
 
-    Measured on the shared 2-core CPU (seed 0): -1697 at 800 steps, -168 at 4,800,
-    in 73 s with about 25 s of compilation (about 100 env steps/s with one update of
-    batch 256 per step).
+    Measured on the shared 2-core CPU under a load of about 16 (seed 0): -1697 after
+    800 steps, -286 after 3,200 (-168 after 4,800), in 49-75 s with about 21 s of
+    compilation; about 110 env steps/s after it (one update of 256 samples per step).
     """
     algo = DDPG(Config())
     state = algo.init(jax.random.key(0))

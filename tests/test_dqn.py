@@ -227,9 +227,9 @@ def test_dqn_solves_cartpole():
     """Double DQN with 3-step returns: the greedy policy's mean return over 10 episodes
     reaches 475 (CartPole-v1's threshold) within 64k environment steps.
 
-    Measured on the shared 2-core CPU (seed 0): 497.8 after 34,560 steps, in 36 s
-    with about 31 s of compilation (the steps themselves: about 25k env steps/s
-    with 0.5 updates per step).
+    Measured on the shared 2-core CPU under a load of about 16 (seed 0): 497.8 after
+    34,560 steps, in 32-72 s with about 20 s of compilation; about 5,200 env steps/s
+    after it (0.5 updates of 64 samples per step).
     """
     config = Config(n_step=3, updates_per_step=0.5, target_update_period=200, learning_rate=5e-4)
     algo = DQN(config)
