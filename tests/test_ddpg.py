@@ -140,22 +140,22 @@ def test_update_on_n_devices_equals_full_batch(networks, n):
         assert not np.allclose(jax.tree.leaves(before)[-1], jax.tree.leaves(after)[-1])
 
 
-def _noise(config):
-    """The actions of two steps minus the actor's: the exploration noise, per lane."""
-    algo = DDPG(config)
-    state = algo.init(jax.random.key(0))
-    (_, noise), steps = jax.jit(lambda s, k: algo.collect(s, k))(state, jax.random.key(1))
-    actor = jax.vmap(algo.learner.policy, (None, 0))
-    mean = jax.vmap(actor, (None, 0))(state.learner.actor.params, steps.obs)
-    return np.asarray(steps.action - mean), np.asarray(noise)
-
-
 def test_exploration_noise_ou_and_gaussian():
-    """OU: ``x_t = (1 - theta) x_{t-1} + sigma N``; Gaussian: ``sigma N``, the same
-    draws (theta 1), so ``x_ou_t - (1 - theta) x_ou_{t-1}`` is Gaussian's ``x_t``."""
+    """OU: ``x_t = (1 - theta) x_{t-1} + sigma N``; Gaussian: ``sigma N`` (theta 1), from
+    the same draws, so ``x_ou_t - (1 - theta) x_ou_{t-1}`` is Gaussian's ``x_t``."""
     base = {**TINY, "noise_std": 0.02, "unroll_length": 5}
-    ou, last = _noise(Config(**base, exploration="ou", ou_theta=0.3))
-    gaussian, _ = _noise(Config(**base, exploration="gaussian"))
+    assert DDPG(Config(**base, exploration="gaussian")).theta == 1.0
+    algo = DDPG(Config(**base, exploration="ou", ou_theta=0.3))
+    assert algo.theta == 0.3
+    state = algo.init(jax.random.key(0))
+    actor = jax.vmap(jax.vmap(algo.learner.policy, (None, 0)), (None, 0))
+
+    def noise(theta):  # the actions minus the actor's: each lane's noise, in action units
+        algo.theta = theta  # traced: both processes in one program
+        (_, last), steps = algo.collect(state, jax.random.key(1))
+        return steps.action - actor(state.learner.actor.params, steps.obs), last
+
+    (ou, gaussian), (last, _) = jax.jit(jax.vmap(noise))(jnp.asarray([0.3, 1.0]))
     half = 2.0  # Pendulum's half action range; no action here reaches the bounds
     np.testing.assert_allclose(ou[1:] - 0.7 * ou[:-1], gaussian[1:], atol=1e-5)
     np.testing.assert_allclose(ou[0], gaussian[0], atol=1e-6)
@@ -163,7 +163,10 @@ def test_exploration_noise_ou_and_gaussian():
     assert np.std(gaussian / half) == pytest.approx(0.02, rel=0.5)
 
 
+@pytest.mark.slow
 def test_step_is_the_same_on_1_and_4_devices():
+    """A whole step (collection, buffer, updates): the same on 1 and 4 devices (the long
+    tier: it compiles the step twice)."""
     config = Config(**TINY)
     algo = DDPG(config, make_mesh(1, axis_name="DP"))
     keys = jax.random.split(jax.random.key(1), 2)

@@ -181,7 +181,10 @@ def test_epsilon_decays_linearly_then_stays():
     np.testing.assert_allclose(got, [1.0, 0.775, 0.1, 0.1], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_step_is_the_same_on_1_and_4_devices():
+    """A whole step (collection, buffer, updates): the same on 1 and 4 devices (the long
+    tier: it compiles the step twice)."""
     config = Config(**TINY)
     start, ref, ref_metrics = two_steps(DQN(config, make_mesh(1, axis_name="DP")))
     for n in (4,):  # the update's split over 2 devices: above
