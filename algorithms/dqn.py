@@ -7,7 +7,7 @@ returns. For discrete actions only. One ``step``::
     state (Q-network, its target, Adam state, replay buffer, hyperparameters:
            replicated; num_envs running episodes: split P('DP'))
       | shard_map over DP: each device its slice of the environments
-      |   unroll_length epsilon-greedy steps, epsilon linear in the env steps so far
+      |   unroll_length epsilon-greedy steps, epsilon linear in the env steps before them
       |   n-step transitions of the unroll (n_step_transitions)
       |   all_gather -> the same transitions, in global order, into every
       |     device's copy of the buffer
