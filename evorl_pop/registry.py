@@ -53,9 +53,17 @@ BUILTIN: dict[str, tuple[str, ...]] = {
         "evorl_pop.algorithms.pbt",
         "evorl_pop.algorithms.ppo",
         "evorl_pop.algorithms.sac",
+        "evorl_pop.algorithms.dqn",
+        "evorl_pop.algorithms.ddpg",
     ),
     "strategy": ("evorl_pop.algorithms.es", "evorl_pop.algorithms.cma_es"),
-    "learner": ("evorl_pop.rl.td3", "evorl_pop.algorithms.sac", "evorl_pop.algorithms.ppo"),
+    "learner": (
+        "evorl_pop.rl.td3",
+        "evorl_pop.algorithms.sac",
+        "evorl_pop.algorithms.ppo",
+        "evorl_pop.algorithms.dqn",
+        "evorl_pop.algorithms.ddpg",
+    ),
     "environment family": (
         "evorl_pop.tasks.brax_envs",
         "evorl_pop.tasks.gym_envs",

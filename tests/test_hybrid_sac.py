@@ -265,7 +265,7 @@ def test_config_errors():
     with pytest.raises(
         ConfigError,
         match=r"learner: 'ppo' cannot be the RL part of CEM-RL or "
-        r"ERL\. Valid: sac, td3\.",
+        r"ERL\. Valid: ddpg, sac, td3\.",
     ):
         cemrl.Config(learner="ppo").validate()
     with pytest.raises(ConfigError, match="smaller than one SAC batch"):

@@ -33,9 +33,11 @@ TASKS = {
 ALGORITHMS = [spec.name for spec in config_lib.specs()]
 #: The project's own pairs that must be refused: the learners and the hybrids take no
 #: black-box functions.
-LEARNING = ("cemrl", "erl", "pbt", "ppo", "sac")
+LEARNING = ("cemrl", "ddpg", "dqn", "erl", "pbt", "ppo", "sac")
 #: ... nor multi-agent tasks (a learner learns one agent's policy; ES evolves a team).
 REFUSED = {(a, f) for a in LEARNING for f in ("black-box", "marl")}
+#: DQN takes discrete actions only, and every family's quick task has continuous ones.
+REFUSED |= {("dqn", f) for f in TASKS}
 #: The only columns render draws nothing for, and what it says of their task: a function
 #: is no environment. Every other column's cell, whatever the algorithm, draws its policy.
 NOTHING_TO_RENDER = {"black-box": "a black-box function, not an environment"}
@@ -172,7 +174,12 @@ def test_every_algorithm_on_every_family(algorithm, family, tmp_path, capsys, re
 
 #: The task each algorithm's many-seed run trains on: its own kind of task, else the
 #: gymnax family's quick one.
-SEEDS_TASKS = {"mapelites": "qd/arm", "nsga2": "mo/zdt1", "nsga3": "mo/dtlz2"}
+SEEDS_TASKS = {
+    "dqn": "CartPole-v1",
+    "mapelites": "qd/arm",
+    "nsga2": "mo/zdt1",
+    "nsga3": "mo/dtlz2",
+}
 
 
 @pytest.mark.parametrize(

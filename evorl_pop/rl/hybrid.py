@@ -125,8 +125,8 @@ class HybridConfig:
       episode_length: steps per episode (``None``: the environment's limit).
       eval_episodes: noise-free episodes that evaluate the algorithm's actor
         each generation (``eval_return``).
-      learner: the RL learner, by its registered name: ``'td3'`` or ``'sac'`` (CEM-RL,
-        ERL, PBT), ``'ppo'`` (PBT), or a plug-in's (``--plugin MODULE``).
+      learner: the RL learner, by its registered name: ``'td3'``, ``'sac'`` or ``'ddpg'``
+        (CEM-RL, ERL, PBT), ``'ppo'`` or ``'dqn'`` (PBT), or a plug-in's (``--plugin MODULE``).
       learner_settings: the settings of a learner without a field of its own in this
         config (a plug-in's), as changes to its defaults, e.g. ``{batch_size: 64}``
         (``--set learner_settings.batch_size=64``); the learner checks them.
