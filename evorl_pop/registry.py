@@ -58,6 +58,7 @@ BUILTIN: dict[str, tuple[str, ...]] = {
     "learner": ("evorl_pop.rl.td3", "evorl_pop.algorithms.sac", "evorl_pop.algorithms.ppo"),
     "environment family": (
         "evorl_pop.tasks.brax_envs",
+        "evorl_pop.tasks.envpool_envs",
         "evorl_pop.tasks.gym_envs",
         "evorl_pop.tasks.gymnax_envs",
         "evorl_pop.tasks.playground_envs",
