@@ -31,7 +31,6 @@ at once, so the rest of the program keeps the run's precision.
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import jax
 import jax.numpy as jnp
