@@ -35,6 +35,8 @@ ALGORITHMS = [spec.name for spec in config_lib.specs()]
 #: black-box functions.
 LEARNING = ("cemrl", "erl", "pbt", "ppo", "sac")
 REFUSED = {(a, f) for a in LEARNING for f in ("black-box",)}
+#: EnvPool's pools have no learner lanes (single resets with keys of their own).
+REFUSED |= {(a, "envpool") for a in LEARNING}
 #: The only columns render draws nothing for, and what it says of their task: a function
 #: is no environment. Every other column's cell, whatever the algorithm, draws its policy.
 NOTHING_TO_RENDER = {"black-box": "a black-box function, not an environment"}
