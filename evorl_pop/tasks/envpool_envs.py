@@ -185,16 +185,20 @@ class EnvPoolTask(ControlTask):
         obs_norm = task_state.obs_norm if self.normalize_obs else None
         params = jax.vmap(self.unravel)(solutions)
         params = jax.tree.map(lambda x: jnp.repeat(x, episodes, axis=0), params)
+        # the candidates passed along: an evaluation starts after the one that made them
+        first = solutions.reshape(count, -1)[:, :1]
+        handle_shape = jax.ShapeDtypeStruct(pool.handle.shape, jnp.uint8)
         handle = jax.experimental.io_callback(
-            pool.prepare, jax.ShapeDtypeStruct(pool.handle.shape, jnp.uint8), task_state.evaluations
+            pool.prepare, handle_shape, task_state.evaluations, first
         )
         handle, obs, _, _, _ = pool.recv(handle)
         obs = self._observe(obs)
         f32 = jnp.float32
         zeros = jnp.zeros((width,), f32)
-        moments = ObsMoments(
-            zeros, jnp.zeros((width, *spec.obs_shape)), jnp.zeros((width, *spec.obs_shape))
-        )
+        moments = None  # raw observation sums, where the task normalises
+        if self.normalize_obs:
+            shape = (width, *spec.obs_shape)
+            moments = ObsMoments(zeros, jnp.zeros(shape), jnp.zeros(shape))
 
         def step(carry):
             handle, obs, alive, returns, steps, sums = carry
@@ -205,9 +209,10 @@ class EnvPoolTask(ControlTask):
             handle, next_obs, reward, done, _ = pool.recv(handle)
             live = alive.astype(f32)
             mask = live.reshape(width, *[1] * len(spec.obs_shape))
-            sums = ObsMoments(
-                sums.count + live, sums.total + obs * mask, sums.total_sq + obs**2 * mask
-            )
+            if sums is not None:
+                sums = ObsMoments(
+                    sums.count + live, sums.total + obs * mask, sums.total_sq + obs**2 * mask
+                )
             returns = returns + jnp.where(alive, reward, 0.0)
             steps = steps + alive.astype(jnp.int32)
             return handle, self._observe(next_obs), alive & ~done, returns, steps, sums
@@ -216,14 +221,15 @@ class EnvPoolTask(ControlTask):
         carry = (handle, obs, alive, zeros, jnp.zeros((width,), jnp.int32), moments)
         handle, *_, returns, steps, sums = jax.lax.while_loop(lambda c: c[2].any(), step, carry)
         zero = jnp.zeros((width, spec.action_dim) if not spec.discrete else (width,), f32)
-        pool.send(handle, zero, spec.discrete)  # every finished environment starts anew
+        handle = pool.send(handle, zero, spec.discrete)  # every finished one starts anew
+        # the results wait for that send: the next evaluation's recv takes its starts
+        after = jax.experimental.io_callback(pool.finish, jax.ShapeDtypeStruct((), f32), handle)
+        returns = returns + after
 
         def per_candidate(x, reduce):
             return reduce(x.reshape(count, episodes, *x.shape[1:]), axis=1)
 
-        moments = None
-        if self.normalize_obs:
-            moments = jax.tree.map(lambda x: per_candidate(x, jnp.sum), sums)
+        moments = jax.tree.map(lambda x: per_candidate(x, jnp.sum), sums)
         return EpisodeStats(
             episode_return=per_candidate(returns, jnp.mean),
             steps=per_candidate(steps, jnp.sum),

@@ -104,9 +104,10 @@ class Pool:
             if key.startswith("obs")
         ]
 
-    def prepare(self, count) -> np.ndarray:
+    def prepare(self, count, candidates=None) -> np.ndarray:
         """Brings the pool to its ``count``-th evaluation (a fresh pool of a resumed run:
-        ``count`` resets) unless it is there or past it; returns the handle."""
+        ``count`` resets) unless it is there or past it; returns the handle
+        (``candidates``: what the evaluation waits for, unused)."""
         count = int(np.asarray(count).reshape(-1)[0])
         with self._lock:
             if self.position < count:
@@ -116,6 +117,10 @@ class Pool:
                 self.position = count
             self.position += 1
         return self.handle
+
+    def finish(self, handle) -> np.ndarray:
+        """Zero, once the evaluation's last ``send`` (``handle``) has run."""
+        return np.zeros((), np.float32)
 
     def recv(self, handle):
         """``(handle, observations (W, ...) float32, reward, done, truncated)``, rows in
