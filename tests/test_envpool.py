@@ -21,7 +21,7 @@ from evorl_pop.tasks.envpool_envs import EnvPoolTask, gymnasium_id  # noqa: E402
 
 def _direct(task: EnvPoolTask, solutions, episodes: int, evaluations: int):
     """Each slot's return and length in a pool of the task's width stepped directly
-    (EnvPool's Python API, seed 0), after ``evaluations`` earlier evaluations."""
+    (EnvPool's Python API, seed 0), at evaluation count ``evaluations``."""
     import envpool
 
     width = solutions.shape[0] * episodes
@@ -34,7 +34,7 @@ def _direct(task: EnvPoolTask, solutions, episodes: int, evaluations: int):
         seed=0,
         max_episode_steps=task.spec.max_steps,
     )
-    for _ in range(evaluations):
+    for _ in range(2 * evaluations):  # the starts of the pool's evaluation count
         pool.reset()
     params = jax.vmap(task.unravel)(jnp.repeat(solutions, episodes, axis=0))
     act = jax.jit(jax.vmap(task.policy))
@@ -87,7 +87,7 @@ def test_episodes_equal_envpool_stepped_directly(env_id, length, ends):
     solutions = jax.vmap(task.init_solution)(jax.random.split(jax.random.key(3), 3)) * 3.0
     evaluate = jax.jit(lambda s, state: task._batch_episodes(s, None, state, 2))
     state = task.init_state()
-    # DM Control's second evaluation runs each environment's second episode; where
+    # DM Control's second evaluation runs each environment's third start; where
     # episodes fall, a pool's later starts depend on the lengths (the first only)
     for evaluation in range(2 if ends == "truncated" else 1):
         stats = evaluate(solutions, state)

@@ -14,14 +14,15 @@ The pool's address is a constant of the programs that step it: a pool lives as
 long as its task. Its randomness is EnvPool's own: environment ``i`` draws its
 starts from a generator seeded ``seed + i`` when the pool is made, one start per
 reset. An environment's ``k``-th episode therefore depends on the pool's seed
-and on ``k``; :meth:`Pool.prepare` brings a fresh pool (a resumed run's) to the
-evaluation count the run's state records, by resetting it that many times.
-That is exact where every episode ends at the time limit (every DM Control
-task, MuJoCo's HalfCheetah and Swimmer): each evaluation then resets each
-environment once. Where episodes terminate early, a finished environment runs
-on (its steps masked) and resets again, so such a pool's position also depends
-on the episodes' lengths, and a resumed run's episodes differ from the
-uninterrupted run's.
+and on ``k``. The task's state counts its population evaluations, and
+:meth:`Pool.prepare` starts the evaluations of count ``c`` at start ``2c``
+(resetting where the pool is behind), so a resumed run's fresh pool is brought
+where the uninterrupted run's pool is. That is exact where every episode ends
+at the time limit (every DM Control task, MuJoCo's HalfCheetah and Swimmer): each
+evaluation then resets each environment once. Where episodes terminate early, a
+finished environment runs on (its steps masked) and resets again, so such a
+pool's position also depends on the episodes' lengths, and a resumed run's
+episodes differ from the uninterrupted run's.
 
 DM Control's observations and actions are float64: the custom calls are traced
 in JAX's 64-bit mode (:func:`jax.enable_x64`) and their values cast to float32
@@ -90,7 +91,7 @@ class Pool:
             max_episode_steps=max_steps,
         )
         self.pool.async_reset()  # the first evaluation's recv takes these starts
-        self.position = 0  # evaluations the pool has served (resets per environment)
+        self.position = 0  # starts each environment has drawn before the pending ones
         self._lock = threading.Lock()
         self._calls = {}
         for name, (handle, specs, capsules) in self.pool._xla():
@@ -105,17 +106,23 @@ class Pool:
         ]
 
     def prepare(self, count, candidates=None) -> np.ndarray:
-        """Brings the pool to its ``count``-th evaluation (a fresh pool of a resumed run:
-        ``count`` resets) unless it is there or past it; returns the handle
-        (``candidates``: what the evaluation waits for, unused)."""
-        count = int(np.asarray(count).reshape(-1)[0])
+        """Brings the pool to the start of the evaluations of count ``count``: its
+        environments' ``2 x count``-th starts (resetting them where it is behind, a fresh
+        pool of a resumed run too), unless it is there or past it; returns the handle
+        (``candidates``: what the evaluation waits for, unused).
+
+        Two starts per count: the engine evaluates a population-based strategy's initial
+        population and its first generation at count 0, every other generation at a
+        count of its own; so the evaluations of a count ``c >= 1`` start at ``2c``
+        whether or not an initial population was evaluated, and where a resumed run's
+        fresh pool starts.
+        """
+        target = 2 * int(np.asarray(count).reshape(-1)[0])
         with self._lock:
-            if self.position < count:
-                for _ in range(count - self.position):
-                    self.pool.recv()  # the pending starts
-                    self.pool.async_reset()
-                self.position = count
-            self.position += 1
+            for _ in range(target - self.position):
+                self.pool.recv()  # the pending starts
+                self.pool.async_reset()
+            self.position = max(self.position, target) + 1
         return self.handle
 
     def finish(self, handle) -> np.ndarray:
