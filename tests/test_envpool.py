@@ -138,3 +138,14 @@ def test_gymnasium_ids_of_the_same_tasks():
     assert gymnasium_id("BallInCupCatch-v1") == "dm_control/ball_in_cup-catch-v0"
     assert gymnasium_id("HalfCheetah-v4") == "HalfCheetah-v4"
     assert gymnasium_id("Pong-v5") == "ALE/Pong-v5"
+
+
+def test_the_learners_refuse_its_tasks_in_one_line():
+    from evorl_pop.base import ConfigError
+    from evorl_pop.rl import vec_env
+
+    with pytest.raises(ConfigError, match=r"^task: ppo steps its environments in JAX") as err:
+        vec_env.check_task("envpool:CheetahRun-v1", "ppo")
+    assert "\n" not in str(err.value) and "-a es runs it" in str(err.value)
+    with pytest.raises(ConfigError, match="is not an EnvPool id"):
+        EnvPoolTask("envpool:NoSuchTask-v1")
