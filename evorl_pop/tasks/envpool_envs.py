@@ -21,10 +21,14 @@ pool, its environments and the actions they receive are then the same on 1
 and 2 devices, so are the episodes.
 
 The episodes are EnvPool's: they depend on the pool's seed (``0``; environment
-``i``: ``i``) and on how many episodes the pool has run, not on the evaluation
-keys. The task's state counts its population evaluations, and a resumed run's
-fresh pool is brought to that count (see :class:`~evorl_pop.tasks.envpool_pool.Pool`
-for where this is exact). ``evorl-pop render`` replays the policy in the same
+``i``: ``i``) and on how many starts its environments have drawn, not on the
+evaluation keys. The task's state counts its population evaluations, and the
+evaluations of a count begin at a start of their own, where a resumed run's
+fresh pool is brought (:meth:`~evorl_pop.tasks.envpool_pool.Pool.prepare`; the
+module says where this is exact). The population is evaluated whole
+(``eval_mode='vmap'``); ``'map'`` evaluates one candidate at a time, each in
+the pool of single evaluations, drawing more starts per count than a resumed
+run skips to. ``evorl-pop render`` replays the policy in the same
 task through Gymnasium (DM Control's through shimmy), whose starts are not
 EnvPool's. The learners, which reset single lanes with keys of their own, and
 so the hybrids and PBT, take other families' tasks.
