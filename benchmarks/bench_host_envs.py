@@ -30,7 +30,9 @@ Prints one table of environment steps per second:
   Playground's MJX against MuJoCo's C simulator (``gym:dm_control/...``, the
   ``dmc`` extra), the best generation after the first. With
   ``--gym gym:dm_control/cheetah-run-v0,...`` the C path is also measured against
-  a hand-written loop over the same vector environment.
+  a hand-written loop over the same vector environment. Beside them, EnvPool
+  (``envpool:<Task>-v1``, unless ``--no-envpool``): the whole run, and its pool
+  stepped alone with random actions in one compiled loop (goal: run / alone >= 0.7).
 
 Every timing is the best of ``--reps`` calls after a warm-up call. The
 benchmark sets one CPU device per core it may use (at least the largest
@@ -65,6 +67,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--dmc-steps", type=int, default=100, help="their episode length")
     parser.add_argument("--dmc-gens", type=int, default=3, help="generations of those runs")
+    parser.add_argument(
+        "--no-envpool", dest="envpool", action="store_false", help="--dmc without EnvPool's rows"
+    )
     parser.add_argument("--run-gens", type=int, default=20, help="generations of those runs")
     parser.add_argument("--run-chunk", type=int, default=5, help="generations per chunk")
     return parser.parse_args(argv)
@@ -239,19 +244,61 @@ def run_rows(args):
 
 def dmc_rows(args):
     """DM Control tasks in whole runs: Playground's MJX (``playground/<Task>``) against
-    MuJoCo's C simulator through shimmy (``gym:dm_control/<domain>-<task>-v0``), the same
-    population, episodes and generations, one process of one device."""
+    MuJoCo's C simulator through shimmy (``gym:dm_control/<domain>-<task>-v0``) and
+    EnvPool (``envpool:<Task>-v1``), the same population, episodes and generations, one
+    process of one device; and EnvPool stepping alone (random actions, no policy)."""
     from evorl_pop.tasks.playground_envs import c_simulator_id
 
     for task in args.dmc.split(","):
+        names = [f"playground/{task}", f"gym:{c_simulator_id(task)}"]
+        if args.envpool:
+            names.append(f"envpool:{task}-v1")
         rates = []
-        for name in (f"playground/{task}", f"gym:{c_simulator_id(task)}"):
+        for name in names:
             with tempfile.TemporaryDirectory() as tmp:
                 out = os.path.join(tmp, "run")
                 rates.append(run_rate(args, name, 1, out, args.dmc_gens, 1, args.dmc_steps))
-        mjx, c = rates
-        print(f"{'playground/' + task:28s} {'train, MJX':>14s} {mjx:12,.0f}")
-        print(f"{'gym:' + c_simulator_id(task):28s} {'train, C':>14s} {c:12,.0f}   x{c / mjx:6.1f}")
+        mjx, c = rates[:2]
+        print(f"{names[0]:28s} {'train, MJX':>14s} {mjx:12,.0f}")
+        print(f"{names[1]:28s} {'train, C':>14s} {c:12,.0f}   x{c / mjx:6.1f} MJX")
+        if args.envpool:
+            pool = rates[2]
+            alone = envpool_stepping(f"{task}-v1", args.pop * args.episodes, args.dmc_steps)
+            print(f"{names[2]:28s} {'train, EnvPool':>14s} {pool:12,.0f}   x{pool / mjx:6.1f} MJX")
+            print(
+                f"{'':28s} {'stepping alone':>14s} {alone:12,.0f}   "
+                f"train / alone {pool / alone:4.2f} (goal >= 0.7)"
+            )
+
+
+def envpool_stepping(env_id, width, steps):
+    """Steps per second of a pool of ``width`` environments stepped alone by its XLA
+    calls in one compiled loop of ``steps`` steps with random actions (best of ``--reps``)."""
+    from evorl_pop.tasks.envpool_pool import Pool, pool_spec
+
+    dims = pool_spec(env_id, env_id, steps)[0].action_dim
+    pool = Pool(env_id, width, steps)
+
+    @jax.jit
+    def loop(handle, key):
+        handle = pool.recv(handle)[0]
+
+        def body(t, handle):
+            action = jax.random.uniform(jax.random.fold_in(key, t), (width, dims), minval=-1.0)
+            return pool.recv(pool.send(handle, action, False))[0]
+
+        return body(0, jax.lax.fori_loop(0, steps - 1, body, handle))
+
+    times = []
+    handle = jnp.asarray(pool.handle)
+    for rep in range(ARGS.reps + 1):
+        start = time.perf_counter()
+        handle = loop(handle, jax.random.key(rep))
+        handle.block_until_ready()
+        pool.pool.async_reset()  # the pool's recv takes fresh starts again
+        times.append(time.perf_counter() - start)
+    pool.close()
+    return width * steps / min(times[1:])
 
 
 def playground_row(args):

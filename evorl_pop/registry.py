@@ -66,6 +66,7 @@ BUILTIN: dict[str, tuple[str, ...]] = {
     ),
     "environment family": (
         "evorl_pop.tasks.brax_envs",
+        "evorl_pop.tasks.envpool_envs",
         "evorl_pop.tasks.gym_envs",
         "evorl_pop.tasks.gymnax_envs",
         "evorl_pop.tasks.marl_envs",

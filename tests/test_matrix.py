@@ -38,6 +38,8 @@ LEARNING = ("cemrl", "ddpg", "dqn", "erl", "pbt", "ppo", "sac")
 REFUSED = {(a, f) for a in LEARNING for f in ("black-box", "marl")}
 #: DQN takes discrete actions only, and every family's quick task has continuous ones.
 REFUSED |= {("dqn", f) for f in TASKS}
+#: EnvPool's pools have no learner lanes (single resets with keys of their own).
+REFUSED |= {(a, "envpool") for a in LEARNING}
 #: The only columns render draws nothing for, and what it says of their task: a function
 #: is no environment. Every other column's cell, whatever the algorithm, draws its policy.
 NOTHING_TO_RENDER = {"black-box": "a black-box function, not an environment"}

@@ -136,8 +136,7 @@ def check_task(task: str, who: str) -> None:
       task: the config's task.
       who: the learner, for the message (``'ppo'``).
     """
-    family = envs.env_family(task)
-    if family is None or family.steps_in_jax:
+    if not envs.steps_on_host(task):  # a host family without learner lanes: refused
         envs.check_environment(task, who)
 
 

@@ -171,7 +171,7 @@ def mesh_devices(config) -> int | None:
         return limit
     task = algorithm.task if isinstance(algorithm, OnTask) else None
     sync = not isinstance(algorithm, VectorEnvs) or algorithm.vector == "sync"
-    if isinstance(task, str) and task.startswith(GYM_PREFIX) and sync:
+    if isinstance(task, str) and task.startswith((GYM_PREFIX, "envpool:")) and sync:
         # A process's sync vector envs step one device at a time (Python's lock): more
         # devices add host callbacks, not stepping. Worker processes step in parallel.
         return 1

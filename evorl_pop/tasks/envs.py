@@ -70,7 +70,7 @@ def steps_on_host(name: str) -> bool:
     """Whether the task ``name`` steps its environments on the host (a family with
     ``steps_in_jax`` false, Gymnasium's); ``False`` for JAX families and black-box tasks."""
     family = env_family(name)
-    return family is not None and not family.steps_in_jax
+    return family is not None and not family.steps_in_jax and getattr(family, "host_lanes", True)
 
 
 def _find_family(name: str) -> EnvFamily | None:
