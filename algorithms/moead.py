@@ -100,6 +100,9 @@ def replace(state, children, child_fitness, order, weights, neighbours, limit, d
       ``(population, fitness, born, ideal)`` after every offspring.
     """
     generation = state.generation + 1
+    children, child_fitness, order, weights, neighbours = map(
+        jnp.asarray, (children, child_fitness, order, weights, neighbours)
+    )
 
     def one(carry, i):
         population, fitness, born, ideal = carry
