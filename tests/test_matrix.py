@@ -171,7 +171,13 @@ def test_every_algorithm_on_every_family(algorithm, family, tmp_path, capsys, re
 
 #: The task each algorithm's many-seed run trains on: its own kind of task, else the
 #: gymnax family's quick one.
-SEEDS_TASKS = {"mapelites": "qd/arm", "nsga2": "mo/zdt1", "nsga3": "mo/dtlz2"}
+SEEDS_TASKS = {
+    "mapelites": "qd/arm",
+    "nsga2": "mo/zdt1",
+    "nsga3": "mo/dtlz2",
+    "moead": "mo/zdt1",
+    "rvea": "mo/dtlz2",
+}
 
 
 @pytest.mark.parametrize(
