@@ -82,9 +82,13 @@ def apd_select(fitness, alive, vectors, penalty):
     theta = jnp.arccos(jnp.clip(cosine[jnp.arange(m), niche], -1.0, 1.0))
     gamma = least_angles(vectors)
     apd = (1.0 + k * penalty * theta / gamma[niche]) * distance
-    member = alive[:, None] & (niche[:, None] == jnp.arange(h)[None])
-    chosen = jnp.argmin(jnp.where(member, apd[:, None], jnp.inf), axis=0)
-    return chosen, jnp.any(member, axis=0)
+    apd = jnp.where(alive, apd, jnp.inf)
+    least_apd = jax.ops.segment_min(apd, niche, h)
+    # the first candidate of least APD in each niche (the lowest index on a tie)
+    first = jnp.where(alive & (apd == least_apd[niche]), jnp.arange(m), m)
+    chosen = jax.ops.segment_min(first, niche, h)
+    filled = jax.ops.segment_max(alive.astype(jnp.int32), niche, h) > 0
+    return jnp.where(filled, chosen, 0), filled
 
 
 def adapt(initial, fitness, valid):
@@ -165,8 +169,10 @@ class RVEAStrategy(NSGA2Strategy):
         del params
         k_select, k_cross, k_mutate = jax.random.split(key, 3)
         pairs = -(-self.population_size // 2)
-        logits = jnp.where(state.valid, 0.0, -jnp.inf)
-        parents = state.population[jax.random.categorical(k_select, logits, shape=(2 * pairs,))]
+        # uniform over the filled slots: the filled first, then a draw below their count
+        filled = jnp.argsort(~state.valid, stable=True)
+        draw = jax.random.randint(k_select, (2 * pairs,), 0, jnp.sum(state.valid))
+        parents = state.population[filled[draw]]
         first, second = sbx(
             k_cross,
             parents[:pairs],
