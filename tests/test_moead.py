@@ -158,6 +158,7 @@ def _rows(run) -> dict:
     return {k: v for k, v in store.read_metrics(run).items() if "time" not in k}
 
 
+@pytest.mark.slow  # three compiled runs of the command
 def test_moead_resume_equals_uninterrupted(tmp_path):
     common = ["-a", "moead", "--task", "mo/zdt1", "--pop", "8", "--set", "num_dims=5"]
     common += ["--set", "neighbours=3", "--set", "decomposition=pbi"]

@@ -140,6 +140,7 @@ def _rows(run) -> dict:
     return {k: v for k, v in store.read_metrics(run).items() if "time" not in k}
 
 
+@pytest.mark.slow  # three compiled runs of the command
 def test_rvea_resume_equals_uninterrupted(tmp_path):
     common = ["-a", "rvea", "--task", "mo/dtlz2", "--pop", "8", "--set", "num_dims=5"]
     common += ["--set", "max_generations=4", "--chunk", "2", "--devices", "2", "-q", "--no-figure"]
