@@ -179,8 +179,11 @@ def main():
     parser.add_argument("--halfcheetah", action="store_true", help="only the mo/halfcheetah row")
     parser.add_argument("--halfcheetah-generations", type=int, default=10)
     parser.add_argument("--episode-length", type=int, default=1000, help="mo/halfcheetah's")
+    parser.add_argument("--decomposition", action="store_true", help="only MOEA/D and RVEA")
     args = parser.parse_args()
     _devices(args.devices)
+    if args.decomposition:
+        return decomposition(args)
     if args.halfcheetah:
         algo, rows = halfcheetah(args.halfcheetah_generations, args.episode_length, args.devices)
         print(
@@ -235,6 +238,142 @@ def quality(args):
             values = [moocore.igd(f, ref=front) for f in found]
             seconds = time.perf_counter() - t0
             print(_row(f"{algorithm} {problem} {who}", values) + f"   ({seconds:.0f} s in all)")
+
+
+# --- MOEA/D and RVEA against pymoo's (python benchmarks/bench_mo.py --decomposition) -------
+#: The problems of the MOEA/D and RVEA table: (task, pymoo's name, objectives, the
+#: Das-Dennis partitions of the quality runs: 100 and 91 weights / vectors).
+DECOMPOSITION_PROBLEMS = (("mo/zdt1", "zdt1", 2, 99), ("mo/dtlz2", "dtlz2", 3, 12))
+
+
+def decomposition_config(algorithm: str, task: str, partitions: int, generations: int):
+    """The evorl_pop config with pymoo's defaults: MOEA/D with 20 neighbours, parents
+    from them with probability 0.9, Tchebycheff on 2 objectives and PBI on 3, SBX
+    (index 20) and polynomial mutation (index 20); RVEA with alpha 2, the vectors
+    adapted every tenth of the run, SBX (index 30) and polynomial mutation (index 20)."""
+    from math import comb
+
+    from evorl_pop.algorithms.moead import MOEADConfig
+    from evorl_pop.algorithms.rvea import RVEAConfig
+
+    k = 2 if task == "mo/zdt1" else 3
+    pop = comb(partitions + k - 1, k - 1)
+    common = {"task": task, "population_size": pop, "ref_partitions": partitions}
+    common["measures"] = False
+    if algorithm == "moead":
+        decomposition = "tchebycheff" if k == 2 else "pbi"
+        return MOEADConfig(**common, neighbour_prob=0.9, decomposition=decomposition)
+    return RVEAConfig(**common, max_generations=generations)
+
+
+def decomposition_ours(algorithm, task, partitions, generations, seeds, devices):
+    """Each seed's final front (non-dominated members), compiled once; and the seconds
+    per generation (the last seed's run, after compilation)."""
+    import jax
+    import jax.numpy as jnp
+
+    from evorl_pop import make_mesh
+    from evorl_pop.algorithms.moead import MOEAD
+    from evorl_pop.algorithms.rvea import RVEA
+
+    config = decomposition_config(algorithm, task, partitions, generations)
+    algo = (MOEAD if algorithm == "moead" else RVEA)(config, mesh=make_mesh(devices))
+
+    @jax.jit
+    def run(key):
+        state = algo.init(key)
+        body = lambda s, g: (algo.step(s, jax.random.fold_in(key, g))[0], None)  # noqa: E731
+        return jax.lax.scan(body, state, jnp.arange(generations))[0]
+
+    fronts = []
+    for seed in range(seeds):
+        s = jax.block_until_ready(run(jax.random.key(seed))).strategy_state
+        fronts.append(np.asarray(s.fitness)[np.asarray(s.rank) == 0])
+    return fronts
+
+
+def decomposition_ours_time(algorithm, task, partitions, devices, generations=5) -> float:
+    """Seconds per generation after compilation, without the front's measures."""
+    import jax
+
+    from evorl_pop import make_mesh
+    from evorl_pop.algorithms.moead import MOEAD
+    from evorl_pop.algorithms.rvea import RVEA
+    from evorl_pop.run.shell import chunk_fn
+
+    config = decomposition_config(algorithm, task, partitions, 100)
+    algo = (MOEAD if algorithm == "moead" else RVEA)(config, mesh=make_mesh(devices))
+    chunk = chunk_fn(algo, generations)
+    key = jax.random.key(0)
+    state = jax.block_until_ready(jax.jit(algo.init)(key))
+    state = jax.block_until_ready(chunk(state, key)[0])  # compiled
+    t0 = time.perf_counter()
+    jax.block_until_ready(chunk(state, key))
+    return (time.perf_counter() - t0) / generations
+
+
+def decomposition_theirs(algorithm, problem, k, partitions, generations, seed):
+    """pymoo's MOEAD or RVEA at its defaults on the same directions: the final front."""
+    from pymoo.algorithms.moo.moead import MOEAD
+    from pymoo.algorithms.moo.rvea import RVEA
+    from pymoo.optimize import minimize
+    from pymoo.problems import get_problem
+    from pymoo.util.ref_dirs import get_reference_directions
+
+    p = get_problem(problem) if k == 2 else get_problem(problem, n_obj=3)
+    directions = get_reference_directions("das-dennis", k, n_partitions=partitions)
+    algo = MOEAD(directions) if algorithm == "moead" else RVEA(directions)
+    return minimize(p, algo, ("n_gen", generations), seed=seed).F
+
+
+def decomposition_theirs_time(algorithm, problem, k, partitions, generations=3) -> float:
+    """pymoo's seconds per generation: a run of ``1 + generations`` less a run of 1."""
+    times = []
+    for n in (1, 1 + generations):
+        t0 = time.perf_counter()
+        decomposition_theirs(algorithm, problem, k, partitions, n, 0)
+        times.append(time.perf_counter() - t0)
+    return (times[1] - times[0]) / generations
+
+
+def decomposition(args):
+    """The MOEA/D and RVEA table: IGD at equal evaluations, then the generation's time."""
+    import moocore
+
+    from evorl_pop.tasks.multiobjective import make_mo_task
+
+    gens, seeds = args.generations, args.seeds
+    print(f"IGD of the final front (non-dominated members), {seeds} seeds, {gens} generations")
+    print(f"{'':<26} {'median':>10} {'q25':>10} {'q75':>10}")
+    for algorithm in ("moead", "rvea"):
+        for task, problem, k, partitions in DECOMPOSITION_PROBLEMS:
+            front = make_mo_task(task).pareto_front()
+            for who in ("evorl_pop", "pymoo"):
+                t0 = time.perf_counter()
+                if who == "evorl_pop":
+                    found = decomposition_ours(
+                        algorithm, task, partitions, gens, seeds, args.devices
+                    )
+                else:
+                    found = [
+                        decomposition_theirs(algorithm, problem, k, partitions, gens, seed)
+                        for seed in range(seeds)
+                    ]
+                values = [moocore.igd(f, ref=front) for f in found]
+                seconds = time.perf_counter() - t0
+                name = f"{algorithm} {problem} {who}"
+                print(_row(name, values) + f"   ({seconds:.0f} s in all)")
+    pop = args.speed_population
+    print(f"\nseconds per generation, population about {pop} (Das-Dennis), after compilation")
+    for task, problem, k, _ in DECOMPOSITION_PROBLEMS:
+        partitions = pop - 1 if k == 2 else 43  # 1,024 weights; 990 for 3 objectives
+        for algorithm in ("moead", "rvea"):
+            mine = decomposition_ours_time(algorithm, task, partitions, args.devices)
+            other = decomposition_theirs_time(algorithm, problem, k, partitions)
+            print(
+                f"{algorithm} {problem:<8} evorl_pop {mine:>8.4f}  pymoo {other:>8.4f}  "
+                f"(speed-up {other / mine:.0f}x, {args.devices} device(s))"
+            )
 
 
 if __name__ == "__main__":

@@ -114,12 +114,15 @@ def _restore_xla_flags(monkeypatch):
 EXHAUSTIVE = ("playground", "brax", "gym")
 #: DM Control cells whose code the long tier runs elsewhere on a Gymnasium task
 #: (tests/test_host_learners.py: PBT, ERL and SAC on the host, resumed and on 1 and 2
-#: devices) or through a sibling (NSGA-II's cell for NSGA-III's), in the exhaustive tier.
+#: devices) or through a sibling (NSGA-II's cell for NSGA-III's, MOEA/D's and RVEA's), in
+#: the exhaustive tier.
 EXHAUSTIVE_CELLS = {
     ("pbt", "dm_control"),
     ("erl", "dm_control"),
     ("sac", "dm_control"),
     ("nsga3", "dm_control"),
+    ("moead", "dm_control"),
+    ("rvea", "dm_control"),
 }
 CELLS = [
     pytest.param(
@@ -181,6 +184,8 @@ SEEDS_TASKS = {
     "mapelites": "qd/arm",
     "nsga2": "mo/zdt1",
     "nsga3": "mo/dtlz2",
+    "moead": "mo/zdt1",
+    "rvea": "mo/dtlz2",
 }
 
 
