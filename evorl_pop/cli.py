@@ -522,7 +522,10 @@ def _cmd_list(args) -> int:
             tasks.blackbox.bbob_task_names(),
         ),
         ("quality-diversity tasks (-a mapelites --task)", tasks.qd.QD_TASKS),
-        ("multi-objective tasks (-a nsga2 or nsga3 --task)", tasks.multiobjective.mo_task_names()),
+        (
+            "multi-objective tasks (-a nsga2, nsga3, moead or rvea --task)",
+            tasks.multiobjective.mo_task_names(),
+        ),
     ):
         print(f"{title}:")
         text = ", ".join(sorted(names))

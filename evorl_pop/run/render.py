@@ -264,7 +264,8 @@ def render(
     if chosen and not many:
         which = "--member" if member is not None else "--cell and --descriptor"
         raise ValueError(
-            f"{which} choose a front member (nsga2, nsga3 on mo/ tasks) or an archive's elite "
+            f"{which} choose a front member (nsga2, nsga3, moead, rvea on mo/ tasks) or an "
+            "archive's elite "
             f"(mapelites on qd/ tasks); {task!r} has neither, render shows its best policy."
         )
     if family is None:
