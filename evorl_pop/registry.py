@@ -45,17 +45,25 @@ ENTRY_POINT_GROUP = "evorl_pop.plugins"
 BUILTIN: dict[str, tuple[str, ...]] = {
     "algorithm": (
         "evorl_pop.algorithms.es",
+        "evorl_pop.algorithms.a2c",
         "evorl_pop.algorithms.cemrl",
         "evorl_pop.algorithms.erl",
         "evorl_pop.algorithms.mapelites",
         "evorl_pop.algorithms.nsga2",
         "evorl_pop.algorithms.nsga3",
+        "evorl_pop.algorithms.impala",
         "evorl_pop.algorithms.pbt",
         "evorl_pop.algorithms.ppo",
         "evorl_pop.algorithms.sac",
     ),
     "strategy": ("evorl_pop.algorithms.es", "evorl_pop.algorithms.cma_es"),
-    "learner": ("evorl_pop.rl.td3", "evorl_pop.algorithms.sac", "evorl_pop.algorithms.ppo"),
+    "learner": (
+        "evorl_pop.rl.td3",
+        "evorl_pop.algorithms.sac",
+        "evorl_pop.algorithms.ppo",
+        "evorl_pop.algorithms.a2c",
+        "evorl_pop.algorithms.impala",
+    ),
     "environment family": (
         "evorl_pop.tasks.brax_envs",
         "evorl_pop.tasks.gym_envs",
