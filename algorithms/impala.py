@@ -34,7 +34,7 @@ One ``step``::
       |   one gradient step: each device differentiates its own lanes, pmean
       |   the ring takes the learner's policy before the step; statistics merged
       v
-    state, metrics (training returns, losses, the mean ratio pi/mu: global)
+    state, metrics (training returns, losses, the mean |log pi/mu|: global)
 
 The networks and the acting are PPO's (:class:`~evorl_pop.rl.ppo.PPOLearner`),
 the environments and settings A2C's (:mod:`evorl_pop.algorithms.a2c`). The
@@ -163,7 +163,8 @@ class ImpalaLearner(PPOLearner):
 
         Returns:
           ``(loss, parts)`` with ``policy_loss``, ``value_loss``, ``entropy`` and
-          ``ratio`` (the mean unclipped ``pi / mu``).
+          ``abs_log_ratio``, the mean ``|log pi - log mu|`` (0 on-policy: how far the
+          actors' policy lies behind).
         """
         lanes, length = batch.reward.shape
         flat = lambda x: x.reshape(lanes * length, *x.shape[2:])  # noqa: E731
@@ -195,7 +196,7 @@ class ImpalaLearner(PPOLearner):
             "policy_loss": policy,
             "value_loss": v_loss,
             "entropy": jnp.mean(entropy),
-            "ratio": jnp.mean(jnp.exp(log_rho)),
+            "abs_log_ratio": jnp.mean(jnp.abs(log_rho)),
         }
 
     def update(
@@ -304,7 +305,7 @@ class IMPALA(A2C):
 
     A :meth:`step` is ``num_envs x unroll_length`` environment steps with the policy
     of ``actor_lag`` updates ago, and one gradient step; its metrics' losses are
-    ``loss``, ``policy_loss``, ``value_loss``, ``entropy`` and ``ratio``.
+    ``loss``, ``policy_loss``, ``value_loss``, ``entropy`` and ``abs_log_ratio``.
     """
 
     STATE = State
@@ -404,7 +405,7 @@ registry.register_learner(
                 ("entropy_cost", 1e-4, 3e-2, True),
                 ("discount", 0.95, 0.999, False),
             ),
-            losses=("loss", "policy_loss", "value_loss", "entropy", "ratio"),
+            losses=("loss", "policy_loss", "value_loss", "entropy", "abs_log_ratio"),
         ),
         description="IMPALA: V-trace, lagged actors, its own running episodes (a PBT member)",
     ),
