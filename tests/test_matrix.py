@@ -33,7 +33,7 @@ TASKS = {
 ALGORITHMS = [spec.name for spec in config_lib.specs()]
 #: The project's own pairs that must be refused: the learners and the hybrids take no
 #: black-box functions.
-LEARNING = ("cemrl", "erl", "pbt", "ppo", "sac")
+LEARNING = ("a2c", "cemrl", "erl", "impala", "pbt", "ppo", "sac")
 REFUSED = {(a, f) for a in LEARNING for f in ("black-box",)}
 #: The only columns render draws nothing for, and what it says of their task: a function
 #: is no environment. Every other column's cell, whatever the algorithm, draws its policy.
