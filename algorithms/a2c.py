@@ -221,7 +221,7 @@ class Config(ActorCriticSettings):
     num_envs: int = 16
     unroll_length: int = 16
     gae_lambda: float = 0.95
-    normalize_advantage: bool = False
+    normalize_advantage: bool = True
 
     HYPERPARAMETERS = Hyperparameters
 
