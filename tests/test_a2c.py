@@ -13,6 +13,7 @@ from _learners import assert_resume_equals_whole_run, leaves_close, two_steps
 from jax.sharding import PartitionSpec as P
 
 from evorl_pop import make_mesh, registry
+from evorl_pop.algorithms import pbt
 from evorl_pop.algorithms.a2c import (
     A2C,
     A2CLearner,
@@ -178,6 +179,13 @@ def test_registered_as_algorithm_and_learner_and_config_errors():
     assert registry.LEARNERS.find("a2c").member.searchable == (
         "learning_rate", "entropy_cost", "gae_lambda", "discount",
     )  # fmt: skip
+    # a PBT member: learner=a2c takes its settings from learner_settings
+    members = pbt.Config(task="CartPole-v1", learner="a2c", learner_settings={"num_envs": 4})
+    members.validate()
+    assert members.learner_config() == Config(task="CartPole-v1", num_envs=4, unroll_length=5)
+    assert [h.name for h in members.searched()] == [
+        "learning_rate", "entropy_cost", "gae_lambda", "discount",
+    ]  # fmt: skip
     with pytest.raises(ConfigError, match="gae_lambda must be in"):
         Config(gae_lambda=1.5).validate()
     with pytest.raises(ConfigError, match=r"multiple of 4 \(e.g. 4 or 8\): change num_envs"):
