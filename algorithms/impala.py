@@ -235,6 +235,10 @@ class ImpalaLearner(PPOLearner):
         (loss, parts), agent, opt_state = step(opt_state, agent, batch, hp, key, index)
         return agent.params, opt_state, dist.pmean({"loss": loss, **parts}, dp_axis_name)
 
+    def train(self, *args, **kwargs) -> tuple[Params, Any, dict[str, jax.Array]]:
+        """:meth:`update`: IMPALA takes one gradient step on a batch of lanes."""
+        return self.update(*args, **kwargs)
+
 
 # --- the algorithm -------------------------------------------------------------------
 
