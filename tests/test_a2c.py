@@ -146,6 +146,13 @@ def test_step_is_gae_then_one_update():
     state = algo.fresh(jax.random.key(0))
     key = jax.random.key(1)
     got, _ = jax.jit(lambda s: algo.local_step(s, key, None))(state)
+    params = jax.jit(_by_hand, static_argnums=0)(algo, state, key)
+    leaves_close(got.params, params)
+    assert float(got.obs_norm.count) == 64 and float(state.obs_norm.count) == 0
+
+
+def _by_hand(algo, state, key):
+    """The networks after a step, from the unroll, ``ppo.gae`` and ``update``."""
     collect_key, train_key = jax.random.split(key)
     envs, rollout = algo.collect(state, collect_key)
     hp = state.hyperparameters
@@ -163,8 +170,7 @@ def test_step_is_gae_then_one_update():
     params, _, _ = algo.learner.update(
         state.params, state.opt_state, state.obs_norm, samples, hp, train_key
     )
-    leaves_close(got.params, params)
-    assert float(got.obs_norm.count) == 64 and float(state.obs_norm.count) == 0
+    return params
 
 
 @pytest.mark.slow
