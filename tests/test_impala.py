@@ -250,7 +250,7 @@ def test_actors_act_with_the_policy_of_actor_lag_updates_ago_and_the_ratios_coun
     pairs = zip(jax.tree.leaves(history[2]), jax.tree.leaves(history[4]), strict=True)
     assert any(not np.allclose(a, b) for a, b in pairs)
     # The update uses the ratios: the same lanes taken as on-policy step elsewhere.
-    _, rollout = algo.collect(algo.behaviour(state), jax.random.key(7))
+    _, rollout = jax.jit(algo.collect)(algo.behaviour(state), jax.random.key(7))
     lanes = lambda x: jnp.swapaxes(x, 0, 1)  # noqa: E731
     segments = ppo.Segments(*map(lanes, jax.tree.leaves(rollout)), state.envs.obs)
     obs = segments.obs.reshape(-1, *segments.obs.shape[2:])
@@ -260,8 +260,9 @@ def test_actors_act_with_the_policy_of_actor_lag_updates_ago_and_the_ratios_coun
     on_policy = segments.replace(log_prob=own.reshape(segments.log_prob.shape))
     hp, key = state.hyperparameters, jax.random.key(8)
     args = (state.params, state.opt_state, algo._obs_norm(state))
-    off, _, off_metrics = algo.learner.update(*args, segments, hp, key)
-    on, _, on_metrics = algo.learner.update(*args, on_policy, hp, key)
+    update = jax.jit(algo.learner.update)
+    off, _, off_metrics = update(*args, segments, hp, key)
+    on, _, on_metrics = update(*args, on_policy, hp, key)
     assert float(off_metrics["abs_log_ratio"]) > 1e-3
     assert float(on_metrics["abs_log_ratio"]) < 1e-5
     pairs = zip(jax.tree.leaves(off), jax.tree.leaves(on), strict=True)
