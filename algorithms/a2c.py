@@ -207,8 +207,9 @@ class ActorCriticSettings(data_parallel.LearnerConfig):
 
 @dataclasses.dataclass(frozen=True)
 class Config(ActorCriticSettings):
-    """A2C settings (:class:`ActorCriticSettings`, and these); the defaults reach
-    CartPole-v1's 500 in about 100k steps.
+    """A2C settings (:class:`ActorCriticSettings`, and these); with
+    ``learning_rate=3e-3`` they reach a mean return of 450 on CartPole-v1 in about
+    120k steps (``docs/guides/learners.md``).
 
     Attributes:
       num_envs: environments stepped together (the batch of a gradient step is
