@@ -45,8 +45,12 @@ ENTRY_POINT_GROUP = "evorl_pop.plugins"
 BUILTIN: dict[str, tuple[str, ...]] = {
     "algorithm": (
         "evorl_pop.algorithms.es",
+        "evorl_pop.algorithms.a2c",
         "evorl_pop.algorithms.cemrl",
+        "evorl_pop.algorithms.ddpg",
+        "evorl_pop.algorithms.dqn",
         "evorl_pop.algorithms.erl",
+        "evorl_pop.algorithms.impala",
         "evorl_pop.algorithms.mapelites",
         "evorl_pop.algorithms.moead",
         "evorl_pop.algorithms.nsga2",
@@ -55,8 +59,6 @@ BUILTIN: dict[str, tuple[str, ...]] = {
         "evorl_pop.algorithms.ppo",
         "evorl_pop.algorithms.rvea",
         "evorl_pop.algorithms.sac",
-        "evorl_pop.algorithms.dqn",
-        "evorl_pop.algorithms.ddpg",
     ),
     "strategy": ("evorl_pop.algorithms.es", "evorl_pop.algorithms.cma_es"),
     "learner": (
@@ -65,6 +67,8 @@ BUILTIN: dict[str, tuple[str, ...]] = {
         "evorl_pop.algorithms.ppo",
         "evorl_pop.algorithms.dqn",
         "evorl_pop.algorithms.ddpg",
+        "evorl_pop.algorithms.a2c",
+        "evorl_pop.algorithms.impala",
     ),
     "environment family": (
         "evorl_pop.tasks.brax_envs",

@@ -33,7 +33,7 @@ TASKS = {
 ALGORITHMS = [spec.name for spec in config_lib.specs()]
 #: The project's own pairs that must be refused: the learners and the hybrids take no
 #: black-box functions.
-LEARNING = ("cemrl", "ddpg", "dqn", "erl", "pbt", "ppo", "sac")
+LEARNING = ("a2c", "cemrl", "ddpg", "dqn", "erl", "impala", "pbt", "ppo", "sac")
 #: ... nor multi-agent tasks (a learner learns one agent's policy; ES evolves a team).
 REFUSED = {(a, f) for a in LEARNING for f in ("black-box", "marl")}
 #: DQN takes discrete actions only, and every family's quick task has continuous ones.
