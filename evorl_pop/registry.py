@@ -60,6 +60,7 @@ BUILTIN: dict[str, tuple[str, ...]] = {
         "evorl_pop.tasks.brax_envs",
         "evorl_pop.tasks.gym_envs",
         "evorl_pop.tasks.gymnax_envs",
+        "evorl_pop.tasks.jumanji_envs",
         "evorl_pop.tasks.playground_envs",
     ),
     "emitter": ("evorl_pop.algorithms.qd_emitters", "evorl_pop.algorithms.pgame"),
