@@ -37,6 +37,7 @@ extra), imported when an environment is built.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Sequence
 from pathlib import Path
@@ -212,6 +213,17 @@ def _bounds(value, shape: tuple[int, ...]) -> tuple[float, ...]:
     return tuple(np.broadcast_to(np.asarray(value, np.float32), shape).ravel().tolist())
 
 
+def _without_keys(tree):
+    """``tree`` with its PRNG keys as their raw data (which NumPy can hold)."""
+
+    def leaf(x):
+        if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+            return np.asarray(jax.random.key_data(x))
+        return np.asarray(x)
+
+    return jax.tree.map(leaf, tree)
+
+
 def viewer_pictures(env: JumanjiEnv):
     """An episode's states as images, by Jumanji's viewer (matplotlib), or ``None``:
     its viewer gives no pictures."""
@@ -225,17 +237,23 @@ def viewer_pictures(env: JumanjiEnv):
         return None
     viewer._display = viewer._display_rgb_array  # frames as arrays, not windows
 
-    def pictures(states) -> np.ndarray:
-        inner = states.inner
-        images = []
+    def frame(state) -> np.ndarray | None:
         try:
-            for t in range(len(np.asarray(states.time))):
-                state = jax.tree.map(lambda x, t=t: jnp.asarray(x[t]), inner)
-                images.append(np.asarray(env.env.render(state))[..., :3])
+            image = env.env.render(state)
         finally:
             viewer.close()
             plt.close("all")
-        return np.stack(images)
+        return None if image is None or np.ndim(image) != 3 else np.asarray(image)[..., :3]
+
+    reset = _without_keys(env.reset(jax.random.key(0))[1].inner)
+    if frame(reset) is None:  # a viewer that draws but gives no pixels back
+        return None
+
+    def pictures(states) -> np.ndarray:
+        steps = len(np.asarray(states.time))
+        return np.stack(
+            [frame(jax.tree.map(lambda x, t=t: x[t], states.inner)) for t in range(steps)]
+        )
 
     return pictures
 
@@ -260,6 +278,9 @@ class JumanjiFamily(JaxEnvFamily):
             pictures = viewer_pictures(env)
         except ImportError:
             pictures = None
+        if pictures is None:
+            return write_gif(env, episodes, out)
+        episodes = [dataclasses.replace(e, states=_without_keys(e.states)) for e in episodes]
         return write_gif(env, episodes, out, pictures=pictures)
 
 
