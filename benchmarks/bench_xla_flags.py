@@ -4,11 +4,10 @@
         [--reps 2] [--generations 8]
 
 Each case is a short whole run of ``evorl-pop train`` in its own process, once
-with ``XLA_FLAGS=--xla_cpu_use_fusion_emitters=false`` and once without it (and
-with ``EVORL_POP_XLA_DEFAULTS=0``, so that the command's own CPU default does
-not set it), one device (ES: no evaluation of the mean). A run's rate is its best
-generation after the first (which compiles), from ``metrics.csv``'s steps and
-times. The two runs of a pair follow each other, their order alternating from
+with ``XLA_FLAGS=--xla_cpu_use_fusion_emitters=false`` and once with an empty
+``XLA_FLAGS`` (XLA's default), one device (ES: no evaluation of the mean). A
+run's rate is its best generation after the first (which compiles), from
+``metrics.csv``'s steps and times. The two runs of a pair follow each other, their order alternating from
 one repetition to the next (on a shared machine, a busy minute then weighs on
 both); a case's rate is its best over ``--reps`` repetitions.
 
@@ -59,7 +58,7 @@ def run_rate(arguments: str, flag: bool, generations: int) -> float:
 
     from evorl_pop.run import store
 
-    env = dict(os.environ, XLA_FLAGS=FLAG if flag else "", EVORL_POP_XLA_DEFAULTS="0")
+    env = dict(os.environ, XLA_FLAGS=FLAG if flag else "")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "run")
         command = [

@@ -107,6 +107,7 @@ def test_a_multi_discrete_distribution_sums_its_heads():
     np.testing.assert_allclose(np.mean(draws[:, 1] == 0), 0.6, atol=0.03)
 
 
+@pytest.mark.slow
 def test_es_has_the_same_history_on_1_and_2_devices():
     config = ESConfig(
         task="jumanji:Game2048-v1",
@@ -126,6 +127,7 @@ def test_es_has_the_same_history_on_1_and_2_devices():
     assert one["fitness_best"].max() > 0
 
 
+@pytest.mark.slow
 def test_ppo_trains_and_resumes_exactly(tmp_path):
     run, whole = tmp_path / "run", tmp_path / "whole"
     args = ["-a", "ppo", "-t", "jumanji:Minesweeper-v0", "--chunk", "1", "--devices", "1"]
