@@ -7,9 +7,10 @@ Each case is a short whole run of ``evorl-pop train`` in its own process, once
 with ``XLA_FLAGS=--xla_cpu_use_fusion_emitters=false`` and once with an empty
 ``XLA_FLAGS`` (XLA's default), one device (ES: no evaluation of the mean). A
 run's rate is its best generation after the first (which compiles), from
-``metrics.csv``'s steps and times. The two runs of a pair follow each other, their order alternating from
-one repetition to the next (on a shared machine, a busy minute then weighs on
-both); a case's rate is its best over ``--reps`` repetitions.
+``metrics.csv``'s steps and times. The two runs of a pair follow each other,
+their order alternating from one repetition to the next (on a shared machine,
+a busy minute then weighs on both); a case's rate is its best over ``--reps``
+repetitions.
 
 Prints one row per case: steps per second with the emitters (XLA's default),
 without them, and the ratio without / with (above 1: the flag is faster).
