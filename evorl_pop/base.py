@@ -132,6 +132,13 @@ class EnvSpec:
       terminates: whether an episode can end before ``max_steps`` (a fall, a
         goal); rollouts of environments that never do skip the work queue of
         :func:`~evorl_pop.tasks.rollout.rollout_queue`, which has nothing to gain there.
+      action_heads: discrete actions of several dimensions (a multi-discrete space): the
+        number of choices of each, one categorical head per dimension, their logits
+        concatenated (``action_dim`` is their sum) and the action a vector of one
+        index per head; empty: one head.
+      action_mask: ``(start, stop)``: the entries of the flattened observation that
+        mark each logit's action valid (1) or not (0); the policies never pick an
+        invalid one. ``None``: every action is valid.
     """
 
     name: str
@@ -142,6 +149,8 @@ class EnvSpec:
     action_high: tuple[float, ...] | None
     max_steps: int
     terminates: bool = True
+    action_heads: tuple[int, ...] = ()
+    action_mask: tuple[int, int] | None = None
 
     @property
     def obs_dim(self) -> int:

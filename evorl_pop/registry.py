@@ -75,6 +75,7 @@ BUILTIN: dict[str, tuple[str, ...]] = {
         "evorl_pop.tasks.envpool_envs",
         "evorl_pop.tasks.gym_envs",
         "evorl_pop.tasks.gymnax_envs",
+        "evorl_pop.tasks.jumanji_envs",
         "evorl_pop.tasks.marl_envs",
         "evorl_pop.tasks.playground_envs",
     ),

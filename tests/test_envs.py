@@ -23,8 +23,9 @@ from evorl_pop.tasks.rollout import rollout
 from evorl_pop.tasks.vbn import fold_virtual_batch_norm, vbn_reference
 
 BRAX = sorted(name for name in env_names() if name.startswith("brax/"))
-# Playground's tasks train in tests/test_playground.py
-GYMNAX = sorted(name for name in env_names() if not name.startswith(("brax/", "playground/")))
+# Playground's tasks train in tests/test_playground.py, Jumanji's in tests/test_jumanji.py
+OWN_TESTS = ("brax/", "playground/", "jumanji:")
+GYMNAX = sorted(name for name in env_names() if not name.startswith(OWN_TESTS))
 
 # tiny and cheap: 2 generations of 8 candidates, 8-step episodes, no evaluation
 TINY = dict(population_size=8, hidden_sizes=(4,), episode_length=8, eval_episodes=0)

@@ -80,6 +80,59 @@ class Categorical:
 
 
 @dataclasses.dataclass(frozen=True)
+class MultiCategorical:
+    """Independent categorical distributions, one per dimension of a multi-discrete action.
+
+    The parameters are the heads' logits concatenated; a raw sample is one action
+    index per head (the last axis), its log-probability and entropy the heads' sums.
+    """
+
+    heads: tuple[int, ...]
+
+    @property
+    def param_size(self) -> int:
+        """The number of network outputs: every head's logits."""
+        return sum(self.heads)
+
+    def _split(self, params: jax.Array) -> list[jax.Array]:
+        return jnp.split(params, np.cumsum(self.heads)[:-1].tolist(), axis=-1)
+
+    def sample(self, params: jax.Array, key: jax.Array) -> jax.Array:
+        """One index per head, each drawn with its own key."""
+        keys = jax.random.split(key, len(self.heads))
+        draws = [jax.random.categorical(keys[i], p) for i, p in enumerate(self._split(params))]
+        return jnp.stack(draws, -1)
+
+    def mode(self, params: jax.Array) -> jax.Array:
+        """Each head's most probable index."""
+        return jnp.stack([jnp.argmax(p, -1) for p in self._split(params)], -1)
+
+    def log_prob(self, params: jax.Array, raw: jax.Array) -> jax.Array:
+        """``sum_i log pi_i(raw_i)``; broadcasts over leading axes."""
+        head = Categorical(0)  # its log-probability and entropy do not read its size
+        return sum(head.log_prob(p, raw[..., i]) for i, p in enumerate(self._split(params)))
+
+    def entropy(self, params: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        """The heads' exact entropies summed (``key`` is unused)."""
+        return sum(Categorical(0).entropy(p) for p in self._split(params))
+
+    def sample_and_log_prob(self, params: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``(raw, log_prob(params, raw))`` of one draw."""
+        raw = self.sample(params, key)
+        return raw, self.log_prob(params, raw)
+
+    def log_prob_and_entropy(
+        self, params: jax.Array, raw: jax.Array, key: jax.Array | None = None
+    ) -> tuple[jax.Array, jax.Array]:
+        """``(log_prob(params, raw), entropy(params))``."""
+        return self.log_prob(params, raw), self.entropy(params, key)
+
+    def to_action(self, raw: jax.Array) -> jax.Array:
+        """The action the environment takes: the indices themselves."""
+        return raw
+
+
+@dataclasses.dataclass(frozen=True)
 class TanhNormal:
     """A diagonal Gaussian squashed by tanh into ``[low, high]``.
 
@@ -176,15 +229,18 @@ class TanhNormal:
         return (high + low) / 2 + (high - low) / 2 * jnp.tanh(raw)
 
 
-def for_spec(spec) -> Categorical | TanhNormal:
+def for_spec(spec) -> Categorical | MultiCategorical | TanhNormal:
     """The distribution of an environment's action space.
 
     Args:
       spec: an :class:`~evorl_pop.base.EnvSpec`.
 
     Returns:
-      A :class:`Categorical` for discrete actions, else a :class:`TanhNormal`.
+      A :class:`MultiCategorical` for discrete actions of several heads, a
+      :class:`Categorical` for one, else a :class:`TanhNormal`.
     """
+    if spec.discrete and spec.action_heads:
+        return MultiCategorical(tuple(spec.action_heads))
     if spec.discrete:
         return Categorical(spec.action_dim)
     return TanhNormal(tuple(spec.action_low), tuple(spec.action_high))

@@ -51,7 +51,7 @@ from evorl_pop import distributed as dist
 from evorl_pop.base import EnvSpec
 from evorl_pop.rl import distributions, replay
 from evorl_pop.tasks.obs_norm import ObsNorm
-from evorl_pop.tasks.policies import CNN, MLP
+from evorl_pop.tasks.policies import CNN, MLP, mask_logits
 
 #: Normalised observations are clipped to +-this (brax does not clip; 5, ObsNorm's
 #: default, hid how far CartPole's cart had drifted once episodes grew long).
@@ -316,6 +316,7 @@ class PPOLearner:
             the environment takes, and its log-probability.
         """
         out = self.policy_net.apply(params.policy, self._normalize(obs_norm, obs))
+        out = mask_logits(out, obs, self.spec)  # the raw observation's action mask
         raw, log_prob = self.distribution.sample_and_log_prob(out, key)
         return raw, self.distribution.to_action(raw), log_prob
 
@@ -324,6 +325,7 @@ class PPOLearner:
         :func:`evorl_pop.tasks.rollout.evaluate_episodes` passes one object to the policy."""
         policy, obs_norm = params
         out = self.policy_net.apply(policy, self._normalize(obs_norm, obs))
+        out = mask_logits(out, obs, self.spec)
         return self.distribution.to_action(self.distribution.mode(out))
 
     def values(self, params: Params, obs_norm: ObsNorm | None, obs: jax.Array) -> jax.Array:
@@ -408,7 +410,7 @@ class PPOLearner:
             ``entropy`` and ``approx_kl``.
         """
         obs = self._normalize(obs_norm, batch.obs)
-        out = self.policy_net.apply(params.policy, obs)
+        out = mask_logits(self.policy_net.apply(params.policy, obs), batch.obs, self.spec)
         keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(index)
         log_prob, entropy = jax.vmap(self.distribution.log_prob_and_entropy)(
             out, batch.raw_action, keys

@@ -133,6 +133,11 @@ class ControlTask:
             raise ValueError(
                 "backend and impl apply to environment names: use make_env(name, backend=, impl=)."
             )
+        if normalize_obs and env.spec.action_mask is not None:
+            raise ValueError(
+                f"normalize_obs: {env.spec.name} observes its action mask, which the policy "
+                "reads from the raw observation; run it without normalize_obs."
+            )
         self.env = env
         self.spec = env.spec
         self.name = env.spec.name

@@ -196,6 +196,10 @@ def random_observations(env: Env, key: jax.Array, count: int, every: int = 8) ->
     spec = env.spec
 
     def random_action(key):
+        if spec.discrete and spec.action_heads:
+            return jax.random.randint(
+                key, (len(spec.action_heads),), 0, np.array(spec.action_heads)
+            )
         if spec.discrete:
             return jax.random.randint(key, (), 0, spec.action_dim)
         low = np.asarray(spec.action_low)

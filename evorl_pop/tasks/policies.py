@@ -197,12 +197,39 @@ class Policy:
 
     def __call__(self, params: Any, obs: jax.Array) -> jax.Array:
         out = self.module.apply(params, obs)
-        return output_to_action(out, self.spec)
+        return output_to_action(out, self.spec, obs)
 
 
-def output_to_action(out: jax.Array, spec: EnvSpec) -> jax.Array:
-    """Discrete: argmax of the logits. Continuous: tanh squashed into [low, high]."""
+#: The logit of an action an observation's mask rules out (``EnvSpec.action_mask``):
+#: below every other logit as ``-inf`` would be, yet finite, so that softmaxes,
+#: log-probabilities and entropies stay finite (a mask of nothing leaves them uniform).
+MASKED_LOGIT = -1e30
+
+
+def mask_logits(out: jax.Array, obs: jax.Array, spec: EnvSpec) -> jax.Array:
+    """``out`` with the logits of the actions ``obs``'s mask rules out at :data:`MASKED_LOGIT`
+    (``out`` itself when ``spec`` has no mask); ``obs`` is raw (not normalised), its leading
+    axes those of ``out``."""
+    if spec.action_mask is None:
+        return out
+    start, stop = spec.action_mask
+    flat = jnp.reshape(obs, (*obs.shape[: obs.ndim - len(spec.obs_shape)], -1))
+    return jnp.where(flat[..., start:stop] > 0.5, out, MASKED_LOGIT)
+
+
+def head_logits(out: jax.Array, heads: tuple[int, ...]) -> list[jax.Array]:
+    """The logits of each head of a multi-discrete action (``EnvSpec.action_heads``)."""
+    return jnp.split(out, np.cumsum(heads)[:-1].tolist(), axis=-1)
+
+
+def output_to_action(out: jax.Array, spec: EnvSpec, obs: jax.Array | None = None) -> jax.Array:
+    """Discrete: argmax of the logits (of each head), those ``obs``'s action mask rules out
+    never picked. Continuous: tanh squashed into [low, high]."""
     if spec.discrete:
+        if obs is not None:
+            out = mask_logits(out, obs, spec)
+        if spec.action_heads:
+            return jnp.stack([jnp.argmax(x, -1) for x in head_logits(out, spec.action_heads)], -1)
         return jnp.argmax(out, axis=-1)
     low = np.asarray(spec.action_low, np.float32)
     high = np.asarray(spec.action_high, np.float32)
