@@ -306,12 +306,20 @@ class DQNLearner:
 
 
 def check_discrete(spec: EnvSpec) -> None:
-    """Raises a ConfigError, in one line, when ``spec`` has continuous actions."""
+    """Raises a ConfigError, in one line, when ``spec`` has continuous actions, or
+    discrete ones that one Q-value per action cannot cover: several action dimensions
+    (``action_heads``) or a mask of the valid actions in the observation."""
     if not spec.discrete:
         raise ConfigError(
             f"task: DQN needs discrete actions (one Q-value per action), but {spec.name!r} has "
             f"{spec.action_dim} continuous action dimension(s): use a discrete task, e.g. "
             "'CartPole-v1', or DDPG or SAC (-a ddpg, -a sac)."
+        )
+    if spec.action_heads or spec.action_mask is not None:
+        what = "several action dimensions" if spec.action_heads else "a mask of valid actions"
+        raise ConfigError(
+            f"task: DQN takes one discrete action without a mask, and {spec.name!r} has {what}: "
+            "use PPO (-a ppo), which masks and splits actions, or ES (-a es)."
         )
 
 

@@ -201,6 +201,9 @@ def test_step_is_the_same_on_1_and_4_devices():
 def test_continuous_task_and_bad_settings_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"^task: DQN needs discrete actions.*'Pendulum-v1'"):
         DQN(Config(task="Pendulum-v1"))
+    masked = "^task: DQN takes one discrete action without a mask.*'jumanji:Game2048-v1'"
+    with pytest.raises(ConfigError, match=masked):
+        DQN(Config(task="jumanji:Game2048-v1"))
     for changes, message in [
         ({"n_step": 0}, "n_step must be at least 1"),
         ({"epsilon_end": 1.5}, r"epsilon_end must be in \[0, 1\]"),

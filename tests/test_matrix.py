@@ -36,7 +36,8 @@ ALGORITHMS = [spec.name for spec in config_lib.specs()]
 LEARNING = ("a2c", "cemrl", "ddpg", "dqn", "erl", "impala", "pbt", "ppo", "sac")
 #: ... nor multi-agent tasks (a learner learns one agent's policy; ES evolves a team).
 REFUSED = {(a, f) for a in LEARNING for f in ("black-box", "marl")}
-#: DQN takes discrete actions only, and every family's quick task has continuous ones.
+#: DQN takes one unmasked discrete action; every family's quick task has continuous
+#: actions, or masked ones (Jumanji's).
 REFUSED |= {("dqn", f) for f in TASKS}
 #: EnvPool's pools have no learner lanes (single resets with keys of their own).
 REFUSED |= {(a, "envpool") for a in LEARNING}
@@ -46,7 +47,7 @@ NOTHING_TO_RENDER = {"black-box": "a black-box function, not an environment"}
 #: MAP-Elites needs a task with behaviour descriptors (qd/arm, ...), which no family has.
 REFUSED |= {("mapelites", f) for f in TASKS}
 #: Jumanji's quick task has discrete actions: the algorithms of continuous actions refuse it.
-CONTINUOUS = {(a, "jumanji") for a in ("cemrl", "erl", "pbt", "sac")}
+CONTINUOUS = {(a, "jumanji") for a in ("cemrl", "ddpg", "erl", "pbt", "sac")}
 REFUSED |= CONTINUOUS
 
 #: A config field of this name, wherever an algorithm (or its learner's settings) has
