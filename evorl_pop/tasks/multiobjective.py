@@ -184,7 +184,8 @@ class MOTask:
         position, distance = x[: m - 1], x[m - 1 :]
         if self.problem == "dtlz1":
             d = distance - 0.5
-            g = 100.0 * (distance.size + jnp.sum(d**2 - jnp.cos(20.0 * jnp.pi * d)))
+            # 1 - cos(20 pi d) as 2 sin^2(10 pi d): no cancellation near the optimum
+            g = 100.0 * jnp.sum(d**2 + 2.0 * jnp.sin(10.0 * jnp.pi * d) ** 2)
             lead, tail, scale = position, 1.0 - position, 0.5 * (1.0 + g)
         else:
             g = jnp.sum((distance - 0.5) ** 2)
