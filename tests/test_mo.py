@@ -396,20 +396,19 @@ def test_nsga3_association_and_partitions_by_hand():
     assert default_partitions(90, 3) == 11 and default_partitions(4, 1) == 1
 
 
-def test_nsga3_same_run_on_1_2_and_4_devices_and_moocore_hypervolume():
+def test_nsga3_same_run_on_1_and_4_devices_and_moocore_hypervolume():
     from evorl_pop.algorithms.nsga3 import NSGA3, NSGA3Config
 
     states = []
-    for n in (1, 2, 4):
+    for n in (1, 4):
         config = NSGA3Config(task="mo/dtlz2", population_size=6, num_dims=4)
         algo = NSGA3(config, mesh=make_mesh(n))
         state, step = jax.jit(algo.init)(jax.random.key(0)), jax.jit(algo.step)
         for g in range(2):
             state, metrics = step(state, jax.random.fold_in(jax.random.key(1), g))
         states.append(jax.device_get(state))
-    for other in states[1:]:
-        for a, b in zip(jax.tree.leaves(states[0]), jax.tree.leaves(other), strict=True):
-            np.testing.assert_array_equal(a, b)
+    for a, b in zip(*map(jax.tree.leaves, states), strict=True):
+        np.testing.assert_array_equal(a, b)
     s = states[0].strategy_state
     rank = np.asarray(s.rank)
     assert (np.diff(rank) >= 0).all()

@@ -197,3 +197,24 @@ def test_nsga3_resume_equals_uninterrupted(tmp_path):
     assert list(rows[0]) == list(rows[1]) and len(rows[1]["generation"]) == 4
     for column, values in rows[1].items():
         np.testing.assert_array_equal(rows[0][column], values, err_msg=column)
+
+
+@pytest.mark.slow
+def test_nsga3_same_run_on_1_2_and_4_devices():
+    """10 members (padded to 12 on 4 devices), DTLZ1: every state leaf equal, the
+    normalisation's memory among them (tests/test_mo.py checks 1 and 4 on DTLZ2)."""
+    from evorl_pop import make_mesh
+    from evorl_pop.algorithms.nsga3 import NSGA3, NSGA3Config
+
+    states = []
+    for n in (1, 2, 4):
+        config = NSGA3Config(task="mo/dtlz1", population_size=10, ref_partitions=3)
+        algo = NSGA3(config, mesh=make_mesh(n))
+        state, step = jax.jit(algo.init)(jax.random.key(0)), jax.jit(algo.step)
+        for g in range(3):
+            state, _ = step(state, jax.random.fold_in(jax.random.key(1), g))
+        states.append(jax.device_get(state))
+    assert np.isfinite(np.asarray(states[0].strategy_state.extremes)).all()
+    for other in states[1:]:
+        for a, b in zip(jax.tree.leaves(states[0]), jax.tree.leaves(other), strict=True):
+            np.testing.assert_array_equal(a, b)
