@@ -16,7 +16,8 @@ class NSGA2Config(TaskSettings):
 
     The task's fields are the task settings block's
     (:class:`~evorl_pop.tasks.settings.TaskSettings`): a multi-objective problem
-    (``mo/zdt1``, ``mo/zdt2``, ``mo/zdt3``, ``mo/dtlz1``, ``mo/dtlz2``), a
+    (``mo/zdt1`` .. ``mo/zdt4``, ``mo/zdt6``, ``mo/dtlz1`` .. ``mo/dtlz7``,
+    ``mo/wfg1`` .. ``mo/wfg9``), a
     multi-objective brax task (``mo/halfcheetah``, ``mo/hopper``, ``mo/hopper3``,
     ``mo/ant``), or any task of ``es`` (one objective); ``num_dims``: the variables
     (``None``: the problem's default; 10 for a black-box function); ``backend``:
@@ -24,13 +25,17 @@ class NSGA2Config(TaskSettings):
 
     Attributes:
       population_size: members kept, and offspring made, each generation.
-      num_objectives: DTLZ problems: the objectives (``None``: 3).
+      num_objectives: DTLZ and WFG problems: the objectives (``None``: 3).
       bounds: ``[lower, upper]`` of every variable (``None``: the problem's box,
         ``[-10, 10]`` for a task without one, such as a policy's weights).
-      crossover_prob: SBX: the probability that a pair of parents crosses.
-      eta_crossover: SBX's distribution index (larger: children nearer their parents).
-      mutation_prob: polynomial mutation's probability per variable (``None``: 1 / num_dims).
-      eta_mutation: polynomial mutation's distribution index.
+      crossover_prob: SBX: the probability that a pair of parents crosses (0.9:
+        Deb et al. 2002's NSGA-II experiments, and pymoo's ``SBX``).
+      eta_crossover: SBX's distribution index, larger: children nearer their
+        parents (15: pymoo's ``NSGA2`` default; Deb et al. 2002 used 20).
+      mutation_prob: polynomial mutation's probability per variable (``None``:
+        1 / num_dims, Deb et al. 2002).
+      eta_mutation: polynomial mutation's distribution index (20: Deb et al. 2002,
+        pymoo).
       ref_point: the hypervolume's reference point, in the task's units, one
         value per objective (``None``: the problem's; no hypervolume for a task
         without one).
