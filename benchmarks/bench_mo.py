@@ -280,29 +280,52 @@ def _problems(text: str | None) -> list[tuple[str, int]]:
     return out
 
 
+def targets(problem: str, m: int) -> np.ndarray | None:
+    """The true front's points on NSGA-III's reference directions, where the front has a
+    closed form (Deb and Jain's IGD: 91 points for 3 objectives), else ``None``."""
+    from evorl_pop.tasks.multiobjective import das_dennis
+
+    if m not in PARTITIONS or problem.startswith("zdt"):
+        return None
+    directions = das_dennis(PARTITIONS[m], m)
+    sphere = directions / np.linalg.norm(directions, axis=1, keepdims=True)
+    if problem == "dtlz1":
+        return 0.5 * directions
+    if problem in ("dtlz2", "dtlz3", "dtlz4"):
+        return sphere
+    if problem in tuple(f"wfg{i}" for i in range(4, 10)):
+        return sphere * 2.0 * np.arange(1, m + 1)
+    return None
+
+
 def quality(args):
     """The IGD table: each side's final fronts over the seeds, and the ratio of medians."""
     from pymoo.indicators.igd import IGD
 
     print(f"IGD of the final front: {args.seeds} seeds, {args.generations} generations")
+    print("front: against the task's true front (about 1,000 points); targets: against")
+    print("its points on the reference directions (Deb and Jain's IGD), where known")
     print(
-        f"{'problem':<9} {'M':>2} {'algorithm':<9} {'pop':>4} "
+        f"{'problem':<9} {'M':>2} {'algorithm':<9} {'pop':>4} {'IGD vs':<8}"
         f"{'evorl_pop median [q25, q75]':>30} {'pymoo median [q25, q75]':>30} {'ratio':>6}"
     )
     for problem, m in _problems(args.problems):
         task, _ = _pymoo_problem(problem, m)
-        measure = IGD(task.pareto_front())
+        measures = {"front": IGD(task.pareto_front())}
+        if (points := targets(problem, m)) is not None:
+            measures["targets"] = IGD(points)
         for algorithm in ("nsga3", "nsga2") if m == 2 else ("nsga3",):
             mine = ours(algorithm, problem, m, args.generations, args.seeds, args.devices)
             other = [theirs(algorithm, problem, m, args.generations, s) for s in range(args.seeds)]
-            med_a, text_a = _summary([measure(f) for f in mine])
-            med_b, text_b = _summary([measure(f) for f in other])
             pop = setup(algorithm, m)[0]
-            print(
-                f"{problem:<9} {m:>2} {algorithm:<9} {pop:>4} {text_a:>30} {text_b:>30} "
-                f"{med_a / med_b:>6.2f}",
-                flush=True,
-            )
+            for what, measure in measures.items():
+                med_a, text_a = _summary([measure(f) for f in mine])
+                med_b, text_b = _summary([measure(f) for f in other])
+                print(
+                    f"{problem:<9} {m:>2} {algorithm:<9} {pop:>4} {what:<8}{text_a:>30} "
+                    f"{text_b:>30} {med_a / med_b:>6.2f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":
