@@ -47,10 +47,21 @@ def zdt6(x):
     return jnp.stack([f1, g * (1.0 - (f1 / g) ** 2)])
 
 
+def quarter_turn(a):
+    """``cos(pi a / 2)`` and ``sin(pi a / 2)``, each from the nearer end of the quarter
+    turn (``sin(pi (1 - a) / 2)`` for the cosine above 1/2): in float32, a value near 0
+    keeps its relative precision, which the distance to the front's edges needs."""
+    near = a > 0.5
+    to_end = 0.5 * jnp.pi * jnp.where(near, 1.0 - a, a)
+    cos = jnp.where(near, jnp.sin(to_end), jnp.cos(to_end))
+    sin = jnp.where(near, jnp.cos(to_end), jnp.sin(to_end))
+    return cos, sin
+
+
 def spherical(angles, scale, m: int):
     """``f_i = scale * cos(a_1) ... cos(a_{m-i}) * sin(a_{m-i+1})`` (no sine for ``f_1``),
     of the ``m - 1`` angles in units of a quarter turn."""
-    lead, tail = jnp.cos(0.5 * jnp.pi * angles), jnp.sin(0.5 * jnp.pi * angles)
+    lead, tail = quarter_turn(angles)
     prods = jnp.concatenate([jnp.ones(1, angles.dtype), jnp.cumprod(lead)])
     return scale * jnp.stack([prods[m - 1 - i] * (tail[m - 1 - i] if i else 1.0) for i in range(m)])
 

@@ -262,8 +262,8 @@ class MOTask:
             lead, tail, scale = position, 1.0 - position, 0.5 * (1.0 + g)
         else:
             g = jnp.sum((distance - 0.5) ** 2)
-            angle = 0.5 * jnp.pi * position
-            lead, tail, scale = jnp.cos(angle), jnp.sin(angle), 1.0 + g
+            lead, tail = mo_problems.quarter_turn(position)
+            scale = 1.0 + g
         # f_i = scale * lead_1 ... lead_{M-i} * tail_{M-i+1} (no tail for f_1)
         prods = jnp.concatenate([jnp.ones(1, x.dtype), jnp.cumprod(lead)])  # prods[j] = lead_1..j
         f = [prods[m - 1 - i] * (tail[m - 1 - i] if i else 1.0) for i in range(m)]

@@ -105,15 +105,27 @@ def shape(x, lead, tail, m: int):
     return [prods[m - 1 - i] * (ends[m - 1 - i] if i else 1.0) for i in range(m)]
 
 
+def _quarter_turn(v):
+    """``cos(pi v / 2)`` and ``sin(pi v / 2)``, each from the nearer end of the quarter
+    turn (values near 0 keep their relative precision in float32)."""
+    near = v > 0.5
+    to_end = 0.5 * jnp.pi * jnp.where(near, 1.0 - v, v)
+    return jnp.where(near, jnp.sin(to_end), jnp.cos(to_end)), jnp.where(
+        near, jnp.cos(to_end), jnp.sin(to_end)
+    )
+
+
 def concave(x, m):
-    return shape(x, lambda v: jnp.sin(0.5 * jnp.pi * v), lambda v: jnp.cos(0.5 * jnp.pi * v), m)
+    return shape(x, lambda v: _quarter_turn(v)[1], lambda v: _quarter_turn(v)[0], m)
 
 
 def convex(x, m):
+    # 1 - cos(pi v / 2) = 2 sin^2(pi v / 4) and 1 - sin(pi v / 2) = 2 sin^2(pi (1 - v) / 4):
+    # no cancellation near 0
     def lead(v):
-        return 1.0 - jnp.cos(0.5 * jnp.pi * v)
+        return 2.0 * jnp.sin(0.25 * jnp.pi * v) ** 2
 
-    return shape(x, lead, lambda v: 1.0 - jnp.sin(0.5 * jnp.pi * v), m)
+    return shape(x, lead, lambda v: 2.0 * jnp.sin(0.25 * jnp.pi * (1.0 - v)) ** 2, m)
 
 
 def linear(x, m):
