@@ -248,13 +248,16 @@ class NSGA3Config(NSGA2Config):
     at all with probability 0.9, which ours does not: every child, 1 / n per variable).
 
     Attributes:
-      task: ``mo/dtlz2`` (3 objectives; the paper's first test).
-      population_size: 92: the smallest multiple of 4 no less than the 91 directions
-        of 12 partitions for 3 objectives (the paper's table I).
-      crossover_prob: 1.0 (Deb and Jain; pymoo).
-      eta_crossover: 30 (Deb and Jain; pymoo).
-      mutation_prob: ``None``: ``1 / num_dims`` (Deb and Jain; pymoo's ``PM``).
-      eta_mutation: 20 (Deb and Jain; pymoo).
+      task: the problem (default ``mo/dtlz2`` with 3 objectives: the paper's first).
+      population_size: members kept, and offspring made, each generation (92: the
+        smallest multiple of 4 no less than the 91 directions of 12 partitions for
+        3 objectives, the paper's table I).
+      crossover_prob: SBX: the probability that a pair of parents crosses (1.0:
+        Deb and Jain; pymoo).
+      eta_crossover: SBX's distribution index (30: Deb and Jain; pymoo).
+      mutation_prob: polynomial mutation's probability per variable (``None``:
+        ``1 / num_dims``, Deb and Jain; pymoo's ``PM``).
+      eta_mutation: polynomial mutation's distribution index (20: Deb and Jain; pymoo).
       ref_partitions: Das-Dennis partitions of each objective's axis: the
         reference directions are the ``C(p + k - 1, k - 1)`` points of the simplex
         (``None``: the most that are no more than ``population_size``).
