@@ -36,6 +36,8 @@ class NSGA2Config(TaskSettings):
         1 / num_dims, Deb et al. 2002).
       eta_mutation: polynomial mutation's distribution index (20: Deb et al. 2002,
         pymoo).
+      mutation_child_prob: the probability that a child is mutated at all (then each
+        variable with ``mutation_prob``; 1.0: every child, Deb et al. 2002).
       ref_point: the hypervolume's reference point, in the task's units, one
         value per objective (``None``: the problem's; no hypervolume for a task
         without one).
@@ -53,6 +55,7 @@ class NSGA2Config(TaskSettings):
     eta_crossover: float = 15.0
     mutation_prob: float | None = None
     eta_mutation: float = 20.0
+    mutation_child_prob: float = 1.0
     ref_point: tuple[float, ...] | None = None
     measures: bool = True
 
@@ -75,7 +78,7 @@ class NSGA2Config(TaskSettings):
                 "eta_mutation": 0,
             },
         )
-        for name in ("crossover_prob", "mutation_prob"):
+        for name in ("crossover_prob", "mutation_prob", "mutation_child_prob"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 1:
                 raise ConfigError(f"{name} must be a probability in [0, 1], got {value}.")

@@ -243,9 +243,11 @@ class NSGA3Config(NSGA2Config):
 
     The defaults are Deb and Jain's (2014, section V-A: SBX with ``p_c = 1`` and
     ``eta_c = 30``, polynomial mutation with ``p_m = 1 / n`` and ``eta_m = 20``), which
-    are also pymoo 0.6's (``NSGA3``: ``SBX(eta=30, prob=1.0)``, ``PM(eta=20)``; pymoo
-    crosses each variable of a pair with probability 0.5, as ours, and mutates a child
-    at all with probability 0.9, which ours does not: every child, 1 / n per variable).
+    are also pymoo 0.6's (``NSGA3``: ``SBX(eta=30, prob=1.0)``, ``PM(eta=20)``); as
+    pymoo, each variable of a crossing pair crosses with probability 0.5, and a child
+    is mutated at all with probability 0.9 (pymoo's ``PM``), which the paper does not
+    say (``mutation_child_prob=1``: every child). pymoo also drops duplicate
+    offspring; this NSGA-III does not.
 
     Attributes:
       task: the problem (default ``mo/dtlz2`` with 3 objectives: the paper's first).
@@ -258,6 +260,8 @@ class NSGA3Config(NSGA2Config):
       mutation_prob: polynomial mutation's probability per variable (``None``:
         ``1 / num_dims``, Deb and Jain; pymoo's ``PM``).
       eta_mutation: polynomial mutation's distribution index (20: Deb and Jain; pymoo).
+      mutation_child_prob: the probability that a child is mutated at all (0.9:
+        pymoo's ``PM`` default; Deb and Jain mutate every child).
       ref_partitions: Das-Dennis partitions of each objective's axis: the
         reference directions are the ``C(p + k - 1, k - 1)`` points of the simplex
         (``None``: the most that are no more than ``population_size``).
@@ -269,6 +273,7 @@ class NSGA3Config(NSGA2Config):
     eta_crossover: float = 30.0
     mutation_prob: float | None = None
     eta_mutation: float = 20.0
+    mutation_child_prob: float = 0.9
     ref_partitions: int | None = None
 
     def validate(self) -> None:
