@@ -16,7 +16,8 @@ class NSGA2Config(TaskSettings):
 
     The task's fields are the task settings block's
     (:class:`~evorl_pop.tasks.settings.TaskSettings`): a multi-objective problem
-    (``mo/zdt1``, ``mo/zdt2``, ``mo/zdt3``, ``mo/dtlz1``, ``mo/dtlz2``), a
+    (``mo/zdt1`` .. ``mo/zdt4``, ``mo/zdt6``, ``mo/dtlz1`` .. ``mo/dtlz7``,
+    ``mo/wfg1`` .. ``mo/wfg9``), a
     multi-objective brax task (``mo/halfcheetah``, ``mo/hopper``, ``mo/hopper3``,
     ``mo/ant``), or any task of ``es`` (one objective); ``num_dims``: the variables
     (``None``: the problem's default; 10 for a black-box function); ``backend``:
@@ -24,13 +25,19 @@ class NSGA2Config(TaskSettings):
 
     Attributes:
       population_size: members kept, and offspring made, each generation.
-      num_objectives: DTLZ problems: the objectives (``None``: 3).
+      num_objectives: DTLZ and WFG problems: the objectives (``None``: 3).
       bounds: ``[lower, upper]`` of every variable (``None``: the problem's box,
         ``[-10, 10]`` for a task without one, such as a policy's weights).
-      crossover_prob: SBX: the probability that a pair of parents crosses.
-      eta_crossover: SBX's distribution index (larger: children nearer their parents).
-      mutation_prob: polynomial mutation's probability per variable (``None``: 1 / num_dims).
-      eta_mutation: polynomial mutation's distribution index.
+      crossover_prob: SBX: the probability that a pair of parents crosses (0.9:
+        Deb et al. 2002's NSGA-II experiments, and pymoo's ``SBX``).
+      eta_crossover: SBX's distribution index, larger: children nearer their
+        parents (15: pymoo's ``NSGA2`` default; Deb et al. 2002 used 20).
+      mutation_prob: polynomial mutation's probability per variable (``None``:
+        1 / num_dims, Deb et al. 2002).
+      eta_mutation: polynomial mutation's distribution index (20: Deb et al. 2002,
+        pymoo).
+      mutation_child_prob: the probability that a child is mutated at all (then each
+        variable with ``mutation_prob``; 1.0: every child, Deb et al. 2002).
       ref_point: the hypervolume's reference point, in the task's units, one
         value per objective (``None``: the problem's; no hypervolume for a task
         without one).
@@ -48,6 +55,7 @@ class NSGA2Config(TaskSettings):
     eta_crossover: float = 15.0
     mutation_prob: float | None = None
     eta_mutation: float = 20.0
+    mutation_child_prob: float = 1.0
     ref_point: tuple[float, ...] | None = None
     measures: bool = True
 
@@ -70,7 +78,7 @@ class NSGA2Config(TaskSettings):
                 "eta_mutation": 0,
             },
         )
-        for name in ("crossover_prob", "mutation_prob"):
+        for name in ("crossover_prob", "mutation_prob", "mutation_child_prob"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 1:
                 raise ConfigError(f"{name} must be a probability in [0, 1], got {value}.")

@@ -70,6 +70,7 @@ class NSGA2Strategy:
       crossover_prob, eta_crossover: SBX's per-pair probability and index.
       mutation_prob, eta_mutation: polynomial mutation's per-variable probability
         (``None``: ``1 / num_dims``) and index.
+      mutation_child_prob: the probability that a child is mutated at all.
     """
 
     def __init__(
@@ -82,6 +83,7 @@ class NSGA2Strategy:
         eta_crossover: float = 15.0,
         mutation_prob: float | None = None,
         eta_mutation: float = 20.0,
+        mutation_child_prob: float = 1.0,
     ):
         self.population_size = population_size
         self.num_dims = num_dims
@@ -90,6 +92,7 @@ class NSGA2Strategy:
         self.eta_crossover = eta_crossover
         self.mutation_prob = 1.0 / num_dims if mutation_prob is None else mutation_prob
         self.eta_mutation = eta_mutation
+        self.mutation_child_prob = mutation_child_prob
 
     @property
     def default_params(self):
@@ -155,10 +158,15 @@ class NSGA2Strategy:
             self.crossover_prob,
         )
         children = jnp.concatenate([first, second])[: self.population_size]
-        children = polynomial_mutation(
+        if self.mutation_child_prob < 1.0:  # else the key as before: the same runs
+            k_mutate, k_child = jax.random.split(k_mutate)
+            spared = jax.random.uniform(k_child, (children.shape[0], 1)) >= self.mutation_child_prob
+        mutated = polynomial_mutation(
             k_mutate, children, self.lower, self.upper, self.eta_mutation, self.mutation_prob
         )
-        return children, state
+        if self.mutation_child_prob < 1.0:
+            mutated = jnp.where(spared, children, mutated)
+        return mutated, state
 
     def tell(self, key, population, fitness, state: NSGAState, params=None):
         del params
@@ -262,6 +270,7 @@ class NSGA2(Engine):
             "eta_crossover": config.eta_crossover,
             "mutation_prob": config.mutation_prob,
             "eta_mutation": config.eta_mutation,
+            "mutation_child_prob": config.mutation_child_prob,
         }
 
     def make_strategy(self, config: NSGA2Config, task) -> NSGA2Strategy:

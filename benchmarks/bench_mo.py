@@ -1,24 +1,31 @@
-"""NSGA-II and NSGA-III against pymoo 0.6.2 at equal evaluations and equal operators,
-and NSGA-II on mo/halfcheetah at EvoRL's settings.
+"""NSGA-II and NSGA-III against pymoo 0.6.2 at equal evaluations, and NSGA-II on
+mo/halfcheetah at EvoRL's settings.
 
     pip install pymoo==0.6.2   # for this benchmark only
-    python benchmarks/bench_mo.py [--seeds 10] [--devices 1] [--skip-nsga3]
+    python benchmarks/bench_mo.py [--seeds 10] [--generations 400] [--devices 1]
+    python benchmarks/bench_mo.py --seeds 3 --problems dtlz1:3,dtlz2:3,wfg4:3,zdt4
     python benchmarks/bench_mo.py --speed-only           # the generation's time only
     python benchmarks/bench_mo.py --halfcheetah --halfcheetah-generations 2 \\
         --episode-length 20                              # briefly, on a small CPU
 
-Quality: NSGA-II on ZDT1 (30 variables, population 100, 250 generations) and
-NSGA-III on DTLZ2 (3 objectives, 12 variables, 91 Das-Dennis directions,
-population 92, 250 generations); the final front's IGD against the same 1,000
-points of the true front, median and interquartile range over the seeds.
-Operators on both sides: SBX (probability 0.9 per pair, 0.5 per variable,
-index 15), polynomial mutation (1 / n per variable, index 20), binary
-tournaments. pymoo also drops duplicate offspring; evorl_pop does not.
+Quality: for each problem (``name:M``, ``M`` objectives; ZDT's 2), NSGA-III on
+both sides with its defaults (SBX probability 1.0 and index 30, polynomial
+mutation 1 / n and index 20: Deb and Jain 2014, pymoo's ``NSGA3``), Das-Dennis
+directions (2 objectives: 99 partitions; 3: 12; 5: 6) and a population of the
+directions rounded up to a multiple of 4; on 2 objectives also NSGA-II (population
+100; SBX 0.9 per pair, 0.5 per variable, index 15; mutation 1 / n, index 20; binary
+tournaments). The same number of variables and generations, hence evaluations,
+on both sides. The measure: IGD (pymoo's) of the final population's
+non-dominated members against the task's true front (``MOTask.pareto_front``,
+about 1,000 points), the median and interquartile range over the seeds, and the
+ratio of the medians (ours / pymoo). pymoo also drops duplicate offspring;
+evorl_pop does not.
 
-Speed: the time of one generation of NSGA-II on ZDT1 at population 1,024,
-after compilation (evorl_pop: compiled chunks of generations, without and with
-the per-generation hypervolume and IGD, which pymoo's loop does not compute;
-pymoo: its ask / evaluate / tell loop), on the same CPU.
+Speed: the time of one generation at population 1,024, after compilation, of
+NSGA-II on ZDT1 and NSGA-III on 3-objective DTLZ2 (990 directions) (evorl_pop:
+compiled chunks of generations, without the per-generation hypervolume and IGD,
+which pymoo's loop does not compute; pymoo: its ask / evaluate / tell loop), on
+the same CPU.
 
 mo/halfcheetah (``--halfcheetah``): NSGA-II at EvoRL's settings (population 1,024,
 an MLP of 16 x 16, every parameter in [-10, 10], 16 episodes per fitness); the
@@ -39,7 +46,29 @@ def _devices(n: int) -> None:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
-def ours(algorithm: str, task: str, pop: int, generations: int, seeds: int, devices: int):
+#: The problems of the full table: name and objectives.
+PROBLEMS = (
+    [(f"zdt{i}", 2) for i in (1, 2, 3, 4, 6)]
+    + [(f"dtlz{i}", m) for i in range(1, 8) for m in (2, 3)]
+    + [(f"wfg{i}", m) for i in range(1, 10) for m in (2, 3)]
+    + [("dtlz2", 5)]
+    + [(f"wfg{i}", 5) for i in range(1, 10)]
+)
+#: Das-Dennis partitions per number of objectives (NSGA-III's directions).
+PARTITIONS = {2: 99, 3: 12, 5: 6}
+
+
+def setup(algorithm: str, m: int) -> tuple[int, int | None]:
+    """The population and the Das-Dennis partitions (NSGA-III) for ``m`` objectives."""
+    if algorithm == "nsga2":
+        return 100, None
+    from evorl_pop.tasks.multiobjective import das_dennis
+
+    directions = len(das_dennis(PARTITIONS[m], m))
+    return -(-directions // 4) * 4, PARTITIONS[m]
+
+
+def ours(algorithm: str, problem: str, m: int, generations: int, seeds: int, devices: int):
     """Each seed's final front (rank 0, minimised objectives), compiled once."""
     import jax
     import jax.numpy as jnp
@@ -48,8 +77,15 @@ def ours(algorithm: str, task: str, pop: int, generations: int, seeds: int, devi
     from evorl_pop.algorithms.nsga2 import NSGA2, NSGA2Config
     from evorl_pop.algorithms.nsga3 import NSGA3, NSGA3Config
 
-    cls, config_cls = (NSGA2, NSGA2Config) if algorithm == "nsga2" else (NSGA3, NSGA3Config)
-    algo = cls(config_cls(task=task, population_size=pop), mesh=make_mesh(devices))
+    pop, partitions = setup(algorithm, m)
+    common = {"task": f"mo/{problem}", "population_size": pop, "measures": False}
+    if not problem.startswith("zdt"):
+        common["num_objectives"] = m
+    if algorithm == "nsga2":
+        config = NSGA2Config(**common, crossover_prob=0.9, eta_crossover=15.0)
+        algo = NSGA2(config, mesh=make_mesh(devices))
+    else:
+        algo = NSGA3(NSGA3Config(**common, ref_partitions=partitions), mesh=make_mesh(devices))
 
     @jax.jit
     def run(key):
@@ -64,15 +100,20 @@ def ours(algorithm: str, task: str, pop: int, generations: int, seeds: int, devi
     return fronts
 
 
-def ours_time(pop: int, devices: int, measures: bool, generations: int = 10) -> float:
+def ours_time(algorithm: str, pop: int, devices: int, generations: int = 10) -> float:
     import jax
 
     from evorl_pop import make_mesh
     from evorl_pop.algorithms.nsga2 import NSGA2, NSGA2Config
+    from evorl_pop.algorithms.nsga3 import NSGA3, NSGA3Config
     from evorl_pop.run.shell import chunk_fn
 
-    config = NSGA2Config(task="mo/zdt1", population_size=pop, measures=measures)
-    algo = NSGA2(config, mesh=make_mesh(devices))
+    if algorithm == "nsga2":
+        config = NSGA2Config(task="mo/zdt1", population_size=pop, measures=False)
+        algo = NSGA2(config, mesh=make_mesh(devices))
+    else:
+        config = NSGA3Config(task="mo/dtlz2", population_size=pop, measures=False)
+        algo = NSGA3(config, mesh=make_mesh(devices))
     chunk = chunk_fn(algo, generations)
     key = jax.random.key(0)
     state = jax.block_until_ready(jax.jit(algo.init)(key))
@@ -82,40 +123,57 @@ def ours_time(pop: int, devices: int, measures: bool, generations: int = 10) -> 
     return (time.perf_counter() - t0) / generations
 
 
-def _pymoo_algorithm(algorithm: str, pop: int, num_dims: int):
+def _pymoo_algorithm(algorithm: str, pop: int, num_dims: int, m: int, partitions):
     from pymoo.algorithms.moo.nsga2 import NSGA2
     from pymoo.algorithms.moo.nsga3 import NSGA3
     from pymoo.operators.crossover.sbx import SBX
     from pymoo.operators.mutation.pm import PM
     from pymoo.util.ref_dirs import get_reference_directions
 
-    operators = {
-        "crossover": SBX(prob=0.9, prob_var=0.5, eta=15),
-        "mutation": PM(prob=1.0, prob_var=1.0 / num_dims, eta=20),
-    }
     if algorithm == "nsga2":
-        return NSGA2(pop_size=pop, **operators)
-    directions = get_reference_directions("das-dennis", 3, n_partitions=12)
-    return NSGA3(directions, pop_size=pop, **operators)
+        crossover = SBX(prob=0.9, prob_var=0.5, eta=15)
+        mutation = PM(prob=1.0, prob_var=1.0 / num_dims, eta=20)
+        return NSGA2(pop_size=pop, crossover=crossover, mutation=mutation)
+    directions = get_reference_directions("das-dennis", m, n_partitions=partitions)
+    return NSGA3(directions, pop_size=pop)  # its defaults: SBX(eta=30, prob=1.0), PM(eta=20)
 
 
-def theirs(algorithm: str, problem: str, pop: int, generations: int, seed: int):
-    from pymoo.optimize import minimize
+def _pymoo_problem(problem: str, m: int):
     from pymoo.problems import get_problem
 
-    p = get_problem(problem) if problem == "zdt1" else get_problem(problem, n_obj=3)
-    result = minimize(
-        p, _pymoo_algorithm(algorithm, pop, p.n_var), ("n_gen", generations), seed=seed
-    )
-    return result.F
+    from evorl_pop.tasks.multiobjective import make_mo_task
+
+    task = make_mo_task(f"mo/{problem}", num_objectives=None if problem.startswith("zdt") else m)
+    if problem.startswith("zdt"):
+        return task, get_problem(problem, n_var=task.num_dims)
+    return task, get_problem(problem, n_var=task.num_dims, n_obj=m)
 
 
-def theirs_time(pop: int, generations: int = 10) -> float:
+def theirs(algorithm: str, problem: str, m: int, generations: int, seed: int):
+    """pymoo's final population's non-dominated objective vectors."""
+    from pymoo.optimize import minimize
+    from pymoo.util.nds.non_dominated_sorting import NonDominatedSorting
+
+    _, p = _pymoo_problem(problem, m)
+    pop, partitions = setup(algorithm, m)
+    algo = _pymoo_algorithm(algorithm, pop, p.n_var, m, partitions)
+    result = minimize(p, algo, ("n_gen", generations), seed=seed)
+    f = result.algorithm.pop.get("F")
+    return f[NonDominatedSorting().do(f, only_non_dominated_front=True)]
+
+
+def theirs_time(algorithm: str, pop: int, generations: int = 10) -> float:
     from pymoo.core.evaluator import Evaluator
     from pymoo.problems import get_problem
 
-    problem = get_problem("zdt1")
-    algo = _pymoo_algorithm("nsga2", pop, problem.n_var)
+    from evorl_pop.algorithms.nsga3 import default_partitions
+
+    if algorithm == "nsga2":
+        problem = get_problem("zdt1")
+        algo = _pymoo_algorithm("nsga2", pop, problem.n_var, 2, None)
+    else:
+        problem = get_problem("dtlz2", n_var=12, n_obj=3)
+        algo = _pymoo_algorithm("nsga3", pop, 12, 3, default_partitions(pop, 3))
     algo.setup(problem, termination=("n_gen", generations + 2), seed=0)
     evaluator = Evaluator()
 
@@ -132,9 +190,9 @@ def theirs_time(pop: int, generations: int = 10) -> float:
     return (time.perf_counter() - t0) / generations
 
 
-def _row(name: str, values: list[float]) -> str:
+def _summary(values: list[float]) -> tuple[float, str]:
     q1, med, q3 = np.percentile(values, [25, 50, 75])
-    return f"{name:<26} {med:>10.5f} {q1:>10.5f} {q3:>10.5f}"
+    return med, f"{med:>9.5f} [{q1:.5f}, {q3:.5f}]"
 
 
 def halfcheetah(generations: int, episode_length: int, devices: int, pop: int = 1024):
@@ -170,10 +228,14 @@ def halfcheetah(generations: int, episode_length: int, devices: int, pop: int = 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--generations", type=int, default=250)
+    parser.add_argument("--generations", type=int, default=400)
+    parser.add_argument(
+        "--problems",
+        default=None,
+        help="comma-separated name[:objectives], e.g. dtlz1:3,wfg4:5,zdt4 (default: all)",
+    )
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--speed-population", type=int, default=1024)
-    parser.add_argument("--skip-nsga3", action="store_true")
     parser.add_argument("--speed-only", action="store_true", help="only the generation's time")
     parser.add_argument("--speed-generations", type=int, default=10)
     parser.add_argument("--halfcheetah", action="store_true", help="only the mo/halfcheetah row")
@@ -203,41 +265,70 @@ def main():
         quality(args)
     pop = args.speed_population
     gens = args.speed_generations
-    mine = ours_time(pop, args.devices, False, gens)
-    other = theirs_time(pop, gens)
-    measured = ours_time(pop, args.devices, True, gens)
-    print(f"\nNSGA-II on ZDT1, population {pop}: seconds per generation")
-    print(
-        f"{'evorl_pop':<28} {mine:>8.4f}  ({args.devices} device(s); speed-up {other / mine:.1f}x)"
-    )
-    print(f"{'  with hypervolume and IGD':<28} {measured:>8.4f}  (every generation's measures)")
-    print(f"{'pymoo':<28} {other:>8.4f}")
+    print(f"\nSeconds per generation at population {pop} ({args.devices} device(s))")
+    print(f"{'':<24} {'evorl_pop':>10} {'pymoo':>10} {'speed-up':>9}")
+    for algorithm, what in (("nsga2", "NSGA-II ZDT1"), ("nsga3", "NSGA-III DTLZ2 (3)")):
+        mine = ours_time(algorithm, pop, args.devices, gens)
+        other = theirs_time(algorithm, pop, gens)
+        print(f"{what:<24} {mine:>10.4f} {other:>10.4f} {other / mine:>8.1f}x")
+
+
+def _problems(text: str | None) -> list[tuple[str, int]]:
+    if text is None:
+        return PROBLEMS
+    out = []
+    for item in text.split(","):
+        name, _, m = item.strip().partition(":")
+        out.append((name, int(m) if m else (2 if name.startswith("zdt") else 3)))
+    return out
+
+
+def targets(problem: str, m: int) -> np.ndarray | None:
+    """The true front's points on NSGA-III's reference directions, where the front has a
+    closed form (Deb and Jain's IGD: 91 points for 3 objectives), else ``None``."""
+    from evorl_pop.tasks.multiobjective import das_dennis
+
+    if m not in PARTITIONS or problem.startswith("zdt"):
+        return None
+    directions = das_dennis(PARTITIONS[m], m)
+    sphere = directions / np.linalg.norm(directions, axis=1, keepdims=True)
+    if problem == "dtlz1":
+        return 0.5 * directions
+    if problem in ("dtlz2", "dtlz3", "dtlz4"):
+        return sphere
+    if problem in tuple(f"wfg{i}" for i in range(4, 10)):
+        return sphere * 2.0 * np.arange(1, m + 1)
+    return None
 
 
 def quality(args):
-    """The IGD table: each side's final fronts over the seeds."""
-    import moocore
+    """The IGD table: each side's final fronts over the seeds, and the ratio of medians."""
+    from pymoo.indicators.igd import IGD
 
-    from evorl_pop.tasks.multiobjective import make_mo_task
-
-    setups = [("nsga2", "zdt1", 100)] + ([] if args.skip_nsga3 else [("nsga3", "dtlz2", 92)])
-    print(f"IGD of the final front, {args.seeds} seeds, {args.generations} generations")
-    print(f"{'':<26} {'median':>10} {'q25':>10} {'q75':>10}")
-    for algorithm, problem, pop in setups:
-        front = make_mo_task(f"mo/{problem}").pareto_front()
-        for who in ("evorl_pop", "pymoo"):
-            t0 = time.perf_counter()
-            if who == "evorl_pop":
-                task = f"mo/{problem}"
-                found = ours(algorithm, task, pop, args.generations, args.seeds, args.devices)
-            else:
-                found = [
-                    theirs(algorithm, problem, pop, args.generations, seed)
-                    for seed in range(args.seeds)
-                ]
-            values = [moocore.igd(f, ref=front) for f in found]
-            seconds = time.perf_counter() - t0
-            print(_row(f"{algorithm} {problem} {who}", values) + f"   ({seconds:.0f} s in all)")
+    print(f"IGD of the final front: {args.seeds} seeds, {args.generations} generations")
+    print("front: against the task's true front (about 1,000 points); targets: against")
+    print("its points on the reference directions (Deb and Jain's IGD), where known")
+    print(
+        f"{'problem':<9} {'M':>2} {'algorithm':<9} {'pop':>4} {'IGD vs':<8}"
+        f"{'evorl_pop median [q25, q75]':>30} {'pymoo median [q25, q75]':>30} {'ratio':>6}"
+    )
+    for problem, m in _problems(args.problems):
+        task, _ = _pymoo_problem(problem, m)
+        measures = {"front": IGD(task.pareto_front())}
+        if (points := targets(problem, m)) is not None:
+            measures["targets"] = IGD(points)
+        for algorithm in ("nsga3", "nsga2") if m == 2 else ("nsga3",):
+            mine = ours(algorithm, problem, m, args.generations, args.seeds, args.devices)
+            other = [theirs(algorithm, problem, m, args.generations, s) for s in range(args.seeds)]
+            pop = setup(algorithm, m)[0]
+            for what, measure in measures.items():
+                med_a, text_a = _summary([measure(f) for f in mine])
+                med_b, text_b = _summary([measure(f) for f in other])
+                print(
+                    f"{problem:<9} {m:>2} {algorithm:<9} {pop:>4} {what:<8}{text_a:>30} "
+                    f"{text_b:>30} {med_a / med_b:>6.2f}",
+                    flush=True,
+                )
 
 
 # --- MOEA/D and RVEA against pymoo's (python benchmarks/bench_mo.py --decomposition) -------
