@@ -106,7 +106,7 @@ def vtrace(
 
     Returns:
       ``(vs, advantage)``, shape ``(T, ...)``: the targets ``v_s`` and
-      ``rho_s (r_s + gamma_s v_{s+1} - V(x_s))``; both carry no gradient.
+        ``rho_s (r_s + gamma_s v_{s+1} - V(x_s))``; both carry no gradient.
     """
     value, bootstrap_value, log_rho = jax.lax.stop_gradient((value, bootstrap_value, log_rho))
     ratio = jnp.exp(log_rho)
@@ -163,8 +163,8 @@ class ImpalaLearner(PPOLearner):
 
         Returns:
           ``(loss, parts)`` with ``policy_loss``, ``value_loss``, ``entropy`` and
-          ``abs_log_ratio``, the mean ``|log pi - log mu|`` (0 on-policy: how far the
-          actors' policy lies behind).
+            ``abs_log_ratio``, the mean ``|log pi - log mu|`` (0 on-policy: how far the
+            actors' policy lies behind).
         """
         lanes, length = batch.reward.shape
         flat = lambda x: x.reshape(lanes * length, *x.shape[2:])  # noqa: E731

@@ -190,6 +190,12 @@ def theirs_time(algorithm: str, pop: int, generations: int = 10) -> float:
     return (time.perf_counter() - t0) / generations
 
 
+def _row(name: str, values: list[float]) -> str:
+    """``name``, then the median, first and third quartiles of ``values``."""
+    q1, med, q3 = np.percentile(values, [25, 50, 75])
+    return f"{name:<26} {med:>10.5f} {q1:>10.5f} {q3:>10.5f}"
+
+
 def _summary(values: list[float]) -> tuple[float, str]:
     q1, med, q3 = np.percentile(values, [25, 50, 75])
     return med, f"{med:>9.5f} [{q1:.5f}, {q3:.5f}]"

@@ -237,7 +237,7 @@ def for_spec(spec) -> Categorical | MultiCategorical | TanhNormal:
 
     Returns:
       A :class:`MultiCategorical` for discrete actions of several heads, a
-      :class:`Categorical` for one, else a :class:`TanhNormal`.
+        :class:`Categorical` for one, else a :class:`TanhNormal`.
     """
     if spec.discrete and spec.action_heads:
         return MultiCategorical(tuple(spec.action_heads))

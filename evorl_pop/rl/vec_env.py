@@ -244,8 +244,8 @@ def unroll(
 
     Returns:
       ``(batch, (obs, extra, result))``: the lanes after the unroll, and the
-        observations acted on, ``act``'s extras and the :class:`~evorl_pop.tasks.rollout.StepResult`,
-        leaves ``(length, lanes, ...)``.
+        observations acted on, ``act``'s extras and the
+        :class:`~evorl_pop.tasks.rollout.StepResult`, leaves ``(length, lanes, ...)``.
     """
     refresh_key, key = jax.random.split(key)
     batch = refresh(env, batch, lane_keys(refresh_key, index))
