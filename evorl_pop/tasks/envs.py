@@ -15,13 +15,17 @@ Names belong to environment families, plug-ins of
 :data:`evorl_pop.registry.ENV_FAMILIES` (an
 :class:`~evorl_pop.core.interfaces.EnvFamily` each): the family a name's prefix
 names (a bare name: gymnax's) is asked first whether it owns the name, then
-every other family in turn::
+every other family in turn:
 
-    gymnax       CartPole-v1, Breakout-MinAtar, ...   :mod:`evorl_pop.tasks.gymnax_envs`
-    brax         brax/hopper, ...                     :mod:`evorl_pop.tasks.brax_envs`
-    playground   playground/CheetahRun, ...           :mod:`evorl_pop.tasks.playground_envs`
-    marl         marl/MPE_simple_spread_v3, ...       :mod:`evorl_pop.tasks.marl_envs`
-    gym          gym:<id>, stepped on the host        :mod:`evorl_pop.tasks.gym_envs`
+| family | names | module |
+|---|---|---|
+| gymnax | ``CartPole-v1``, ``Breakout-MinAtar``, ... | :mod:`evorl_pop.tasks.gymnax_envs` |
+| brax | ``brax/hopper``, ... | :mod:`evorl_pop.tasks.brax_envs` |
+| playground | ``playground/CheetahRun``, ... | :mod:`evorl_pop.tasks.playground_envs` |
+| marl | ``marl/MPE_simple_spread_v3``, ... | :mod:`evorl_pop.tasks.marl_envs` |
+| jumanji | ``jumanji:Game2048-v1``, ... | :mod:`evorl_pop.tasks.jumanji_envs` |
+| envpool | ``envpool:CheetahRun-v1``, ... (C++ threads) | :mod:`evorl_pop.tasks.envpool_envs` |
+| gym | ``gym:<id>``, stepped on the host | :mod:`evorl_pop.tasks.gym_envs` |
 
 A family of your own registers itself in its own module
 (:class:`~evorl_pop.tasks.control.JaxEnvFamily` is the part every family
