@@ -149,3 +149,15 @@ def test_the_learners_refuse_its_tasks_in_one_line():
     assert "\n" not in str(err.value) and "-a es runs it" in str(err.value)
     with pytest.raises(ConfigError, match="is not an EnvPool id"):
         EnvPoolTask("envpool:NoSuchTask-v1")
+
+
+def test_seeds_in_one_program_are_refused_in_one_line(tmp_path, capsys):
+    """Replicas of a run would share the program's one pool and step each other's episodes:
+    ``--seeds`` and ``--sweep`` are refused before anything is built, the run folder empty."""
+    out = tmp_path / "run"
+    job = ["train", "--task", "envpool:CheetahRun-v1", "--pop", "4", "-g", "1", "-q"]
+    for extra in (["--seeds", "2"], ["--sweep", "sigma_init=0.1,0.2"]):
+        assert cli.main([*job, *extra, "--out", str(out), "--no-figure"]) == 2
+        err = capsys.readouterr().err
+        assert "one simulator pool per program" in err and "--seed S" in err, err
+        assert not (out / "checkpoint.msgpack").exists()

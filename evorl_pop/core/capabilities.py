@@ -91,3 +91,14 @@ class RenamesSettings(Protocol):
 
     #: Each old key to its new place, dotted where nested (``es_sigma`` -> ``es.sigma``).
     RENAMED: dict[str, str]
+
+
+@runtime_checkable
+class Pooled(Protocol):
+    """An environment family whose tasks step one simulator pool that the whole compiled
+    program shares (EnvPool's): its environments cannot restart one lane at a time with a
+    key of their own (so no learner lanes), and a program holds one run of it (so no
+    replicas of seeds or a sweep in one program)."""
+
+    #: True: the family's tasks share one pool per program.
+    pooled: bool

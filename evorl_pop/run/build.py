@@ -10,15 +10,28 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from evorl_pop.base import (
-    RunError,
-)
-from evorl_pop.core.capabilities import Populated, Replicated
+from evorl_pop.base import ConfigError, RunError
+from evorl_pop.core.capabilities import OnTask, Pooled, Populated, Replicated
 from evorl_pop.core.engine import make_mesh
 from evorl_pop.run import config as config_lib
 from evorl_pop.run import processes
 from evorl_pop.run import replicas as replicas_lib
 from evorl_pop.run.config import RunConfig
+
+
+def _check_replicable(config: RunConfig) -> None:
+    """Raises a ConfigError, in one line, for replicas of a task whose family shares one
+    simulator pool per program (EnvPool's): they would step each other's episodes."""
+    from evorl_pop.tasks.envs import env_family
+
+    settings = config.algorithm_config
+    task = settings.task if isinstance(settings, OnTask) else None
+    family = env_family(task) if isinstance(task, str) else None
+    if isinstance(family, Pooled):
+        raise ConfigError(
+            f"seeds/sweep: {task!r} steps one simulator pool per program, which replicas of "
+            "a run cannot share: run each seed or setting as a run of its own (--seed S)."
+        )
 
 
 def build(config: RunConfig):
@@ -44,6 +57,7 @@ def build(config: RunConfig):
         )
     mesh = make_mesh(devices)
     if config.seeds > 1 or config.sweep:  # replicas of seeds and settings, in one program
+        _check_replicable(config)
         algorithm, init_key, run_key = replicas_lib.build(algorithm_class, config, mesh)
     else:
         algorithm = algorithm_class(config.algorithm_config, mesh=mesh)

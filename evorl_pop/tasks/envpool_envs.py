@@ -270,8 +270,8 @@ class EnvPoolFamily:
     example = ENVPOOL_PREFIX + "CheetahRun-v1"
     settings: dict[str, tuple[str, ...]] = {}
     steps_in_jax = False
-    #: The learners' lanes (Gymnasium's family has them): none.
-    host_lanes = False
+    #: One pool per program (core.capabilities.Pooled): no learner lanes, no replicas.
+    pooled = True
     drawing = "gif"
 
     def names(self) -> tuple[str, ...]:

@@ -44,6 +44,7 @@ import numpy as np
 
 from evorl_pop import registry
 from evorl_pop.base import ConfigError, did_you_mean
+from evorl_pop.core.capabilities import Pooled
 from evorl_pop.core.interfaces import Env, EnvFamily
 
 #: The family of a name without a ``family/`` or ``family:`` prefix (``CartPole-v1``).
@@ -74,7 +75,7 @@ def steps_on_host(name: str) -> bool:
     """Whether the task ``name`` steps its environments on the host (a family with
     ``steps_in_jax`` false, Gymnasium's); ``False`` for JAX families and black-box tasks."""
     family = env_family(name)
-    return family is not None and not family.steps_in_jax and getattr(family, "host_lanes", True)
+    return family is not None and not family.steps_in_jax and not isinstance(family, Pooled)
 
 
 def _find_family(name: str) -> EnvFamily | None:
