@@ -24,8 +24,12 @@ from evorl_pop.tasks.vbn import fold_virtual_batch_norm, vbn_reference
 
 BRAX = sorted(name for name in env_names() if name.startswith("brax/"))
 # Playground's tasks train in tests/test_playground.py, Jumanji's in tests/test_jumanji.py
-OWN_TESTS = ("brax/", "playground/", "jumanji:")
+OWN_TESTS = ("brax/", "playground/", "jumanji:", "marl/")
 GYMNAX = sorted(name for name in env_names() if not name.startswith(OWN_TESTS))
+#: JaxMARL's tasks (a team per candidate; tests/test_marl.py steps them against JaxMARL):
+#: the MPE ones in the long tier, the multi-agent brax bodies (a minute of compiling each)
+#: in the exhaustive one.
+MARL = sorted(name for name in env_names() if name.startswith("marl/"))
 
 # tiny and cheap: 2 generations of 8 candidates, 8-step episodes, no evaluation
 TINY = dict(population_size=8, hidden_sizes=(4,), episode_length=8, eval_episodes=0)
@@ -40,10 +44,17 @@ def _train(config, n=1, generations=2):
 # Every gymnax task in the default tier; of brax's, each with its own physics to compile
 # (15-25 s on a CPU), one there and the rest in the exhaustive tier (hopper trains in
 # test_brax_and_minatar_are_device_count_invariant, ant and walker2d in the QD tests)
-SWEEP = GYMNAX + [
-    pytest.param(name, marks=[] if name == "brax/inverted_pendulum" else pytest.mark.exhaustive)
-    for name in BRAX
-]
+SWEEP = (
+    GYMNAX
+    + [
+        pytest.param(name, marks=[] if name == "brax/inverted_pendulum" else pytest.mark.exhaustive)
+        for name in BRAX
+    ]
+    + [
+        pytest.param(name, marks=pytest.mark.slow if "MPE" in name else pytest.mark.exhaustive)
+        for name in MARL
+    ]
+)
 
 
 @pytest.mark.parametrize("name", SWEEP)

@@ -150,11 +150,18 @@ class MultiAgentEnv:
             terminates = name not in MABRAX_FIXED_LENGTH
         else:
             length = episode_length or MPE_EPISODE_LENGTH
-            env = jaxmarl.make(name, max_steps=length)
+            try:
+                env = jaxmarl.make(name, max_steps=length)
+            except TypeError:  # FACMAC's variants fix their arguments: the limit set after
+                env = jaxmarl.make(name)
+                env.max_steps = length
             terminates = False  # MPE's episodes run to the time limit
         self.env = env
         self.agents = tuple(env.agents)
-        self.obs_dims = tuple(int(np.prod(env.observation_space(a).shape)) for a in self.agents)
+        # the observations' widths as reset makes them (FACMAC's 6a and 9a declare spaces
+        # narrower than the observations they return)
+        first_obs = jax.eval_shape(env.reset, jax.random.key(0))[0]
+        self.obs_dims = tuple(int(np.prod(first_obs[a].shape)) for a in self.agents)
         spaces = [env.action_space(a) for a in self.agents]
         discrete = hasattr(spaces[0], "n")
         if discrete:
