@@ -27,8 +27,8 @@ BRAX = sorted(name for name in env_names() if name.startswith("brax/"))
 OWN_TESTS = ("brax/", "playground/", "jumanji:", "marl/")
 GYMNAX = sorted(name for name in env_names() if not name.startswith(OWN_TESTS))
 #: JaxMARL's tasks (a team per candidate; tests/test_marl.py steps them against JaxMARL):
-#: the MPE ones in the long tier, the multi-agent brax bodies (a minute of compiling each)
-#: in the exhaustive one.
+#: in the exhaustive tier but one in the long tier, FACMAC's 6-agent task, whose declared
+#: observation spaces are narrower than its observations.
 MARL = sorted(name for name in env_names() if name.startswith("marl/"))
 
 # tiny and cheap: 2 generations of 8 candidates, 8-step episodes, no evaluation
@@ -51,7 +51,9 @@ SWEEP = (
         for name in BRAX
     ]
     + [
-        pytest.param(name, marks=pytest.mark.slow if "MPE" in name else pytest.mark.exhaustive)
+        pytest.param(
+            name, marks=pytest.mark.slow if "facmac_6a" in name else pytest.mark.exhaustive
+        )
         for name in MARL
     ]
 )

@@ -127,7 +127,16 @@ EXHAUSTIVE_CELLS = {
     ("nsga3", "dm_control"),
     ("moead", "dm_control"),
     ("rvea", "dm_control"),
+    # IMPALA steps Gymnasium's lanes as A2C does (the same PPO-based host path)
+    ("impala", "dm_control"),
 }
+#: The multi-objective methods evaluate a family's task through ES's evaluator, which
+#: the ES cell runs: on the newer families, NSGA-II's cell stands for its siblings only
+#: in the exhaustive tier too. A2C and IMPALA act through PPO's masked heads on Jumanji.
+EXHAUSTIVE_CELLS |= {
+    (a, f) for a in ("nsga2", "nsga3", "moead", "rvea") for f in ("marl", "envpool", "jumanji")
+}
+EXHAUSTIVE_CELLS |= {("a2c", "jumanji"), ("impala", "jumanji")}
 CELLS = [
     pytest.param(
         a,
@@ -194,11 +203,16 @@ SEEDS_TASKS = {
 }
 
 
+#: Many-seed programs a sibling's covers, in the exhaustive tier: ERL's is CEM-RL's with
+#: another hybrid step, MOEA/D's and RVEA's NSGA-II's with another selection, IMPALA's
+#: A2C's with another loss.
+SEEDS_BY_SIBLING = ("erl", "moead", "rvea", "impala")
+
+
 @pytest.mark.parametrize(
     "algorithm",
-    # ERL's many-seed program is CEM-RL's with another hybrid step: exhaustive tier
     [
-        pytest.param(a, marks=pytest.mark.exhaustive if a == "erl" else pytest.mark.slow)
+        pytest.param(a, marks=pytest.mark.exhaustive if a in SEEDS_BY_SIBLING else pytest.mark.slow)
         for a in ALGORITHMS
     ],
 )
