@@ -101,8 +101,26 @@ def _not_run(name: str):
     )
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", [_not_run(name) for name in STRATEGIES.names()])
+#: The long tier's strategies: one of each kind of update (covariance, natural gradient,
+#: noise-table ES, GA, DE, PSO, learned), the exceptions and the ones the engine cannot
+#: run; every other listed strategy in the exhaustive tier.
+LONG_TIER = {
+    "ARS", "CMA_ES_pycma", "DifferentialEvolution", "LES", "MA_ES", "Open_ES", "PGPE",
+    "PSO", "SNES", "Sep_CMA_ES", "SimpleGA", "xNES",
+    *ONE_DEVICE_ROUNDS_DIFFERENTLY["float64"], *NOT_RUN_BY_THE_ENGINE,
+}  # fmt: skip
+
+
+def _tiered(name: str):
+    """``name``'s parameter in the long tier or the exhaustive one."""
+    param = _not_run(name)
+    tier = pytest.mark.slow if name in LONG_TIER else pytest.mark.exhaustive
+    if isinstance(param, str):
+        return pytest.param(name, marks=tier)
+    return pytest.param(*param.values, marks=[*param.marks, tier])
+
+
+@pytest.mark.parametrize("name", [_tiered(name) for name in STRATEGIES.names()])
 def test_every_strategy_is_device_count_invariant_in_float64(name):
     """Bit for bit in float64, where rounding cannot hide a difference of order: one device
     (no partitioner) against four (two and four compile alike; the exceptions, whose one
@@ -120,6 +138,7 @@ def test_every_strategy_is_device_count_invariant_in_float32(name):
 def test_the_exceptions_are_listed_strategies():
     listed = set(STRATEGIES.names())
     assert {"CMA_ES", "Open_ES", "SNES", "CMA_ES_pycma"} <= listed
+    assert LONG_TIER <= listed
     for names in (*ONE_DEVICE_ROUNDS_DIFFERENTLY.values(), NOT_RUN_BY_THE_ENGINE):
         assert names <= listed
         assert "CMA_ES" not in names

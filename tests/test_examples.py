@@ -173,11 +173,12 @@ def test_every_example_is_tested():
 
 
 # In the long tier (-m slow); those on brax and Playground and the longest trainings (a
-# minute or more each) in the exhaustive one (-m exhaustive)
+# minute or more each) in the exhaustive one (-m exhaustive); the team example's learning
+# is the long tier's in tests/test_marl.py
 EXHAUSTIVE = {
     "cemrl_brax.py", "mapelites_walker2d.py", "nsga2_halfcheetah.py", "openes_brax.py",
     "openes_playground.py", "pbt_pendulum.py", "pbt_ppo_brax.py", "pgame_walker2d.py",
-    "ppo_brax.py", "sac_pendulum.py",
+    "ppo_brax.py", "sac_pendulum.py", "openes_team.py",
 }  # fmt: skip
 
 
