@@ -48,7 +48,15 @@ from evorl_pop.rl.hybrid import (
     example_transition,
 )
 from evorl_pop.rl.replay import ReplayBuffer
-from evorl_pop.rl.td3 import TD3, ActorCriticConfig, CriticState, TD3Learner, TD3State, actor_task
+from evorl_pop.rl.td3 import (
+    DEFAULT_SEARCH,
+    TD3,
+    ActorCriticConfig,
+    CriticState,
+    TD3Learner,
+    TD3State,
+    actor_task,
+)
 from evorl_pop.tasks.control import ControlTask
 from evorl_pop.tasks.policies import ACTIVATIONS, Policy
 from evorl_pop.tasks.rollout import Transition
@@ -332,12 +340,7 @@ registry.register_learner(
             defaults=HYBRID_SETTINGS,
             member=member,
             searchable=(*SEARCHABLE, "exploration_noise"),
-            default_search=(
-                ("actor_lr", 1e-5, 1e-2, True),
-                ("critic_lr", 1e-5, 1e-2, True),
-                ("exploration_noise", 0.05, 0.5, False),
-                ("discount", 0.9, 0.995, False),
-            ),
+            default_search=DEFAULT_SEARCH,
             losses=DDPGLearner.LOSSES,
             replay=True,
         ),

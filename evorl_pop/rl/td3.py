@@ -542,6 +542,14 @@ def member(settings: TD3Config, config: Any) -> ReplayMember:
     return ReplayMember(task, config, settings.batch_size, learner, actor, TD3Learner.LOSSES, what)
 
 
+#: PBT's default search over a deterministic actor-critic's members (TD3's, DDPG's).
+DEFAULT_SEARCH = (
+    ("actor_lr", 1e-5, 1e-2, True),
+    ("critic_lr", 1e-5, 1e-2, True),
+    ("exploration_noise", 0.05, 0.5, False),
+    ("discount", 0.9, 0.995, False),
+)
+
 registry.register_learner(
     "td3",
     registry.LearnerSpec(
@@ -550,12 +558,7 @@ registry.register_learner(
             defaults=HYBRID_SETTINGS,
             member=member,
             searchable=(*SEARCHABLE, "exploration_noise"),
-            default_search=(
-                ("actor_lr", 1e-5, 1e-2, True),
-                ("critic_lr", 1e-5, 1e-2, True),
-                ("exploration_noise", 0.05, 0.5, False),
-                ("discount", 0.9, 0.995, False),
-            ),
+            default_search=DEFAULT_SEARCH,
             losses=TD3Learner.LOSSES,
             replay=True,
         ),
